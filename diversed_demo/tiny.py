@@ -1,0 +1,60 @@
+"""Tiny random Llama pairs with a small word-level vocabulary: for tests, the browser test and offline demos.
+
+They share a tokenizer, load through the same `load_pair` as real pairs, and have peaked enough
+distributions that target and draft disagree measurably.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WORDS = ("the a cat dog sat ran on under mat rug and then it was big small red blue one two three four "
+         "five plus is = ? . , : summary answer def return x y if else print").split()
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+
+
+def tiny_model(seed: int, num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None, sharpness: float = 3.0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    vocab_size = vocab_size or len(SPECIALS) + len(WORDS)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper logits than the default init, so p and q differ visibly
+        model.lm_head.weight.mul_(sharpness / (config.initializer_range * hidden ** 0.5))
+    return model.eval()
+
+
+def save_tiny_pair(directory, target_seed: int = 0, draft_seed: int = 1) -> tuple[str, str]:
+    """Write a tiny target and draft (sharing one tokenizer) under `directory`; return their paths."""
+    directory = Path(directory)
+    tokenizer = tiny_tokenizer()
+    paths = []
+    for name, seed, layers in (("target", target_seed, 2), ("draft", draft_seed, 1)):
+        path = directory / name
+        tiny_model(seed, layers).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
+    """An in-memory ModelPair of tiny random models (no disk)."""
+    from .models import ModelPair
+    target = tiny_model(target_seed, 2)
+    draft = draft if draft is not None else tiny_model(draft_seed, 1)
+    return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))

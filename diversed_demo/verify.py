@@ -1,0 +1,99 @@
+"""The verification rule of (relaxed) speculative decoding, as pure functions over probability tensors.
+
+Shapes: a block of N drafted tokens has `draft_probs` [N, V] (the draft's distribution at each drafted
+position) and `target_probs` [N + 1, V] (the target's distribution at the same positions plus the bonus
+position). `ensemble_weight` is a float or a tensor [N], one w_t per drafted position.
+
+Exact speculative decoding is the special case w = 1 (nu = p).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """Turn logits [..., V] into the distribution we sample from. Applied alike to target and draft.
+
+    temperature == 0 means greedy; callers use the greedy rule then, but we still return a softmax at
+    temperature 1 so that p(x), q(x) and TV stay meaningful for display.
+    """
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _weight_column(ensemble_weight, like: torch.Tensor) -> torch.Tensor:
+    w = torch.as_tensor(ensemble_weight, dtype=like.dtype, device=like.device)
+    return w.unsqueeze(-1) if w.dim() > 0 else w
+
+
+def ensemble_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor, ensemble_weight) -> torch.Tensor:
+    """nu = w·p + (1 − w)·q, with w a scalar or one value per position."""
+    w = _weight_column(ensemble_weight, target_probs)
+    return w * target_probs + (1.0 - w) * draft_probs
+
+
+def acceptance_prob(nu_of_x: torch.Tensor, draft_of_x: torch.Tensor) -> torch.Tensor:
+    """min(1, nu(x)/q(x)) for the drafted tokens x (q(x) > 0 since x was drawn from q)."""
+    return torch.clamp(nu_of_x / draft_of_x.clamp_min(torch.finfo(draft_of_x.dtype).tiny), max=1.0)
+
+
+def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)): where a rejected token is redrawn from.
+
+    For nu = w·p + (1 − w)·q with w > 0, max(0, nu − q) = w·max(0, p − q), so the residual of nu is the
+    residual of p. When p ≈ q the residual is numerically zero (and rejection was nearly impossible):
+    fall back to p, which is then the same distribution.
+    """
+    residual = torch.clamp(target_probs - draft_probs, min=0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    safe = mass > 1e-12
+    return torch.where(safe, residual / mass.clamp_min(1e-30), target_probs)
+
+
+def total_variation(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """TV(p, q) = ½·Σ|p − q|; the rejection probability of exact SD at that position."""
+    return 0.5 * (target_probs - draft_probs).abs().sum(dim=-1)
+
+
+def verify_block(draft_tokens, draft_probs, target_probs, ensemble_weight, generator=None):
+    """Sampled verification of N drafted tokens against nu = w·p + (1 − w)·q.
+
+    Returns (n_accepted, next_token, accept_probs): the first n_accepted drafts are kept; next_token
+    is the resampled token at the first rejection, or the bonus token from p when all N pass.
+    Every emitted token is distributed as nu at its position (the bonus as p).
+    """
+    n = draft_tokens.shape[0]
+    positions = torch.arange(n, device=draft_tokens.device)
+    nu = ensemble_probs(target_probs[:n], draft_probs, ensemble_weight)
+    accept_probs = acceptance_prob(nu[positions, draft_tokens], draft_probs[positions, draft_tokens])
+    coins = torch.rand(n, generator=generator, device=draft_tokens.device)
+    rejected = coins >= accept_probs
+    n_accepted = int(rejected.int().cumsum(0).eq(0).sum())  # the one host sync per block
+    if n_accepted < n:
+        next_probs = residual_probs(target_probs[n_accepted], draft_probs[n_accepted])
+    else:
+        next_probs = target_probs[n]
+    next_token = torch.multinomial(next_probs, 1, generator=generator)[0]
+    return n_accepted, next_token, accept_probs
+
+
+def verify_block_greedy(draft_tokens, draft_probs, target_probs, ensemble_weight):
+    """Greedy verification: keep drafts while they equal argmax nu; then argmax nu at the first mismatch,
+    or argmax p at the bonus position. Returns (n_accepted, next_token, accept_probs) with accept_probs
+    1 or 0, the greedy analogue."""
+    n = draft_tokens.shape[0]
+    choice = ensemble_probs(target_probs[:n], draft_probs, ensemble_weight).argmax(dim=-1)
+    choice = torch.cat([choice, target_probs[n:].argmax(dim=-1)])
+    matches = choice[:n].eq(draft_tokens)
+    n_accepted = int(matches.int().cumprod(0).sum())
+    return n_accepted, choice[n_accepted], matches.float()
