@@ -1,0 +1,902 @@
+"""The Gradio app: a thin layer over plain functions that render the decoder's events.
+
+Everything with logic in it (events → HTML, live statistics, the compare runs, the projected speedup,
+the training job) is a plain function or class above `build_app`, called directly by the tests; the
+Gradio handlers only convert inputs, call them and turn ValueErrors into gr.Error messages.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import importlib
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
+from .tasks import TASKS, Example, app_examples, builtin_examples, load_jsonl_prompts
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+CSS_PATH = ASSETS / "app.css"
+PAPER_URL = "https://arxiv.org/abs/2604.07622"
+
+UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
+CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
+MAX_PROMPT_CHARS = 4000
+DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Spaces tier)
+
+MODE_LABELS = {"Target only": "ar", "Exact SD": "exact", "Static ensemble": "static", "DIVERSED": "dynamic"}
+KIND_LABELS = {
+    "accepted": "accepted draft token",
+    "rejected": "rejected draft token",
+    "resampled": "resampled from the residual",
+    "bonus": "bonus token from the target",
+    "ar": "target-only token",
+}
+# Same hues as the token classes in assets/app.css.
+KIND_COLORS = {"accepted": "#16a34a", "rejected": "#dc2626", "resampled": "#d97706", "bonus": "#2563eb",
+               "ar": "#64748b"}
+
+# Shown when assets/prompts/examples.json is missing: one or two per task, enough to try every mode.
+BUILTIN_EXAMPLES = [
+    Example("Summarize in one sentence: The city council voted on Tuesday to turn the old rail yard into a public "
+            "park with a playground, a community garden and a bike path. Construction starts next spring and is "
+            "paid for by a state grant.", "summarization",
+            "The city council approved turning the old rail yard into a grant-funded public park, with "
+            "construction starting next spring.", "builtin/summarization/0"),
+    Example("Tom has 3 boxes with 12 apples each. He gives away 10 apples. How many apples does he have left?",
+            "math", "3 * 12 = 36 apples; 36 - 10 = 26.\n#### 26", "builtin/math/0"),
+    Example("A train travels 60 km per hour for 2.5 hours. How far does it go in km?", "math",
+            "60 * 2.5 = 150.\n#### 150", "builtin/math/1"),
+    Example("Write a Python function is_palindrome(s) that returns True if the string s reads the same forwards "
+            "and backwards, ignoring case.", "code", id="builtin/code/0"),
+    Example("Give me three tips for sleeping better.", "general", id="builtin/general/0"),
+    Example("What is the difference between weather and climate?", "general", id="builtin/general/1"),
+]
+
+
+# ---------------------------------------------------------------- examples and optional modules
+
+def load_examples() -> list[Example]:
+    """The app's example prompts (assets/prompts/examples.json via diversed_demo.tasks), else built-in ones."""
+    try:
+        return [example for examples in app_examples().values() for example in examples] or list(BUILTIN_EXAMPLES)
+    except (OSError, ValueError):
+        return list(BUILTIN_EXAMPLES)
+
+
+def example_choices(examples: list[Example]) -> list[tuple[str, int]]:
+    """Dropdown choices: "[task] start of the prompt…" → index into `examples`."""
+    def label(example):
+        text = " ".join(example.prompt.split())
+        return f"[{example.task}] {text[:70]}{'…' if len(text) > 70 else ''}"
+    return [(label(example), i) for i, example in enumerate(examples)]
+
+
+def find_example(prompt: str, examples: list[Example]) -> Example | None:
+    """The example whose prompt this is (so its task and reference apply), or None for a typed prompt."""
+    key = " ".join((prompt or "").split())
+    return next((e for e in examples if " ".join(e.prompt.split()) == key), None)
+
+
+def optional_module(name: str):
+    """A module other engineers are still writing: None until it exists."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise
+        return None
+
+
+def available_heads(pair) -> dict[str, str]:
+    """Trained heads usable with this pair: {name: path} (empty until diversed_demo.head can list them)."""
+    head_module = optional_module("diversed_demo.head")
+    list_heads = getattr(head_module, "list_heads", None)
+    return dict(list_heads(pair)) if list_heads else {}
+
+
+def load_head(name: str, pair):
+    head_module = optional_module("diversed_demo.head")
+    if getattr(head_module, "load_head", None) is None:
+        raise ValueError("DIVERSED heads cannot be loaded yet in this version of the demo")
+    return head_module.load_head(available_heads(pair).get(name, name), pair)
+
+
+# ---------------------------------------------------------------- decoding runs
+
+@dataclass
+class DecodeSettings:
+    mode: str = "static"
+    ensemble_weight: float = 0.5
+    head_name: str | None = None
+    n_draft: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+
+
+def check_prompt(prompt: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty: type one or pick an example")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is {len(prompt)} characters long; the demo takes at most {MAX_PROMPT_CHARS}")
+    return prompt
+
+
+def resolve_head(pair, settings: DecodeSettings):
+    """The head a DIVERSED run needs (None for the other modes)."""
+    if settings.mode != "dynamic":
+        return None
+    if not settings.head_name:
+        raise ValueError("DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab")
+    return load_head(settings.head_name, pair)
+
+
+@dataclass
+class DecodeRun:
+    """One decode as it streams: its events so far, live statistics, then the decoder's Summary."""
+    settings: DecodeSettings
+    events: list = field(default_factory=list)
+    summary: Summary | None = None
+    started: float = field(default_factory=time.perf_counter)
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    elapsed_per_token: list[float] = field(default_factory=list)  # seconds since start, at each output token
+    acceptance_per_token: list[float | None] = field(default_factory=list)  # cumulative, at each output token
+
+    def add(self, event) -> None:
+        if event.step != self.steps:  # a new step: count its drafts the way the decoder does
+            self.steps = event.step
+            if self.settings.mode != "ar":
+                self.drafted += min(self.settings.n_draft, self.settings.max_new_tokens - self.new_tokens - 1)
+        self.events.append(event)
+        if event.kind == "rejected":
+            return
+        self.new_tokens += 1
+        self.accepted += event.kind == "accepted"
+        self.elapsed_per_token.append(time.perf_counter() - self.started)
+        self.acceptance_per_token.append(self.accepted / self.drafted if self.drafted else None)
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if self.summary:
+            return self.summary.acceptance_rate
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tau(self) -> float | None:
+        if self.summary:
+            return self.summary.tau
+        return self.new_tokens / self.steps if self.steps else None
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.summary.wall_time_s if self.summary else time.perf_counter() - self.started
+
+    @property
+    def tokens_per_second(self) -> float:
+        if self.summary:
+            return self.summary.tokens_per_second
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def mean_w(self) -> float | None:
+        if self.summary:
+            return self.summary.mean_w
+        ws = [e.w for e in self.events if e.w is not None and e.kind != "resampled"]
+        return sum(ws) / len(ws) if ws else None
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-token acceptance α: the mean acceptance probability of the drafted tokens that were verified.
+
+        Unlike accepted/drafted it does not count the drafts discarded after a rejection, so it is the α
+        of the speedup formula.
+        """
+        probs = [e.accept_prob for e in self.events if e.accept_prob is not None]
+        return sum(probs) / len(probs) if probs else None
+
+
+def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
+    """Decode `prompt`, yielding the same DecodeRun after every token event and once more when done.
+
+    Raises ValueError (bad input, from here or the decoder) before the first yield.
+    """
+    check_prompt(prompt)
+    run = DecodeRun(settings)
+    stream = speculative_generate(pair, prompt, mode=settings.mode, ensemble_weight=settings.ensemble_weight,
+                                  head=head, n_draft=settings.n_draft, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, seed=settings.seed)
+    for item in stream:
+        if isinstance(item, Summary):
+            run.summary = item
+        else:
+            run.add(item)
+        yield run
+
+
+def throttled(items, interval_s: float):
+    """Pass on items at most every `interval_s` seconds, always including the last one."""
+    last_sent, pending, has_pending = -math.inf, None, False
+    for item in items:
+        now = time.perf_counter()
+        if now - last_sent >= interval_s:
+            last_sent, has_pending = now, False
+            yield item
+        else:
+            pending, has_pending = item, True
+    if has_pending:
+        yield pending
+
+
+# ---------------------------------------------------------------- rendering runs
+
+def _fmt(value, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def token_title(event) -> str:
+    """The hover text of a token: its fate and the numbers behind it."""
+    lines = [KIND_LABELS[event.kind], f"w_t = {_fmt(event.w)}" + ("" if event.w is not None else " (no draft here)"),
+             f"p(x) = {_fmt(event.p)}  (target)", f"q(x) = {_fmt(event.q)}  (draft)"]
+    if event.accept_prob is not None:
+        lines.append(f"acceptance probability = {_fmt(event.accept_prob)}")
+    return "\n".join(lines)
+
+
+def render_token(event) -> str:
+    text = html.escape(event.text) or "∅"
+    # Keep newlines visible: a return mark, then the line break itself (the container is white-space: pre-wrap).
+    text = text.replace("\n", '<span class="dd-nl">↵</span>\n')
+    title = html.escape(token_title(event), quote=True)
+    return f'<span class="dd-tok dd-{event.kind}" title="{title}">{text}</span>'
+
+
+def render_tokens(events, placeholder: str = "Tokens appear here as they are decided.") -> str:
+    if not events:
+        return f'<div class="dd-tokens dd-empty">{html.escape(placeholder)}</div>'
+    return f'<div class="dd-tokens">{"".join(render_token(e) for e in events)}</div>'
+
+
+def legend_html(kinds=KIND_LABELS) -> str:
+    items = "".join(f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> {html.escape(label)}</span>'
+                    for kind, label in kinds.items())
+    return f'<div class="dd-legend">{items}<span class="dd-legend-item dd-hint">hover a token for w_t, p, q</span></div>'
+
+
+def stats_html(run: DecodeRun | None) -> str:
+    """Live statistics cards: acceptance, τ, tokens/s, elapsed, tokens, mean w."""
+    if run is None:
+        cards = [("acceptance", "–"), ("τ (tokens / target pass)", "–"), ("tokens / s", "–"), ("elapsed", "–")]
+    else:
+        acceptance = run.acceptance_rate
+        cards = [("acceptance", "n/a" if acceptance is None else f"{acceptance:.0%}"),
+                 ("τ (tokens / target pass)", _fmt(run.tau, 2)),
+                 ("tokens / s", f"{run.tokens_per_second:.1f}"),
+                 ("elapsed", f"{run.elapsed_s:.1f} s"),
+                 ("tokens", str(run.new_tokens)),
+                 ("mean w_t", _fmt(run.mean_w, 2))]
+    state = "done" if run is not None and run.done else ("running" if run is not None else "idle")
+    body = "".join(f'<div class="dd-stat"><div class="dd-stat-value">{html.escape(value)}</div>'
+                   f'<div class="dd-stat-label">{html.escape(label)}</div></div>' for label, value in cards)
+    return f'<div class="dd-stats" data-state="{state}">{body}</div>'
+
+
+def _figure(title: str, height: int, x_title: str, y_title: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height, template="plotly_white",
+                      margin=dict(l=50, r=20, t=40, b=40), legend=dict(orientation="h", y=-0.25),
+                      xaxis_title=x_title, yaxis_title=y_title)
+    return fig
+
+
+def w_chart(run: DecodeRun | None) -> go.Figure:
+    """Strip chart of w_t at each verified draft position, coloured by the drafted token's fate."""
+    fig = _figure("w_t per token", 220, "output token", "w_t")
+    fig.update_yaxes(range=[-0.05, 1.05])
+    if run is None:
+        return fig
+    position, points = 0, {kind: ([], [], []) for kind in ("accepted", "rejected")}
+    for event in run.events:
+        if event.kind in points and event.w is not None:
+            xs, ys, texts = points[event.kind]
+            xs.append(position)
+            ys.append(event.w)
+            texts.append(event.text)
+        position += event.kind != "rejected"  # a rejected draft sits at the position its resample fills
+    for kind, (xs, ys, texts) in points.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=KIND_LABELS[kind], text=texts,
+                                 marker=dict(color=KIND_COLORS[kind], size=7),
+                                 hovertemplate="%{text|}<br>w_t = %{y:.3f}<extra></extra>"))
+    if run.settings.mode == "ar":
+        fig.add_annotation(text="target only: no draft, no w_t", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+    return fig
+
+
+# ---------------------------------------------------------------- compare
+
+COMPARE_MODES = ("Target only", "Exact SD", "Static ensemble", "DIVERSED")
+
+
+@dataclass
+class Comparison:
+    """The runs of one prompt through each mode, and each finished run's quality."""
+    runs: dict[str, DecodeRun] = field(default_factory=dict)
+    quality: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # label → (value, metric)
+    skipped: dict[str, str] = field(default_factory=dict)  # label → why
+
+
+def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tuple[float | None, str]:
+    """(value, metric): ROUGE-2 or math correctness when the prompt is an example with a reference,
+    else fidelity (mean target log-probability of the output). (None, "n/a") without diversed_demo.rewards.
+    """
+    rewards = optional_module("diversed_demo.rewards")
+    if rewards is None or run.summary is None or not run.summary.token_ids:
+        return None, "n/a"
+    if example is not None and example.reference is not None and example.task in ("summarization", "math"):
+        value = rewards.task_reward(example.task, example, run.summary.text)
+        return float(value), "ROUGE-2" if example.task == "summarization" else "correct"
+    prompt_ids = encode_prompt(pair.tokenizer, prompt)
+    return float(rewards.fidelity(pair, prompt_ids, run.summary.token_ids)), "fidelity"
+
+
+def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Example | None = None):
+    """Run the prompt through every mode in turn (same seed), yielding the Comparison as it grows."""
+    check_prompt(prompt)
+    comparison = Comparison()
+    for label in COMPARE_MODES:
+        mode_settings = replace(settings, mode=MODE_LABELS[label])
+        if mode_settings.mode == "dynamic" and not settings.head_name:
+            comparison.skipped[label] = "no head selected"
+            continue
+        head = resolve_head(pair, mode_settings)
+        for run in stream_decode(pair, prompt, mode_settings, head):
+            comparison.runs[label] = run
+            if run.done:
+                comparison.quality[label] = quality_of(pair, prompt, example, run)
+            yield comparison
+
+
+def comparison_table(comparison: Comparison) -> pd.DataFrame:
+    """Speedup over target-only, acceptance, τ, tokens/s and quality of each finished run."""
+    baseline = comparison.runs.get("Target only")
+    base_speed = baseline.tokens_per_second if baseline is not None and baseline.done else None
+    rows = []
+    for label in COMPARE_MODES:
+        run = comparison.runs.get(label)
+        if run is None or not run.done:
+            continue
+        quality, metric = comparison.quality.get(label, (None, "n/a"))
+        rows.append({"mode": label,
+                     "speedup ×": round(run.tokens_per_second / base_speed, 2) if base_speed else None,
+                     "acceptance": None if run.acceptance_rate is None else round(run.acceptance_rate, 3),
+                     "τ": round(run.tau, 2),
+                     "tokens/s": round(run.tokens_per_second, 1),
+                     "tokens": run.new_tokens,
+                     "quality": "n/a" if quality is None else f"{quality:.3f}",
+                     "metric": metric})
+    return pd.DataFrame(rows, columns=["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality",
+                                       "metric"])
+
+
+def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
+    """Cumulative acceptance and elapsed time against the generated token index, one line per mode."""
+    acceptance = _figure("cumulative acceptance", 280, "generated token", "accepted / drafted")
+    acceptance.update_yaxes(range=[0, 1.02])
+    elapsed = _figure("elapsed time", 280, "generated token", "seconds")
+    palette = dict(zip(COMPARE_MODES, ("#64748b", "#2563eb", "#d97706", "#7c3aed")))
+    for label, run in comparison.runs.items():
+        xs = list(range(1, run.new_tokens + 1))
+        line = dict(color=palette[label], width=2)
+        if run.settings.mode != "ar":
+            acceptance.add_trace(go.Scatter(x=xs, y=run.acceptance_per_token, mode="lines", name=label, line=line))
+        elapsed.add_trace(go.Scatter(x=xs, y=run.elapsed_per_token, mode="lines", name=label, line=line))
+    return acceptance, elapsed
+
+
+def run_panel_html(label: str, comparison: Comparison) -> str:
+    """One column of the compare view: the run's coloured tokens and a one-line summary."""
+    run = comparison.runs.get(label)
+    if run is None:
+        why = comparison.skipped.get(label, "waiting…")
+        return f'<div class="dd-panel"><div class="dd-panel-head">{html.escape(label)}</div>' \
+               f'<div class="dd-tokens dd-empty">{html.escape(why)}</div></div>'
+    acceptance = "n/a" if run.acceptance_rate is None else f"{run.acceptance_rate:.0%}"
+    line = f"acc {acceptance} · τ {_fmt(run.tau, 2)} · {run.tokens_per_second:.1f} tok/s · {run.elapsed_s:.1f} s"
+    return (f'<div class="dd-panel" data-state="{"done" if run.done else "running"}">'
+            f'<div class="dd-panel-head">{html.escape(label)}<span class="dd-panel-stats">{html.escape(line)}</span></div>'
+            f'{render_tokens(run.events)}</div>')
+
+
+# ---------------------------------------------------------------- speed–quality dial
+
+def projected_speedup(alpha: float, n_draft: int, cost_ratio: float) -> float:
+    """Expected speedup over target-only decoding with per-token acceptance α, N drafts and draft/target cost c.
+
+    (1 − α^{N+1}) / ((1 − α)(N·c + 1)) (Leviathan et al. 2023), with its limit (N + 1)/(N·c + 1) at α = 1.
+    """
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"α must be in [0, 1], not {alpha}")
+    expected_tokens = n_draft + 1 if alpha == 1 else (1 - alpha ** (n_draft + 1)) / (1 - alpha)
+    return expected_tokens / (n_draft * cost_ratio + 1)
+
+
+def sweep_points(pair, examples: list[Example], weights, settings: DecodeSettings, heads: dict | None = None,
+                 progress=None) -> pd.DataFrame:
+    """Decode each example at each static w (and with each head), one row per setting, averaged over examples.
+
+    Columns: label, kind (static/head), w (mean w_t for heads), alpha (per-token acceptance),
+    acceptance (accepted/drafted), tau, tokens_per_second, quality (NaN without rewards).
+    `progress(fraction, description)` is called before each decode.
+    """
+    if not examples:
+        raise ValueError("the sweep needs at least one prompt")
+    heads = heads or {}
+    settings_list = [(f"w = {w:.2f}", "static", replace(settings, mode="static", ensemble_weight=float(w)), None)
+                     for w in weights]
+    settings_list += [(name, "head", replace(settings, mode="dynamic", head_name=name), head)
+                      for name, head in heads.items()]
+    total, done, rows = len(settings_list) * len(examples), 0, []
+    for label, kind, run_settings, head in settings_list:
+        runs = []
+        for example in examples:
+            if progress:
+                progress(done / total, f"{label}: prompt {len(runs) + 1}/{len(examples)}")
+            *_, run = stream_decode(pair, example.prompt, run_settings, head)
+            runs.append((example, run))
+            done += 1
+        qualities = [quality_of(pair, example.prompt, example, run)[0] for example, run in runs]
+        qualities = [q for q in qualities if q is not None]
+        alphas = [run.alpha for _, run in runs if run.alpha is not None]
+        acceptances = [run.acceptance_rate for _, run in runs if run.acceptance_rate is not None]
+        mean_ws = [run.mean_w for _, run in runs if run.mean_w is not None]
+        rows.append({"label": label, "kind": kind,
+                     "w": run_settings.ensemble_weight if kind == "static" else _mean(mean_ws),
+                     "alpha": _mean(alphas), "acceptance": _mean(acceptances),
+                     "tau": _mean([run.tau for _, run in runs]),
+                     "tokens_per_second": _mean([run.tokens_per_second for _, run in runs]),
+                     "quality": _mean(qualities)})
+    if progress:
+        progress(1.0, "done")
+    return pd.DataFrame(rows)
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def expected_tv(points: pd.DataFrame) -> float:
+    """E[TV(p, q)] estimated from the static runs: their per-token acceptance is 1 − w·E[TV]."""
+    static = points[(points["kind"] == "static") & (points["w"] > 0)].dropna(subset=["alpha"])
+    if static.empty:
+        return math.nan
+    return float(((1 - static["alpha"]) / static["w"]).mean())
+
+
+def dial_quality_figure(points: pd.DataFrame) -> go.Figure:
+    """Left: per-token acceptance vs w with the theory line 1 − w·E[TV]; right: quality vs acceptance."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs w", "quality vs acceptance"))
+    fig.update_layout(height=340, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2))
+    static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
+    tv = expected_tv(points)
+    if not math.isnan(tv):
+        fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1 - tv], mode="lines", name=f"theory 1 − w·E[TV] (E[TV] ≈ {tv:.2f})",
+                                 line=dict(color="#94a3b8", dash="dash")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=static["w"], y=static["alpha"], mode="markers+lines", name="static w (measured)",
+                             marker=dict(color="#d97706", size=8), line=dict(color="#d97706")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=static["alpha"], y=static["quality"], mode="markers+lines+text", text=static["label"],
+                             textposition="top center", showlegend=False, marker=dict(color="#d97706", size=8),
+                             line=dict(color="#d97706")), row=1, col=2)
+    if not heads.empty:
+        star = dict(color="#7c3aed", size=13, symbol="star")
+        fig.add_trace(go.Scatter(x=heads["w"], y=heads["alpha"], mode="markers", name="DIVERSED heads (mean w_t)",
+                                 marker=star, text=heads["label"]), row=1, col=1)
+        fig.add_trace(go.Scatter(x=heads["alpha"], y=heads["quality"], mode="markers+text", text=heads["label"],
+                                 textposition="bottom center", showlegend=False, marker=star), row=1, col=2)
+    fig.update_xaxes(title_text="w", range=[-0.05, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="per-token acceptance α", row=1, col=1)
+    fig.update_xaxes(title_text="per-token acceptance α", row=1, col=2)
+    fig.update_yaxes(title_text="quality", row=1, col=2)
+    return fig
+
+
+def dial_speed_figure(points: pd.DataFrame, n_draft: int, cost_ratio: float) -> go.Figure:
+    """Measured tokens/s per setting, and the projected speedup at draft/target cost ratio c."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("measured speed (this machine)",
+                                                        f"projected speedup (N = {n_draft}, c = {cost_ratio:g})"))
+    fig.update_layout(height=340, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2))
+    colors = ["#7c3aed" if kind == "head" else "#d97706" for kind in points["kind"]]
+    fig.add_trace(go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False),
+                  row=1, col=1)
+    alphas = [i / 100 for i in range(101)]
+    fig.add_trace(go.Scatter(x=alphas, y=[projected_speedup(a, n_draft, cost_ratio) for a in alphas], mode="lines",
+                             name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color="#94a3b8")),
+                  row=1, col=2)
+    measured = points.dropna(subset=["alpha"])
+    fig.add_trace(go.Scatter(x=measured["alpha"], y=[projected_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
+                             mode="markers+text", text=measured["label"], textposition="top center",
+                             marker=dict(color=["#7c3aed" if k == "head" else "#d97706" for k in measured["kind"]],
+                                         size=9), name="settings at their measured α"), row=1, col=2)
+    fig.update_yaxes(title_text="tokens / s", row=1, col=1)
+    fig.update_xaxes(title_text="per-token acceptance α", row=1, col=2)
+    fig.update_yaxes(title_text="projected speedup ×", row=1, col=2)
+    return fig
+
+
+# ---------------------------------------------------------------- training
+
+class TrainingJob:
+    """The app's one training run at a time, in a background thread so that decoding keeps working.
+
+    Handlers start it, poll `history`/`status` and ask it to stop; `train_fn(config, callback, should_stop)`
+    does the work and returns a result with `.path`.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.history: list[dict] = []
+        self.result = None
+        self.error: str | None = None
+        self.owner: str | None = None  # session that started the run: only it may cancel
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, train_fn, owner: str | None = None) -> bool:
+        """Start `train_fn` in the background; False if a run is already going."""
+        with self._lock:
+            if self.running:
+                return False
+            self._stop.clear()
+            self.history, self.result, self.error, self.owner = [], None, None, owner
+            self._thread = threading.Thread(target=self._work, args=(train_fn,), name="diversed-train", daemon=True)
+            self._thread.start()
+            return True
+
+    def _work(self, train_fn) -> None:
+        try:
+            self.result = train_fn(self.history.append, self._stop.is_set)
+        except Exception as err:  # noqa: BLE001 — any failure is reported to the user, not raised in a thread
+            self.error = str(err) or type(err).__name__
+
+    def cancel(self, owner: str | None = None) -> bool:
+        """Ask the run to stop after its current step; False if none runs or another session owns it."""
+        if not self.running or (self.owner is not None and owner != self.owner):
+            return False
+        self._stop.set()
+        return True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def training_figure(history: list[dict]) -> go.Figure:
+    """Reward, acceptance and mean w_t per training step."""
+    fig = _figure("training", 300, "step", "")
+    steps = [h.get("step") for h in history]
+    for key, color in (("reward", "#16a34a"), ("acceptance", "#2563eb"), ("mean_w", "#7c3aed")):
+        fig.add_trace(go.Scatter(x=steps, y=[h.get(key) for h in history], mode="lines+markers", name=key,
+                                 line=dict(color=color)))
+    return fig
+
+
+def training_status(job: TrainingJob, steps: int | None = None) -> str:
+    if job.error:
+        return f"Training failed: {job.error}"
+    last = job.history[-1] if job.history else None
+    progress = f"step {last.get('step')}" + (f" of {steps}" if steps else "") if last else "starting…"
+    if job.running:
+        return f"Training… {progress}" + (" (stopping after this step)" if job.cancelled else "")
+    if job.result is not None:
+        return f"{'Cancelled at' if job.cancelled else 'Finished:'} {progress}; head saved to {job.result.path}"
+    return "Idle."
+
+
+# ---------------------------------------------------------------- Gradio layer
+
+ABOUT_MD = f"""
+## How it works
+A small **draft** model proposes N tokens; the **target** model scores all of them in one forward pass.
+Each drafted token x is kept with probability
+
+$$\\min\\left(1, \\frac{{\\nu(x)}}{{q(x)}}\\right), \\qquad \\nu = w\\,p + (1 - w)\\,q$$
+
+where p is the target's and q the draft's distribution. On a rejection a token is drawn from
+norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
+
+* **Exact speculative decoding** is w = 1: the output follows the target exactly.
+* **Static ensemble**: one w for every token. The acceptance rate is then 1 − w·TV(p, q): lower w
+  accepts more drafts (faster) and moves the output towards the draft.
+* **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
+  trained with sequence-level RL to keep quality where it matters and relax where it does not.
+
+## Colours
+{legend_html()}
+
+Hover any token to see w_t, p(x), q(x) and its acceptance probability.
+
+## Credits
+* DIVERSED: relaxed speculative decoding with dynamic ensemble verification (AISTATS 2026) —
+  [paper]({PAPER_URL}).
+* [SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct) by Hugging Face (Apache-2.0),
+  the embedded target.
+* Speculative decoding: Leviathan, Kalman & Matias, *Fast Inference from Transformers via Speculative Decoding*
+  (ICML 2023); Chen et al., *Accelerating Large Language Model Decoding with Speculative Sampling* (2023).
+"""
+
+
+def _on_gpu(fn):
+    """On ZeroGPU Spaces, run `fn` with a GPU attached; elsewhere `spaces` is absent and fn runs as is."""
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(fn)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Bad input surfaces as a readable gr.Error, never a stack trace."""
+    import gradio as gr
+    try:
+        yield
+    except ValueError as err:  # PairError and the heads' errors are ValueErrors too
+        raise gr.Error(str(err)) from None
+
+
+def _settings(mode_label, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeSettings:
+    return DecodeSettings(mode=MODE_LABELS.get(mode_label, "static"), ensemble_weight=float(w),
+                          head_name=head_name or None, n_draft=int(n_draft), max_new_tokens=int(max_new_tokens),
+                          temperature=float(temperature), seed=int(seed or 0))
+
+
+def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | None = None):
+    """The Gradio Blocks app for `pair`. Launch it with `launch(app)` so that its CSS and theme apply."""
+    import gradio as gr
+
+    examples = examples if examples is not None else load_examples()
+    job = job or TrainingJob()
+    choices = example_choices(examples)
+
+    def head_choices():
+        return sorted(available_heads(pair))
+
+    def refresh_heads(current):
+        names = head_choices()
+        return gr.update(choices=names, value=current if current in names else (names[0] if names else None))
+
+    @_on_gpu
+    def generate(prompt, mode_label, w, head_name, n_draft, max_new_tokens, temperature, seed):
+        settings = _settings(mode_label, w, head_name, n_draft, max_new_tokens, temperature, seed)
+        last_chart = -math.inf
+        with user_errors():
+            head = resolve_head(pair, settings)
+            for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):
+                chart = gr.skip()
+                if run.done or time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                    chart, last_chart = w_chart(run), time.perf_counter()
+                yield render_tokens(run.events), stats_html(run), chart
+
+    @_on_gpu
+    def compare(prompt, w, head_name, n_draft, max_new_tokens, temperature, seed):
+        settings = _settings("Static ensemble", w, head_name, n_draft, max_new_tokens, temperature, seed)
+        example = find_example(prompt, examples)
+        last_chart = -math.inf
+        with user_errors():
+            comparison = Comparison()
+            for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
+                charts = (gr.skip(), gr.skip())
+                if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                    charts, last_chart = comparison_charts(comparison), time.perf_counter()
+                yield (*[run_panel_html(label, comparison) for label in COMPARE_MODES], *charts,
+                       comparison_table(comparison))
+            # The last update always carries the final charts and the full table.
+            yield (*[run_panel_html(label, comparison) for label in COMPARE_MODES], *comparison_charts(comparison),
+                   comparison_table(comparison))
+
+    @_on_gpu
+    def sweep(task, n_prompts, weights, tokens, n_draft, temperature, seed, cost_ratio, progress=gr.Progress()):
+        chosen = [e for e in examples if task == "all" or e.task == task][: int(n_prompts)]
+        weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
+        settings = DecodeSettings(n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature),
+                                  seed=int(seed or 0))
+        with user_errors():
+            heads = {name: load_head(name, pair) for name in head_choices()}
+            points = sweep_points(pair, chosen, weights, settings, heads,
+                                  progress=lambda fraction, text: progress(fraction, desc=text))
+        return (points, dial_quality_figure(points), dial_speed_figure(points, int(n_draft), float(cost_ratio)),
+                points.round(3))
+
+    def respeed(points, n_draft, cost_ratio):
+        if points is None:
+            return gr.skip()
+        return dial_speed_figure(points, int(n_draft), float(cost_ratio))
+
+    def start_training(task, source, upload, steps, rollouts, lam, lr, head_name, request: gr.Request):
+        train_module = optional_module("diversed_demo.train")
+        if train_module is None or not hasattr(train_module, "train_head"):
+            gr.Warning("Training is not available yet in this version of the demo.")
+            return
+        with user_errors():
+            if source == "Uploaded JSONL" and not upload:
+                raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
+            prompts = load_jsonl_prompts(upload, task) if source == "Uploaded JSONL" else builtin_examples(task)
+            config = train_module.TrainConfig(task=task, examples=prompts, steps=int(steps),
+                                              rollouts_per_prompt=int(rollouts), lam=float(lam), lr=float(lr))
+        started = job.start(lambda callback, should_stop: train_module.train_head(
+            pair, config, callback=callback, should_stop=should_stop), owner=request.session_hash)
+        if not started:
+            gr.Warning("A training run is already in progress; wait for it to finish.")
+            return
+        while job.running:
+            yield training_figure(job.history), training_status(job, int(steps)), gr.skip()
+            time.sleep(0.5)
+        if job.error:
+            gr.Warning(f"Training failed: {job.error}")
+        yield training_figure(job.history), training_status(job, int(steps)), refresh_heads(head_name)
+
+    def cancel_training(request: gr.Request):
+        if not job.cancel(owner=request.session_hash):
+            gr.Warning("No training run of yours is in progress.")
+            return gr.skip()
+        return training_status(job)
+
+    with gr.Blocks(title="DIVERSED demo") as app:
+        gr.HTML('<div class="dd-header"><h1>DIVERSED</h1><p>Relaxed speculative decoding with dynamic ensemble '
+                f'verification. Target <code>{html.escape(pair.target_name)}</code>, draft '
+                f'<code>{html.escape(pair.draft_name)}</code>, on {html.escape(str(pair.device))}.</p></div>')
+        with gr.Sidebar(label="Decoding settings", open=True):
+            gr.Markdown("### Decoding settings\nShared by Decode, Compare and the dial.")
+            w = gr.Slider(0, 1, value=0.5, step=0.05, label="static ensemble weight w",
+                          info="1 = exact SD; lower accepts more drafts", elem_id="w-slider")
+            head = gr.Dropdown(head_choices(), value=(head_choices() or [None])[0], label="DIVERSED head",
+                               info="trained heads for this pair", allow_custom_value=False, elem_id="head")
+            n_draft = gr.Slider(1, min(MAX_N_DRAFT, 12), value=4, step=1, label="draft tokens per step N")
+            max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="max new tokens")
+            temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature", info="0 = greedy")
+            seed = gr.Number(0, precision=0, label="seed")
+
+        with gr.Tabs():
+            with gr.Tab("Decode", id="decode"):
+                with gr.Row():
+                    decode_example = gr.Dropdown(choices, value=None, label="example prompt", scale=2)
+                    mode = gr.Radio(list(MODE_LABELS), value="Static ensemble", label="mode", scale=2,
+                                    elem_id="mode")
+                prompt = gr.Textbox(label="prompt", lines=3, max_lines=12, elem_id="prompt",
+                                    placeholder="Type a prompt or pick an example")
+                generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+                gr.HTML(legend_html())
+                tokens = gr.HTML(render_tokens([]), elem_id="tokens")
+                stats = gr.HTML(stats_html(None), elem_id="stats")
+                w_plot = gr.Plot(w_chart(None), show_label=False, elem_id="w-chart")
+
+            with gr.Tab("Compare", id="compare"):
+                gr.Markdown("One prompt and seed through each mode in turn. Static uses the sidebar's w, "
+                            "DIVERSED its head.")
+                with gr.Row():
+                    compare_example = gr.Dropdown(choices, value=None, label="example prompt", scale=3)
+                    compare_button = gr.Button("Run compare", variant="primary", scale=1, elem_id="compare")
+                compare_prompt = gr.Textbox(label="prompt", lines=2, max_lines=8, elem_id="compare-prompt")
+                gr.HTML(legend_html())
+                with gr.Row(equal_height=False):
+                    panels = [gr.HTML(run_panel_html(label, Comparison()), elem_classes="dd-panel-box")
+                              for label in COMPARE_MODES]
+                with gr.Row():
+                    acceptance_plot = gr.Plot(show_label=False, elem_id="compare-acceptance")
+                    elapsed_plot = gr.Plot(show_label=False, elem_id="compare-elapsed")
+                compare_summary = gr.Dataframe(comparison_table(Comparison()), label="summary", interactive=False,
+                                               elem_id="compare-table")
+
+            with gr.Tab("Speed–quality dial", id="dial"):
+                gr.Markdown("Sweep the static weight w over a few prompts; trained heads are overlaid as stars. "
+                            "Quality is the task reward when the prompt has a reference, otherwise fidelity "
+                            "to the target.")
+                with gr.Row():
+                    dial_task = gr.Dropdown(["all", *TASKS], value="all", label="prompts from task")
+                    dial_prompts = gr.Slider(1, 8, value=2, step=1, label="prompts")
+                    dial_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per prompt")
+                    dial_weights = gr.CheckboxGroup([0.0, 0.25, 0.5, 0.75, 1.0], value=[0.0, 0.5, 1.0],
+                                                    label="static w to try")
+                with gr.Row():
+                    cost_ratio = gr.Slider(0.01, 1, value=0.1, step=0.01, label="draft/target cost ratio c",
+                                           info="for the projected speedup only")
+                    sweep_button = gr.Button("Run sweep", variant="primary")
+                dial_points = gr.State(None)
+                quality_plot = gr.Plot(show_label=False)
+                speed_plot = gr.Plot(show_label=False)
+                gr.Markdown("*The right-hand speed chart is a projection from the measured α, not a measurement.*")
+                dial_table = gr.Dataframe(label="sweep results", interactive=False)
+
+            with gr.Tab("Train", id="train"):
+                gr.Markdown("Train a DIVERSED head with sequence-level RL. One run at a time; decoding keeps "
+                            "working meanwhile. The head is saved to your heads folder and appears in the "
+                            "sidebar's dropdown.")
+                with gr.Row():
+                    train_task = gr.Dropdown(list(TASKS), value="summarization", label="task")
+                    train_source = gr.Radio(["Built-in examples", "Uploaded JSONL"], value="Built-in examples",
+                                            label="prompts")
+                    train_upload = gr.File(label="prompts (.jsonl)", file_types=[".jsonl"], type="filepath")
+                with gr.Row():
+                    train_steps = gr.Slider(1, 200, value=20, step=1, label="steps")
+                    train_rollouts = gr.Slider(1, 8, value=2, step=1, label="rollouts per prompt")
+                    train_lam = gr.Slider(0, 2, value=0.5, step=0.05, label="λ (speed vs quality)")
+                    train_lr = gr.Number(1e-3, label="learning rate")
+                with gr.Row():
+                    train_button = gr.Button("Start training", variant="primary", elem_id="train-start")
+                    cancel_button = gr.Button("Cancel", variant="stop", elem_id="train-cancel")
+                train_status = gr.Markdown("Idle.", elem_id="train-status")
+                train_plot = gr.Plot(training_figure([]), show_label=False)
+
+            with gr.Tab("About", id="about"):
+                gr.Markdown(ABOUT_MD, elem_classes="dd-about")
+
+        decode_example.change(lambda i: examples[i].prompt if i is not None else gr.skip(), decode_example, prompt)
+        compare_example.change(lambda i: examples[i].prompt if i is not None else gr.skip(), compare_example,
+                               compare_prompt)
+        decode_inputs = [prompt, mode, w, head, n_draft, max_new_tokens, temperature, seed]
+        gr.on([generate_button.click, prompt.submit], generate, decode_inputs, [tokens, stats, w_plot],
+              concurrency_id="decode", concurrency_limit=DECODE_CONCURRENCY, api_name="generate")
+        compare_button.click(compare, [compare_prompt, w, head, n_draft, max_new_tokens, temperature, seed],
+                             [*panels, acceptance_plot, elapsed_plot, compare_summary], concurrency_id="decode",
+                             api_name="compare")
+        sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, seed,
+                                   cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
+                           concurrency_id="decode", api_name="sweep")
+        cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_name=False)
+        # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they
+        # get their own small pool instead of holding decoding slots.
+        train_button.click(start_training, [train_task, train_source, train_upload, train_steps, train_rollouts,
+                                            train_lam, train_lr, head], [train_plot, train_status, head],
+                           concurrency_id="train", concurrency_limit=4, api_name="train")
+        cancel_button.click(cancel_training, None, train_status, concurrency_limit=None, api_name="cancel_training")
+        app.load(refresh_heads, head, head, api_name=False)
+    app.queue(default_concurrency_limit=DECODE_CONCURRENCY)
+    return app
+
+
+def launch(app, **kwargs):
+    """Launch with the app's stylesheet and theme (Gradio 6 takes them at launch, not in Blocks)."""
+    import gradio as gr
+    theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
+    return app.launch(css_paths=[CSS_PATH], theme=theme, **kwargs)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .cli import add_pair_arguments
+    add_pair_arguments(parser)
+    parser.add_argument("--host", default=None, help="interface to listen on (default 127.0.0.1; 0.0.0.0 to share on a LAN)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 7860 or $GRADIO_SERVER_PORT)")
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+
+
+def run(args) -> int:
+    from .cli import pair_from_args
+    pair = pair_from_args(args)
+    launch(build_app(pair), server_name=args.host, server_port=args.port, share=args.share)
+    return 0
