@@ -83,27 +83,26 @@ def format_summary(summary) -> str:
             f"{summary.tokens_per_second:.1f} tok/s  wall {summary.wall_time_s:.2f} s{mean_w}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the chosen one's module is imported (they pull in heavy deps)."""
     parser = argparse.ArgumentParser(prog="diversed-demo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="decode one prompt and print text and summary")
     add_generate_arguments(gen)
     gen.set_defaults(func=run_generate)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # not built yet
         cmd = sub.add_parser(name, help=help_text)
-        module.add_arguments(cmd)
-        cmd.set_defaults(func=module.run)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(cmd)
+            cmd.set_defaults(func=module.run)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as err:  # bad input: a message, not a traceback

