@@ -87,26 +87,26 @@ FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.S)  # an unclosed la
 # Where a HumanEval body continuation stops (the Codex paper's stop sequences).
 BODY_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
-# Runs in the sandboxed interpreter before the program. Limits set here bind the program and any
-# process it starts; socket.socket is replaced so that making any socket fails (the network namespace,
-# when available, covers what this cannot, e.g. ctypes or a spawned binary).
-SANDBOX_PRELUDE = '''\
-def _sandbox(memory_bytes, cpu_seconds, file_bytes):
-    import resource, socket, _socket
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+# The sandboxed interpreter's own code (`python -I -c`): limits set here bind the program and any process
+# it starts; socket.socket is replaced so that making any socket fails (the network namespace, when
+# available, also covers what this cannot, e.g. ctypes or a spawned binary). The program then runs as
+# __main__ from its own file, so `from __future__` imports and traceback line numbers work as written.
+SANDBOX_LAUNCHER = """\
+import resource, runpy, socket, _socket
+resource.setrlimit(resource.RLIMIT_AS, ({memory_bytes}, {memory_bytes}))
+resource.setrlimit(resource.RLIMIT_CPU, ({cpu_seconds}, {cpu_seconds}))
+resource.setrlimit(resource.RLIMIT_FSIZE, ({file_bytes}, {file_bytes}))
 
-    def refuse(kind):
-        class NoNetwork(kind):
-            def __init__(self, *args, **kwargs):
-                raise PermissionError("network access is disabled in the sandbox")
-        return NoNetwork
-    socket.socket = socket.SocketType = refuse(socket.socket)
-    _socket.socket = _socket.SocketType = refuse(_socket.socket)
-_sandbox({memory_bytes}, {cpu_seconds}, {file_bytes})
-del _sandbox
-'''
+def refuse(kind):
+    class NoNetwork(kind):
+        def __init__(self, *args, **kwargs):
+            raise PermissionError("network access is disabled in the sandbox")
+    return NoNetwork
+
+socket.socket = socket.SocketType = refuse(socket.socket)
+_socket.socket = _socket.SocketType = refuse(_socket.socket)
+runpy.run_path("program.py", run_name="__main__")
+"""
 
 
 @dataclass
@@ -146,15 +146,14 @@ def run_sandboxed(program: str, timeout_s: float = SANDBOX_TIMEOUT_S, memory_mb:
     `isolate_network` and a working `unshare`, it also runs in an empty network namespace.
     It is not a security boundary: the program can read and write whatever the user can.
     """
-    prelude = SANDBOX_PRELUDE.format(memory_bytes=memory_mb * 2**20, cpu_seconds=math.ceil(timeout_s) + 1,
-                                     file_bytes=SANDBOX_OUTPUT_MB * 2**20)
+    launcher = SANDBOX_LAUNCHER.format(memory_bytes=memory_mb * 2**20, cpu_seconds=math.ceil(timeout_s) + 1,
+                                       file_bytes=SANDBOX_OUTPUT_MB * 2**20)
     namespace = network_namespace_command() if isolate_network else ()
     with tempfile.TemporaryDirectory(prefix="diversed-sandbox-") as workdir:
-        path = os.path.join(workdir, "program.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(prelude + program)
+        with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
+            f.write(program)
         with open(os.path.join(workdir, "stderr.txt"), "w+b") as stderr:
-            process = subprocess.Popen([*namespace, sys.executable, "-I", path], cwd=workdir, env={},
+            process = subprocess.Popen([*namespace, sys.executable, "-I", "-c", launcher], cwd=workdir, env={},
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                        start_new_session=True)
             timed_out = False
@@ -164,7 +163,7 @@ def run_sandboxed(program: str, timeout_s: float = SANDBOX_TIMEOUT_S, memory_mb:
                 timed_out = True
             finally:
                 _kill_group(process)
-            stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - 2000))
+            stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - 2000))  # the last 2000 bytes
             tail = stderr.read().decode("utf-8", "replace").strip()
     if timed_out:
         return SandboxResult(False, "timeout", f"stopped after {timeout_s:g} s")

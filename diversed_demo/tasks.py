@@ -94,7 +94,8 @@ def mbpp_example(row: dict) -> Example:
     code = row["code"].replace("\r\n", "\n")
     tests = "\n".join(row["test_list"])
     # The tests name the function to write; the reference code may define helpers besides it.
-    entry_point = next((name for name in re.findall(r"^def\s+(\w+)", code, re.M) if name in tests), "")
+    entry_point = next((name for name in re.findall(r"^def\s+(\w+)", code, re.M)
+                        if re.search(rf"\b{name}\s*\(", tests)), "")
     prompt = f"{row['text']}\nYour code should pass these tests:\n{tests}\n"
     # The setup code may use the solution's classes (e.g. a tree Node), so it runs after the solution.
     test_code = row["test_setup_code"].replace("\r\n", "\n") + "\n" + tests

@@ -165,6 +165,12 @@ def test_sandbox_has_empty_environment(monkeypatch):
     assert not run_sandboxed("raise SystemExit(3)\n").passed
 
 
+def test_sandbox_runs_the_program_as_written():
+    # A __future__ import must come first in a file, and tracebacks should point at the program's own lines.
+    result = run_sandboxed("from __future__ import annotations\n\n\nraise ValueError('wrong')\n")
+    assert 'program.py", line 4' in result.detail and "ValueError: wrong" in result.detail
+
+
 @pytest.fixture
 def listening_server():
     server = socket.create_server(("127.0.0.1", 0))
