@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 import torch
 
@@ -60,12 +60,7 @@ def final_number(text: str) -> Decimal | None:
     else:
         boxed = BOXED.findall(text)
         numbers = NUMBER.findall(boxed[-1] if boxed else text)[-1:]
-    if not numbers:
-        return None
-    try:
-        return Decimal(numbers[0].replace("$", "").replace(",", ""))
-    except InvalidOperation:
-        return None
+    return Decimal(numbers[0].replace("$", "").replace(",", "")) if numbers else None
 
 
 def math_exact_match(prediction: str, reference: str) -> float:
