@@ -17,12 +17,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
-from .tasks import TASKS, Example, app_examples, builtin_examples, load_jsonl_prompts
+from .tasks import TASKS, Example, app_examples
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "app.css"
@@ -291,10 +292,13 @@ def stats_html(run: DecodeRun | None) -> str:
                  ("elapsed", f"{run.elapsed_s:.1f} s"),
                  ("tokens", str(run.new_tokens)),
                  ("mean w_t", _fmt(run.mean_w, 2))]
-    state = "done" if run is not None and run.done else ("running" if run is not None else "idle")
     body = "".join(f'<div class="dd-stat"><div class="dd-stat-value">{html.escape(value)}</div>'
                    f'<div class="dd-stat-label">{html.escape(label)}</div></div>' for label, value in cards)
-    return f'<div class="dd-stats" data-state="{state}">{body}</div>'
+    if run is None:
+        return f'<div class="dd-stats" data-state="idle">{body}</div>'
+    # The settings as attributes let scripts (and the browser test) tell which run the numbers belong to.
+    return (f'<div class="dd-stats" data-state="{"done" if run.done else "running"}" data-mode="{run.settings.mode}" '
+            f'data-w="{run.settings.ensemble_weight:g}" data-seed="{run.settings.seed}">{body}</div>')
 
 
 def _figure(title: str, height: int, x_title: str, y_title: str) -> go.Figure:
@@ -613,8 +617,10 @@ def training_status(job: TrainingJob, steps: int | None = None) -> str:
     progress = f"step {last.get('step')}" + (f" of {steps}" if steps else "") if last else "starting…"
     if job.running:
         return f"Training… {progress}" + (" (stopping after this step)" if job.cancelled else "")
+    if job.result is not None and job.result.path is None:
+        return f"Cancelled at {progress}; no head saved."
     if job.result is not None:
-        return f"{'Cancelled at' if job.cancelled else 'Finished:'} {progress}; head saved to {job.result.path}"
+        return f"Finished: {progress}; head saved as **{job.result.path.stem}** ({job.result.path})"
     return "Idle."
 
 
@@ -663,10 +669,9 @@ def _on_gpu(fn):
 @contextlib.contextmanager
 def user_errors():
     """Bad input surfaces as a readable gr.Error, never a stack trace."""
-    import gradio as gr
     try:
         yield
-    except ValueError as err:  # PairError and the heads' errors are ValueErrors too
+    except (ValueError, OSError) as err:  # PairError and the heads' errors are ValueErrors too
         raise gr.Error(str(err)) from None
 
 
@@ -678,14 +683,13 @@ def _settings(mode_label, w, head_name, n_draft, max_new_tokens, temperature, se
 
 def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | None = None):
     """The Gradio Blocks app for `pair`. Launch it with `launch(app)` so that its CSS and theme apply."""
-    import gradio as gr
 
     examples = examples if examples is not None else load_examples()
     job = job or TrainingJob()
     choices = example_choices(examples)
 
     def head_choices():
-        return sorted(available_heads(pair))
+        return list(available_heads(pair))  # newest first
 
     def refresh_heads(current):
         names = head_choices()
@@ -738,19 +742,22 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             return gr.skip()
         return dial_speed_figure(points, int(n_draft), float(cost_ratio))
 
-    def start_training(task, source, upload, steps, rollouts, lam, lr, head_name, request: gr.Request):
+    def start_training(task, source, upload, steps, rollouts, lam, lr, request: gr.Request):
         train_module = optional_module("diversed_demo.train")
-        if train_module is None or not hasattr(train_module, "train_head"):
-            gr.Warning("Training is not available yet in this version of the demo.")
+        if train_module is None:
+            gr.Warning("Training is not available in this version of the demo.")
             return
         with user_errors():
             if source == "Uploaded JSONL" and not upload:
                 raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
-            prompts = load_jsonl_prompts(upload, task) if source == "Uploaded JSONL" else builtin_examples(task)
-            config = train_module.TrainConfig(task=task, examples=prompts, steps=int(steps),
-                                              rollouts_per_prompt=int(rollouts), lam=float(lam), lr=float(lr))
+            config = train_module.TrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
+                                              steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam),
+                                              lr=float(lr))
+            # Check settings and prompts here, so that a bad upload is an error message, not a failed run.
+            train_module.check_config(config)
+            train_module.training_examples(config)
         started = job.start(lambda callback, should_stop: train_module.train_head(
-            pair, config, callback=callback, should_stop=should_stop), owner=request.session_hash)
+            pair, config, callback=callback, should_stop=should_stop, progress=False), owner=request.session_hash)
         if not started:
             gr.Warning("A training run is already in progress; wait for it to finish.")
             return
@@ -759,7 +766,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             time.sleep(0.5)
         if job.error:
             gr.Warning(f"Training failed: {job.error}")
-        yield training_figure(job.history), training_status(job, int(steps)), refresh_heads(head_name)
+        new_head = job.result.path.stem if job.result is not None and job.result.path else None
+        yield training_figure(job.history), training_status(job, int(steps)), refresh_heads(new_head)
 
     def cancel_training(request: gr.Request):
         if not job.cancel(owner=request.session_hash):
@@ -780,7 +788,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             n_draft = gr.Slider(1, min(MAX_N_DRAFT, 12), value=4, step=1, label="draft tokens per step N")
             max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="max new tokens")
             temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature", info="0 = greedy")
-            seed = gr.Number(0, precision=0, label="seed")
+            seed = gr.Number(0, precision=0, label="seed", elem_id="seed")
 
         with gr.Tabs():
             with gr.Tab("Decode", id="decode"):
@@ -828,8 +836,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                            info="for the projected speedup only")
                     sweep_button = gr.Button("Run sweep", variant="primary")
                 dial_points = gr.State(None)
-                quality_plot = gr.Plot(show_label=False)
-                speed_plot = gr.Plot(show_label=False)
+                quality_plot = gr.Plot(show_label=False, elem_id="dial-quality")
+                speed_plot = gr.Plot(show_label=False, elem_id="dial-speed")
                 gr.Markdown("*The right-hand speed chart is a projection from the measured α, not a measurement.*")
                 dial_table = gr.Dataframe(label="sweep results", interactive=False)
 
@@ -838,15 +846,16 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                             "working meanwhile. The head is saved to your heads folder and appears in the "
                             "sidebar's dropdown.")
                 with gr.Row():
-                    train_task = gr.Dropdown(list(TASKS), value="summarization", label="task")
+                    train_task = gr.Dropdown(list(TASKS), value="general", label="task",
+                                             info="the reward: ROUGE-2, math match, pass@1, or fidelity (general)")
                     train_source = gr.Radio(["Built-in examples", "Uploaded JSONL"], value="Built-in examples",
                                             label="prompts")
                     train_upload = gr.File(label="prompts (.jsonl)", file_types=[".jsonl"], type="filepath")
                 with gr.Row():
-                    train_steps = gr.Slider(1, 200, value=20, step=1, label="steps")
-                    train_rollouts = gr.Slider(1, 8, value=2, step=1, label="rollouts per prompt")
+                    train_steps = gr.Slider(1, 200, value=20, step=1, label="steps", elem_id="train-steps")
+                    train_rollouts = gr.Slider(2, 8, value=4, step=1, label="rollouts per prompt")
                     train_lam = gr.Slider(0, 2, value=0.5, step=0.05, label="λ (speed vs quality)")
-                    train_lr = gr.Number(1e-3, label="learning rate")
+                    train_lr = gr.Number(3e-3, label="learning rate")
                 with gr.Row():
                     train_button = gr.Button("Start training", variant="primary", elem_id="train-start")
                     cancel_button = gr.Button("Cancel", variant="stop", elem_id="train-cancel")
@@ -872,7 +881,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they
         # get their own small pool instead of holding decoding slots.
         train_button.click(start_training, [train_task, train_source, train_upload, train_steps, train_rollouts,
-                                            train_lam, train_lr, head], [train_plot, train_status, head],
+                                            train_lam, train_lr], [train_plot, train_status, head],
                            concurrency_id="train", concurrency_limit=4, api_name="train")
         cancel_button.click(cancel_training, None, train_status, concurrency_limit=None, api_name="cancel_training")
         app.load(refresh_heads, head, head, api_name=False)
@@ -882,7 +891,6 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
 
 def launch(app, **kwargs):
     """Launch with the app's stylesheet and theme (Gradio 6 takes them at launch, not in Blocks)."""
-    import gradio as gr
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
     return app.launch(css_paths=[CSS_PATH], theme=theme, **kwargs)
 
