@@ -1,7 +1,25 @@
-"""Ensemble heads: objects that give w_t for each drafted position from both models' hidden states."""
+"""Ensemble heads: w_t for each drafted position from both models' last hidden states.
+
+A head file is safetensors (weights) whose metadata holds the head's shape, the pair it belongs to
+(model fingerprints, hidden sizes, vocabulary, tokenizer fingerprint), its task, training settings and
+evaluation figures. Loading never unpickles, and refuses a head of another pair with a clear message.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from pathlib import Path
+
 import torch
+from torch import nn
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the project
+FORMAT = "diversed-head/1"
+
+
+class HeadError(ValueError):
+    """A head file that is missing, malformed or belongs to another pair."""
 
 
 class ConstantHead:
@@ -12,3 +30,146 @@ class ConstantHead:
 
     def ensemble_weight(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
         return torch.full((target_hidden.shape[0],), self.value, device=target_hidden.device)
+
+
+class EnsembleHead(nn.Module):
+    """w_t = w_min + (1 − w_min)·sigmoid(MLP([h_target; h_draft])).
+
+    The input is layer-normalised (without affine) because the two models' hidden states live on
+    different scales. `hidden_size=0` gives the paper's linear head.
+    """
+
+    def __init__(self, target_hidden: int, draft_hidden: int, hidden_size: int = 64, w_min: float = 0.0,
+                 w_init: float = 0.8, meta: dict | None = None):
+        super().__init__()
+        self.config = {"target_hidden": target_hidden, "draft_hidden": draft_hidden, "hidden_size": hidden_size,
+                       "w_min": w_min}
+        self.meta = dict(meta or {})
+        features = target_hidden + draft_hidden
+        self.norm = nn.LayerNorm(features, elementwise_affine=False)
+        if hidden_size:
+            self.mlp = nn.Sequential(nn.Linear(features, hidden_size), nn.GELU(), nn.Linear(hidden_size, 1))
+        else:
+            self.mlp = nn.Sequential(nn.Linear(features, 1))
+        with torch.no_grad():  # start near w_init, whatever the features say
+            last = self.mlp[-1]
+            last.weight.mul_(0.1)
+            frac = min(max((w_init - w_min) / (1 - w_min), 1e-3), 1 - 1e-3)
+            last.bias.fill_(torch.logit(torch.tensor(frac)).item())
+
+    def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
+        features = torch.cat([target_hidden, draft_hidden], dim=-1).float()
+        logit = self.mlp(self.norm(features)).squeeze(-1)
+        w_min = self.config["w_min"]
+        return w_min + (1.0 - w_min) * torch.sigmoid(logit)
+
+    def ensemble_weight(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
+        return self(target_hidden, draft_hidden)
+
+
+def model_fingerprint(model) -> str:
+    """A cheap identity of a model's weights: its config and the first values of every tensor."""
+    h = hashlib.sha256(model.config.to_json_string(use_diff=True).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().flatten()[:256].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def pair_identity(pair) -> dict:
+    """What a head is bound to. Cached on the pair: fingerprinting reads every tensor once."""
+    if getattr(pair, "_identity", None) is None:
+        pair._identity = {
+            "target": pair.target_name, "draft": pair.draft_name,
+            "target_fingerprint": model_fingerprint(pair.target), "draft_fingerprint": model_fingerprint(pair.draft),
+            "target_hidden": pair.target.config.get_text_config().hidden_size,
+            "draft_hidden": pair.draft.config.get_text_config().hidden_size,
+            "vocab_size": pair.vocab_size, "tokenizer_fingerprint": pair.fingerprint,
+        }
+    return pair._identity
+
+
+def new_head(pair, **kwargs) -> EnsembleHead:
+    identity = pair_identity(pair)
+    head = EnsembleHead(identity["target_hidden"], identity["draft_hidden"], **kwargs)
+    head.meta["pair"] = identity
+    return head.to(pair.target.device)
+
+
+def save_head(head: EnsembleHead, path) -> Path:
+    """Write weights and metadata atomically (a crash never leaves a half-written head)."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"format": FORMAT, "config": json.dumps(head.config), "meta": json.dumps(head.meta)}
+    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_file(state, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def read_head_metadata(path) -> dict:
+    """The head's config and meta without loading weights (cheap: for listings)."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as err:  # safetensors raises several types for a malformed file
+        raise HeadError(f"{path} is not a head file (safetensors): {err}") from None
+    if metadata.get("format") != FORMAT:
+        raise HeadError(f"{path} is not a DIVERSED head (format {metadata.get('format')!r}, expected {FORMAT!r})")
+    return {"config": json.loads(metadata["config"]), "meta": json.loads(metadata["meta"])}
+
+
+def check_head_pair(head_pair: dict, identity: dict, where: str) -> None:
+    for key, label in (("tokenizer_fingerprint", "tokenizer"), ("vocab_size", "vocabulary size"),
+                       ("target_hidden", "target hidden size"), ("draft_hidden", "draft hidden size"),
+                       ("target_fingerprint", "target model"), ("draft_fingerprint", "draft model")):
+        if head_pair.get(key) != identity[key]:
+            raise HeadError(f"{where} belongs to another pair ({head_pair.get('target')} + {head_pair.get('draft')}): "
+                            f"its {label} differs from this pair's ({identity['target']} + {identity['draft']})")
+
+
+def user_heads_dir() -> Path:
+    from .models import cache_dir
+    return Path(os.environ.get("DIVERSED_HEADS_DIR") or cache_dir() / "heads")
+
+
+def resolve_head_path(path_or_name) -> Path:
+    """A path, or a name looked up in the user heads folder, then the shipped heads/."""
+    path = Path(path_or_name).expanduser()
+    if path.exists():
+        return path
+    for folder in (user_heads_dir(), HEADS_DIR):
+        candidate = folder / f"{path_or_name}.safetensors"
+        if candidate.exists():
+            return candidate
+    raise HeadError(f"no head {path_or_name!r}: not a file, nor a name in {user_heads_dir()} or {HEADS_DIR}")
+
+
+def load_head(path_or_name, pair) -> EnsembleHead:
+    from safetensors.torch import load_file
+    path = resolve_head_path(path_or_name)
+    info = read_head_metadata(path)
+    check_head_pair(info["meta"].get("pair", {}), pair_identity(pair), str(path))
+    head = EnsembleHead(**info["config"], meta=info["meta"])
+    try:
+        head.load_state_dict(load_file(str(path)))
+    except RuntimeError as err:
+        raise HeadError(f"{path}: weights do not match its config: {err}") from None
+    return head.to(pair.target.device).eval().requires_grad_(False)
+
+
+def list_heads(pair) -> dict[str, Path]:
+    """Heads usable with this pair: the user's (newest first), then the shipped ones; others are skipped."""
+    identity, found = pair_identity(pair), {}
+    user = sorted(user_heads_dir().glob("*.safetensors"), key=lambda p: -p.stat().st_mtime) \
+        if user_heads_dir().exists() else []
+    for path in user + sorted(HEADS_DIR.glob("*.safetensors")):
+        try:
+            check_head_pair(read_head_metadata(path)["meta"].get("pair", {}), identity, str(path))
+        except HeadError:
+            continue
+        found.setdefault(path.stem, path)
+    return found

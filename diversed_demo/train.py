@@ -1,0 +1,282 @@
+"""Training an ensemble head with sequence-level REINFORCE plus an acceptance term.
+
+Both language models are frozen; only the head trains. Rollouts come from the DIVERSED process: each
+emitted token follows nu_t = w_t·p_t + (1 − w_t)·q_t, so we sample from nu position by position (batched,
+both models with KV caches) and keep what the loss needs: the hidden states the head reads, p_t(y_t),
+q_t(y_t) and TV(p_t, q_t). The loss then re-evaluates only the head:
+
+    log π(y) = Σ_t log nu_t(y_t)
+    loss = −mean_tokens(A · log nu_t(y_t)) − λ · mean_t(1 − w_t·TV_t)
+
+with A = reward − group mean (several rollouts per prompt, RLOO / REINFORCE++ style), normalised over
+the batch. Minimising −λ·(1 − w·TV) lowers w where TV > 0, which raises acceptance.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from .head import EnsembleHead, load_head, new_head, save_head, user_heads_dir
+from .verify import ensemble_probs, sampling_probs, total_variation
+
+RUNS_DIR = Path(__file__).resolve().parent.parent / "runs" / "train"
+
+
+@dataclass
+class TrainConfig:
+    task: str = "general"
+    prompts_path: str | None = None  # a JSONL of {"prompt", "reference"?}; default: the built-in train split
+    steps: int = 20
+    prompts_per_step: int = 2
+    rollouts_per_prompt: int = 4
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    lam: float = 0.5  # weight of the acceptance term
+    lr: float = 3e-3
+    warmup_steps: int = 2
+    grad_clip: float = 1.0
+    hidden_size: int = 64  # 0: the paper's linear head
+    w_min: float = 0.0
+    w_init: float = 0.8
+    seed: int = 0
+    name: str | None = None  # the head's name; default <task>-<time>
+    out: str | None = None  # where the head goes; default <user heads dir>/<name>.safetensors
+    run_dir: str | None = None  # checkpoints; default runs/train/<name>
+    checkpoint_every: int = 5
+    resume: bool = True  # continue from run_dir's checkpoint if there is one
+
+
+@dataclass
+class TrainResult:
+    path: Path | None  # the saved head, or None if cancelled
+    history: list[dict] = field(default_factory=list)
+    cancelled: bool = False
+    checkpoint: Path | None = None
+
+
+@dataclass
+class Rollouts:
+    tokens: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] 1 for emitted tokens (EOS included), 0 after
+    target_hidden: torch.Tensor  # [B, T, Ht] at the position that predicts each token
+    draft_hidden: torch.Tensor  # [B, T, Hd]
+    target_prob: torch.Tensor  # [B, T] p_t(y_t)
+    draft_prob: torch.Tensor  # [B, T] q_t(y_t)
+    tv: torch.Tensor  # [B, T] TV(p_t, q_t)
+
+
+def check_config(config: TrainConfig) -> None:
+    from .tasks import TASKS
+    if config.task not in TASKS:
+        raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    if config.rollouts_per_prompt < 2:
+        raise ValueError("rollouts_per_prompt must be at least 2: the baseline is the group mean")
+    if not (config.lr > 0 and config.lam >= 0 and 0 <= config.w_min < 1 and config.temperature > 0):
+        raise ValueError("need lr > 0, λ ≥ 0, 0 ≤ w_min < 1 and temperature > 0")
+
+
+def training_examples(config: TrainConfig):
+    from .tasks import builtin_examples, load_jsonl_prompts
+    if config.prompts_path:
+        examples = load_jsonl_prompts(config.prompts_path, config.task)
+    else:
+        examples = builtin_examples(config.task, "train")
+    if config.task in ("summarization", "math") and any(e.reference is None for e in examples):
+        missing = next(e for e in examples if e.reference is None)
+        raise ValueError(f"the {config.task} reward needs a reference for every prompt; {missing.id or 'one'} has none")
+    if not examples:
+        raise ValueError("no training prompts")
+    return examples
+
+
+@torch.no_grad()
+def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: int, temperature: float,
+                    generator: torch.Generator, stop_ids: set[int]) -> Rollouts:
+    """n samples from the DIVERSED process for one prompt, decoded together as a batch."""
+    device = pair.target.device
+    caches = [DynamicCache(config=m.config) for m in (pair.target, pair.draft)]
+    feed = torch.tensor([prompt_ids], device=device)  # the prompt is prefilled once, then the cache is copied
+    alive = torch.ones(n, dtype=torch.bool, device=device)
+    steps = {k: [] for k in ("tokens", "mask", "target_hidden", "draft_hidden", "target_prob", "draft_prob", "tv")}
+    for position in range(max_new_tokens):
+        hidden, probs = [], []
+        for model, cache in zip((pair.target, pair.draft), caches):
+            h = model.get_decoder()(input_ids=feed, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+            if position == 0:
+                cache.batch_repeat_interleave(n)
+                h = h.expand(n, -1)
+            logits = model.get_output_embeddings()(h)[:, : pair.vocab_size]
+            hidden.append(h.float())
+            probs.append(sampling_probs(logits, temperature))
+        w = head(hidden[0], hidden[1])
+        token = torch.multinomial(ensemble_probs(probs[0], probs[1], w), 1, generator=generator).squeeze(1)
+        rows = torch.arange(n, device=device)
+        for key, value in (("tokens", token), ("mask", alive.float()), ("target_hidden", hidden[0]),
+                           ("draft_hidden", hidden[1]), ("target_prob", probs[0][rows, token]),
+                           ("draft_prob", probs[1][rows, token]), ("tv", total_variation(probs[0], probs[1]))):
+            steps[key].append(value)
+        alive = alive & ~torch.isin(token, torch.tensor(sorted(stop_ids), device=device))
+        if not alive.any():
+            break
+        feed = token[:, None]
+    return Rollouts(**{k: torch.stack(v, dim=1) for k, v in steps.items()})
+
+
+def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float):
+    """Policy-gradient term plus the acceptance term; returns (loss, acceptance, mean_w)."""
+    w = head(rollouts.target_hidden, rollouts.draft_hidden)
+    mask = rollouts.mask
+    log_nu = torch.log(w * rollouts.target_prob + (1 - w) * rollouts.draft_prob + 1e-12)
+    tokens = mask.sum().clamp_min(1)
+    policy = -(advantages[:, None] * log_nu * mask).sum() / tokens
+    acceptance = ((1 - w * rollouts.tv) * mask).sum() / tokens
+    mean_w = (w * mask).sum() / tokens
+    return policy - lam * acceptance, acceptance, mean_w
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """reward − its prompt group's mean, normalised by the batch's standard deviation."""
+    grouped = rewards.view(-1, group_size)
+    advantages = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()
+    return advantages / (advantages.std() + 1e-6) if advantages.numel() > 1 else advantages
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progress: bool = True) -> TrainResult:
+    """Train a head for `pair` on `config.task`. `callback(record)` gets {step, steps, reward, acceptance,
+    mean_w, loss, elapsed_s} after each step; `should_stop()` returning True cancels (a checkpoint is kept)."""
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    from .decode import encode_prompt, eos_ids
+    from .rewards import task_reward
+
+    check_config(config)
+    examples = training_examples(config)
+    name = config.name or f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(config.out) if config.out else user_heads_dir() / f"{name}.safetensors"
+    run_dir = Path(config.run_dir) if config.run_dir else RUNS_DIR / name
+    checkpoint_path = run_dir / "checkpoint.pt"
+
+    accelerator = Accelerator(cpu=pair.target.device.type == "cpu")
+    torch.manual_seed(config.seed)
+    head = new_head(pair, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init)
+    head.meta.update(task=config.task, training=asdict(config))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.01)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.steps)
+    generator = torch.Generator(device=pair.target.device).manual_seed(config.seed + accelerator.process_index)
+    start_step, history = 0, []
+    if config.resume and checkpoint_path.exists():
+        state = torch.load(checkpoint_path, weights_only=True, map_location="cpu")
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["generator"])
+        start_step, history = state["step"], state["history"]
+    head_model, optimizer, scheduler = accelerator.prepare(head, optimizer, scheduler)
+
+    def save_checkpoint(step):
+        if accelerator.is_main_process:
+            _atomic_torch_save({"head": accelerator.unwrap_model(head_model).state_dict(),
+                                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                "generator": generator.get_state(), "step": step, "history": history},
+                               checkpoint_path)
+
+    stop_ids = eos_ids(pair)
+    started = time.perf_counter()
+    bar = tqdm(total=config.steps, initial=start_step, desc=f"train {name}", disable=not progress)
+    for step in range(start_step, config.steps):
+        if should_stop is not None and should_stop():
+            save_checkpoint(step)
+            bar.close()
+            return TrainResult(None, history, cancelled=True, checkpoint=checkpoint_path)
+        # Each process takes its own prompts: data parallel over examples.
+        first = (step * accelerator.num_processes + accelerator.process_index) * config.prompts_per_step
+        batch = [examples[(first + i) % len(examples)] for i in range(config.prompts_per_step)]
+        head_model.eval()
+        rollouts, rewards = [], []
+        for example in batch:
+            prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+            r = sample_rollouts(pair, head_model, prompt_ids, config.rollouts_per_prompt, config.max_new_tokens,
+                                config.temperature, generator, stop_ids)
+            rollouts.append(r)
+            for tokens, mask in zip(r.tokens, r.mask):
+                output_ids = tokens[mask.bool()].tolist()
+                text = pair.tokenizer.decode(output_ids, skip_special_tokens=True)
+                rewards.append(task_reward(config.task, example, text, pair=pair, prompt_ids=prompt_ids,
+                                           output_ids=output_ids))
+        rewards_t = torch.tensor(rewards, device=pair.target.device)
+        advantages = group_advantages(rewards_t, config.rollouts_per_prompt)
+        head_model.train()
+        optimizer.zero_grad()
+        loss_total, acc_total, w_total = 0.0, 0.0, 0.0
+        for i, r in enumerate(rollouts):
+            a = advantages[i * config.rollouts_per_prompt:(i + 1) * config.rollouts_per_prompt]
+            loss, acceptance, mean_w = head_loss(head_model, r, a, config.lam)
+            accelerator.backward(loss / len(rollouts))
+            loss_total, acc_total, w_total = loss_total + loss.item(), acc_total + acceptance.item(), w_total + mean_w.item()
+        accelerator.clip_grad_norm_(head_model.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        record = {"step": step + 1, "steps": config.steps, "reward": float(rewards_t.mean()),
+                  "acceptance": acc_total / len(rollouts), "mean_w": w_total / len(rollouts),
+                  "loss": loss_total / len(rollouts), "elapsed_s": time.perf_counter() - started}
+        history.append(record)
+        bar.update(1)
+        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['acceptance']:.3f}",
+                        w=f"{record['mean_w']:.3f}")
+        if callback is not None:
+            callback(record)
+        if (step + 1) % config.checkpoint_every == 0:
+            save_checkpoint(step + 1)
+    bar.close()
+    save_checkpoint(config.steps)
+    final = accelerator.unwrap_model(head_model)
+    tail = history[-max(1, len(history) // 4):]
+    final.meta["train_figures"] = {k: sum(h[k] for h in tail) / len(tail) for k in ("reward", "acceptance", "mean_w")}
+    path = save_head(final, out) if accelerator.is_main_process else None
+    return TrainResult(path, history, checkpoint=checkpoint_path)
+
+
+def add_arguments(parser) -> None:
+    from .cli import add_pair_arguments
+    defaults = TrainConfig()
+    parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
+    parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "hidden_size",
+                 "warmup_steps", "checkpoint_every", "seed"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("temperature", "lam", "lr", "grad_clip", "w_min", "w_init"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
+    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default runs/train/<name>)")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
+    add_pair_arguments(parser)
+
+
+def run(args) -> int:
+    from .cli import pair_from_args
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    pair = pair_from_args(args)
+    result = train_head(pair, config)
+    print(f"head saved to {result.path}" if result.path else "cancelled")
+    return 0

@@ -1,0 +1,131 @@
+"""Heads (save, load, pair binding) and their training: the acceptance term's sign, reward-driven updates."""
+import pickle
+
+import pytest
+import torch
+
+from diversed_demo.decode import generate
+from diversed_demo.head import HeadError, list_heads, load_head, new_head, save_head
+from diversed_demo.tiny import tiny_model, tiny_pair
+from diversed_demo.train import Rollouts, TrainConfig, group_advantages, head_loss, train_head
+
+
+@pytest.fixture
+def heads_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSED_HEADS_DIR", str(tmp_path / "heads"))
+    return tmp_path / "heads"
+
+
+def test_head_round_trip_and_use_in_decoding(pair, tmp_path):
+    head = new_head(pair, hidden_size=8)
+    head.meta["task"] = "general"
+    path = save_head(head, tmp_path / "h.safetensors")
+    loaded = load_head(path, pair)
+    h_t, h_d = torch.randn(5, 32), torch.randn(5, 32)
+    assert torch.allclose(loaded(h_t, h_d), head(h_t, h_d))
+    assert loaded.meta["task"] == "general" and ((0 <= loaded(h_t, h_d)) & (loaded(h_t, h_d) <= 1)).all()
+    summary, events = generate(pair, "the cat sat", mode="dynamic", head=loaded, n_draft=3, max_new_tokens=10)
+    drafted = [e for e in events if e.kind in ("accepted", "rejected")]
+    assert drafted and all(0 <= e.w <= 1 for e in drafted) and summary.mean_w is not None
+
+
+def test_head_of_another_pair_is_refused(pair, tmp_path):
+    other = tiny_pair(draft=tiny_model(99, 1))
+    path = save_head(new_head(other), tmp_path / "other.safetensors")
+    with pytest.raises(HeadError, match="another pair.*draft model"):
+        load_head(path, pair)
+
+
+def test_malformed_and_pickled_files_are_refused(pair, tmp_path):
+    pickled = tmp_path / "evil.safetensors"
+    pickled.write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(HeadError, match="not a head file"):
+        load_head(pickled, pair)
+    with pytest.raises(HeadError, match="no head"):
+        load_head(tmp_path / "missing.safetensors", pair)
+
+
+def test_w_min_bounds_the_head(pair):
+    head = new_head(pair, w_min=0.6, w_init=0.7)
+    w = head(100 * torch.randn(50, 32), 100 * torch.randn(50, 32))
+    assert (w >= 0.6).all() and (w <= 1).all()
+
+
+def fake_rollouts(n, t, tv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Rollouts(tokens=torch.zeros(n, t, dtype=torch.long), mask=torch.ones(n, t),
+                    target_hidden=torch.randn(n, t, 32, generator=g), draft_hidden=torch.randn(n, t, 32, generator=g),
+                    target_prob=torch.rand(n, t, generator=g), draft_prob=torch.rand(n, t, generator=g),
+                    tv=torch.full((n, t), tv))
+
+
+def test_acceptance_term_raises_acceptance(pair):
+    """With no reward signal, gradient steps on the loss must lower w and so raise 1 − w·TV."""
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=8, w_init=0.8)
+    rollouts = fake_rollouts(4, 6, tv=0.5)
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    _, before, w_before = head_loss(head, rollouts, torch.zeros(4), lam=1.0)
+    for _ in range(20):
+        opt.zero_grad()
+        head_loss(head, rollouts, torch.zeros(4), lam=1.0)[0].backward()
+        opt.step()
+    _, after, w_after = head_loss(head, rollouts, torch.zeros(4), lam=1.0)
+    assert after > before and w_after < w_before
+
+
+def test_group_advantages_are_centred_per_prompt():
+    adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 13.0]), 3)
+    assert torch.allclose(adv.view(2, 3).sum(1), torch.zeros(2), atol=1e-5)
+    assert adv[2] > adv[0] and adv[5] > adv[3]
+
+
+def run_training(pair, tmp_path, lam, steps=12, **kwargs):
+    config = TrainConfig(task="general", steps=steps, prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
+                         lam=lam, lr=0.05, warmup_steps=1, hidden_size=8, w_init=0.5, seed=0,
+                         out=str(tmp_path / f"h{lam}.safetensors"), run_dir=str(tmp_path / f"run{lam}"), **kwargs)
+    return train_head(pair, config, progress=False)
+
+
+def test_training_moves_w_the_way_the_reward_favours(pair, tmp_path):
+    # Fidelity rewards target-like outputs: with no acceptance pressure, w must rise towards the target.
+    toward_target = run_training(pair, tmp_path, lam=0.0)
+    # A strong acceptance term must pull w down instead.
+    toward_speed = run_training(pair, tmp_path, lam=5.0)
+    first = toward_target.history[0]["mean_w"]
+    assert toward_target.history[-1]["mean_w"] > first + 0.02
+    assert toward_speed.history[-1]["mean_w"] < first - 0.02
+    assert toward_speed.history[-1]["acceptance"] > toward_speed.history[0]["acceptance"]
+    assert load_head(toward_target.path, pair).meta["task"] == "general"
+
+
+def test_cancel_keeps_a_checkpoint_and_resume_continues(pair, tmp_path):
+    records = []
+    config = TrainConfig(task="general", steps=6, prompts_per_step=1, rollouts_per_prompt=2, max_new_tokens=4,
+                         hidden_size=8, out=str(tmp_path / "c.safetensors"), run_dir=str(tmp_path / "crun"))
+    result = train_head(pair, config, callback=records.append, should_stop=lambda: len(records) >= 3, progress=False)
+    assert result.cancelled and result.path is None and result.checkpoint.exists()
+    assert not (tmp_path / "c.safetensors").exists()
+    resumed = train_head(pair, config, callback=records.append, progress=False)
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert resumed.path.exists()
+
+
+def test_bad_training_input_is_refused(pair, tmp_path):
+    with pytest.raises(ValueError, match="rollouts_per_prompt"):
+        train_head(pair, TrainConfig(rollouts_per_prompt=1), progress=False)
+    with pytest.raises(ValueError, match="unknown task"):
+        train_head(pair, TrainConfig(task="poetry"), progress=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hello"}\nnot json\n')
+    with pytest.raises(ValueError, match="line 2"):
+        train_head(pair, TrainConfig(prompts_path=str(bad)), progress=False)
+
+
+def test_list_heads_finds_user_heads_for_this_pair_only(pair, heads_dir):
+    save_head(new_head(pair), heads_dir / "mine.safetensors")
+    save_head(new_head(tiny_pair(draft=tiny_model(98, 1))), heads_dir / "theirs.safetensors")
+    names = list_heads(pair)
+    assert "mine" in names and "theirs" not in names
+    assert load_head("mine", pair).config["target_hidden"] == 32
