@@ -28,6 +28,7 @@ from .tasks import TASKS, Example, app_examples
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "app.css"
 PAPER_URL = "https://arxiv.org/abs/2604.07622"
+CODE_URL = "https://github.com/comeusr/diversed"
 
 UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
 CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
@@ -601,12 +602,16 @@ class TrainingJob:
 
 
 def training_figure(history: list[dict]) -> go.Figure:
-    """Reward, acceptance and mean w_t per training step."""
-    fig = _figure("training", 300, "step", "")
+    """Reward (left: its scale depends on the task) and acceptance and mean w_t (right, in [0, 1]) per step."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("reward", "acceptance and mean w_t"))
+    fig.update_layout(height=300, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.25))
     steps = [h.get("step") for h in history]
-    for key, color in (("reward", "#16a34a"), ("acceptance", "#2563eb"), ("mean_w", "#7c3aed")):
+    for key, color, col in (("reward", "#16a34a", 1), ("acceptance", "#2563eb", 2), ("mean_w", "#7c3aed", 2)):
         fig.add_trace(go.Scatter(x=steps, y=[h.get(key) for h in history], mode="lines+markers", name=key,
-                                 line=dict(color=color)))
+                                 line=dict(color=color)), row=1, col=col)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_xaxes(title_text="step")
     return fig
 
 
@@ -648,8 +653,8 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
 Hover any token to see w_t, p(x), q(x) and its acceptance probability.
 
 ## Credits
-* DIVERSED: relaxed speculative decoding with dynamic ensemble verification (AISTATS 2026) —
-  [paper]({PAPER_URL}).
+* DIVERSED: Relaxed Speculative Decoding via Dynamic Ensemble Verification, Ziyi Wang et al.
+  (AISTATS 2026) — [paper]({PAPER_URL}), [code]({CODE_URL}). This demo is an independent re-implementation.
 * [SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct) by Hugging Face (Apache-2.0),
   the embedded target.
 * Speculative decoding: Leviathan, Kalman & Matias, *Fast Inference from Transformers via Speculative Decoding*
@@ -726,7 +731,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
 
     @_on_gpu
     def sweep(task, n_prompts, weights, tokens, n_draft, temperature, seed, cost_ratio, progress=gr.Progress()):
-        chosen = [e for e in examples if task == "all" or e.task == task][: int(n_prompts)]
+        chosen = [e for e in examples if e.task == task][: int(n_prompts)]
         weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
         settings = DecodeSettings(n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature),
                                   seed=int(seed or 0))
@@ -826,7 +831,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                             "Quality is the task reward when the prompt has a reference, otherwise fidelity "
                             "to the target.")
                 with gr.Row():
-                    dial_task = gr.Dropdown(["all", *TASKS], value="all", label="prompts from task")
+                    dial_task = gr.Dropdown(list(TASKS), value="general", label="prompts from task",
+                                            info="one task, so that one quality metric is averaged")
                     dial_prompts = gr.Slider(1, 8, value=2, step=1, label="prompts")
                     dial_tokens = gr.Slider(8, 128, value=32, step=8, label="new tokens per prompt")
                     dial_weights = gr.CheckboxGroup([0.0, 0.25, 0.5, 0.75, 1.0], value=[0.0, 0.5, 1.0],
@@ -865,9 +871,11 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             with gr.Tab("About", id="about"):
                 gr.Markdown(ABOUT_MD, elem_classes="dd-about")
 
-        decode_example.change(lambda i: examples[i].prompt if i is not None else gr.skip(), decode_example, prompt)
-        compare_example.change(lambda i: examples[i].prompt if i is not None else gr.skip(), compare_example,
-                               compare_prompt)
+        def example_prompt(index):
+            return examples[index].prompt if index is not None else gr.skip()
+
+        decode_example.change(example_prompt, decode_example, prompt, api_visibility="private")
+        compare_example.change(example_prompt, compare_example, compare_prompt, api_visibility="private")
         decode_inputs = [prompt, mode, w, head, n_draft, max_new_tokens, temperature, seed]
         gr.on([generate_button.click, prompt.submit], generate, decode_inputs, [tokens, stats, w_plot],
               concurrency_id="decode", concurrency_limit=DECODE_CONCURRENCY, api_name="generate")
@@ -877,14 +885,14 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, seed,
                                    cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
                            concurrency_id="decode", api_name="sweep")
-        cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_name=False)
+        cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_visibility="private")
         # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they
         # get their own small pool instead of holding decoding slots.
         train_button.click(start_training, [train_task, train_source, train_upload, train_steps, train_rollouts,
                                             train_lam, train_lr], [train_plot, train_status, head],
                            concurrency_id="train", concurrency_limit=4, api_name="train")
         cancel_button.click(cancel_training, None, train_status, concurrency_limit=None, api_name="cancel_training")
-        app.load(refresh_heads, head, head, api_name=False)
+        app.load(refresh_heads, head, head, api_visibility="private")
     app.queue(default_concurrency_limit=DECODE_CONCURRENCY)
     return app
 
