@@ -1,0 +1,228 @@
+"""The speed–quality frontier: static w over a grid, and heads, decoded on a held-out set.
+
+Every point decodes the same examples with the same seeds (common random numbers), so differences
+between points are not sampling noise of the prompts. A head lies beyond the static frontier when, at
+its acceptance, its quality beats the frontier's interpolated quality (or, at its quality, its
+acceptance beats the frontier's). The margin's uncertainty comes from a bootstrap over examples.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used for training)
+    "summarization": ["summarization"],
+    "general": None,  # a mix: every category
+    "math": ["math_reasoning"],
+}
+
+
+@dataclass
+class Point:
+    label: str  # "static:0.5", "exact" (= static:1.0) or "dynamic:<head>"
+    w: float | None  # the static weight; None for a head
+    accepted: list[int] = field(default_factory=list)  # per example
+    drafted: list[int] = field(default_factory=list)
+    quality: list[float] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    mean_w: list[float] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return sum(self.accepted) / max(sum(self.drafted), 1)
+
+    @property
+    def mean_quality(self) -> float:
+        return float(np.mean(self.quality)) if self.quality else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(self.new_tokens) / max(sum(self.seconds), 1e-9)
+
+    def row(self) -> dict:
+        return {"point": self.label, "w": self.w, "acceptance": self.acceptance, "quality": self.mean_quality,
+                "tokens_per_second": self.tokens_per_second,
+                "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None, "examples": len(self.quality)}
+
+
+def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = None, head=None, n_draft: int = 4,
+                   max_new_tokens: int = 64, temperature: float = 1.0, progress=None) -> Point:
+    """Decode every example once (seed = its index) at one static w or with one head."""
+    from .decode import encode_prompt, generate
+    from .rewards import task_reward
+    point = Point(label, w)
+    mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
+    for i, example in enumerate(examples):
+        summary, _ = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=i, **kwargs)
+        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+        point.quality.append(task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
+                                         output_ids=summary.token_ids or [pair.tokenizer.eos_token_id]))
+        point.accepted.append(summary.accepted)
+        point.drafted.append(summary.drafted)
+        point.new_tokens.append(summary.new_tokens)
+        point.seconds.append(summary.wall_time_s)
+        if summary.mean_w is not None:
+            point.mean_w.append(summary.mean_w)
+        if progress is not None:
+            progress(label, i + 1, len(examples))
+    return point
+
+
+def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None = None, progress=None,
+          **decode_kwargs) -> list[Point]:
+    """Static points for each w, then one point per head ({name: head})."""
+    points = [evaluate_point(pair, examples, task, f"static:{w:g}", w=w, progress=progress, **decode_kwargs)
+              for w in weights]
+    for name, head in (heads or {}).items():
+        points.append(evaluate_point(pair, examples, task, f"dynamic:{name}", head=head, progress=progress,
+                                     **decode_kwargs))
+    return points
+
+
+def _interpolate(xs, ys, x):
+    order = np.argsort(xs)
+    xs, ys = np.asarray(xs)[order], np.asarray(ys)[order]
+    if x < xs[0] or x > xs[-1]:
+        return None  # outside the frontier: no claim either way
+    return float(np.interp(x, xs, ys))
+
+
+def margins(static: list[tuple[float, float]], head: tuple[float, float]) -> dict:
+    """Quality margin at the head's acceptance, acceptance margin at the head's quality."""
+    acc, qual = zip(*static)
+    at_acc = _interpolate(acc, qual, head[0])
+    at_qual = _interpolate(qual, acc, head[1])
+    return {"quality_margin": None if at_acc is None else head[1] - at_acc,
+            "acceptance_margin": None if at_qual is None else head[0] - at_qual}
+
+
+def _resampled(point: Point, idx) -> tuple[float, float]:
+    accepted, drafted = np.asarray(point.accepted)[idx].sum(), np.asarray(point.drafted)[idx].sum()
+    return accepted / max(drafted, 1), float(np.asarray(point.quality)[idx].mean())
+
+
+def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The head's margins over the static frontier, with bootstrap standard errors and 95% intervals."""
+    n = len(head_point.quality)
+    estimate = margins([(p.acceptance, p.mean_quality) for p in static_points],
+                       (head_point.acceptance, head_point.mean_quality))
+    rng = np.random.default_rng(seed)
+    samples = {k: [] for k in estimate}
+    for _ in range(n_boot):
+        idx = rng.integers(0, n, n)
+        m = margins([_resampled(p, idx) for p in static_points], _resampled(head_point, idx))
+        for k, v in m.items():
+            if v is not None:
+                samples[k].append(v)
+    result = {}
+    for k, value in estimate.items():
+        s = np.asarray(samples[k])
+        result[k] = {"estimate": value, "stderr": float(s.std()) if s.size else None,
+                     "ci95": [float(np.percentile(s, 2.5)), float(np.percentile(s, 97.5))] if s.size else None,
+                     "p_positive": float((s > 0).mean()) if s.size else None, "bootstrap_samples": int(s.size)}
+    result["beyond_frontier"] = any(result[k]["estimate"] is not None and result[k]["estimate"] > 0
+                                    for k in ("quality_margin", "acceptance_margin"))
+    return result
+
+
+def frontier_figure(points: list[Point], title: str = "Speed–quality frontier"):
+    import plotly.graph_objects as go
+    static = sorted((p for p in points if p.w is not None), key=lambda p: p.acceptance)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[p.acceptance for p in static], y=[p.mean_quality for p in static],
+                             mode="lines+markers+text", text=[f"w={p.w:g}" for p in static],
+                             textposition="top center", name="static w"))
+    for p in points:
+        if p.w is None:
+            fig.add_trace(go.Scatter(x=[p.acceptance], y=[p.mean_quality], mode="markers+text", text=[p.label],
+                                     textposition="bottom center", marker={"size": 14, "symbol": "star"},
+                                     name=p.label))
+    fig.update_layout(title=title, xaxis_title="acceptance rate", yaxis_title="quality", template="plotly_white")
+    return fig
+
+
+def held_out_examples(task: str, limit: int | None, data: str | None = None):
+    from .tasks import load_spec_bench
+    categories = HELD_OUT.get(task)
+    if task not in HELD_OUT:
+        raise ValueError(f"no held-out set for task {task!r}; choose one of {', '.join(HELD_OUT)}")
+    if categories is None:  # a stratified mix: the same number from every category
+        examples = load_spec_bench(data, per_category=max(1, math.ceil((limit or 26) / 13)))
+        return examples[:limit] if limit else examples
+    return load_spec_bench(data, categories=categories)[:limit]
+
+
+def add_arguments(parser) -> None:
+    from .cli import add_pair_arguments
+    parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
+    parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
+    parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
+    parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--plot", default=None, help="HTML plot path (default runs/frontier/<task>.html)")
+    parser.add_argument("--json", default=None, help="write all points and margins as JSON")
+    parser.add_argument("--write-card", action="store_true",
+                        help="store each head's figures in heads/<name>.json and in its safetensors metadata")
+    add_pair_arguments(parser)
+
+
+def run(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .cli import pair_from_args
+    from .head import load_head, resolve_head_path, save_head
+    try:
+        weights = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
+    pair = pair_from_args(args)
+    heads = {resolve_head_path(h).stem: load_head(h, pair) for h in args.head}
+    examples = held_out_examples(args.task, args.limit, args.data)
+    bar = tqdm(total=len(examples) * (len(weights) + len(heads)), desc=f"frontier {args.task}")
+    points = sweep(pair, examples, args.task, weights, heads, progress=lambda *_: bar.update(1),
+                   n_draft=args.n_draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    bar.close()
+    import pandas as pd
+    print(pd.DataFrame([p.row() for p in points]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    static = [p for p in points if p.w is not None]
+    report = {"task": args.task, "examples": len(examples), "settings": {
+        "n_draft": args.n_draft, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "held_out": f"Spec-Bench first turns, categories {HELD_OUT[args.task] or 'all (stratified)'}"},
+        "points": [p.row() for p in points], "heads": {}}
+    for name, head in heads.items():
+        point = next(p for p in points if p.label == f"dynamic:{name}")
+        report["heads"][name] = frontier_margin(static, point)
+        m = report["heads"][name]
+        print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
+              f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
+              f"beyond frontier: {m['beyond_frontier']}")
+        if args.write_card:
+            card = {"head": name, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
+                    "training": head.meta.get("training"), "train_figures": head.meta.get("train_figures"),
+                    "frontier": {**report["heads"][name], "head_point": point.row(),
+                                 "static_points": [p.row() for p in static], "examples": len(examples),
+                                 "settings": report["settings"],
+                                 "command": f"diversed-demo frontier --task {args.task} --head {name} "
+                                            f"--weights {args.weights} --limit {args.limit} "
+                                            f"--max-new-tokens {args.max_new_tokens} --write-card"}}
+            path = resolve_head_path(name)
+            path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+            head.meta["evaluation"] = card["frontier"]
+            save_head(head, path)
+    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}.html")
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    frontier_figure(points, f"Frontier on {args.task} ({len(examples)} held-out examples)").write_html(plot)
+    print(f"plot: {plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,41 @@
+"""The frontier: interpolated margins, bootstrap, and a sweep on a tiny pair."""
+import pytest
+
+from diversed_demo.frontier import Point, frontier_margin, margins, sweep
+from diversed_demo.head import ConstantHead
+from diversed_demo.tasks import Example
+
+
+def test_margins_against_an_interpolated_frontier():
+    static = [(0.2, 0.9), (0.6, 0.5)]  # acceptance, quality: a straight frontier
+    better = margins(static, (0.4, 0.8))
+    assert better["quality_margin"] == pytest.approx(0.1) and better["acceptance_margin"] == pytest.approx(0.1)
+    worse = margins(static, (0.4, 0.6))
+    assert worse["quality_margin"] < 0 and worse["acceptance_margin"] < 0
+    assert margins(static, (0.9, 0.95))["quality_margin"] is None  # no extrapolation
+
+
+def point(label, w, acc, quality, n=20):
+    return Point(label, w, accepted=[acc] * n, drafted=[10] * n, quality=[quality + 0.01 * (i % 3) for i in range(n)],
+                 new_tokens=[5] * n, seconds=[1.0] * n)
+
+
+def test_bootstrap_reports_a_clear_win_with_small_uncertainty():
+    static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
+    result = frontier_margin(static, point("dynamic:h", None, 4, 0.8))
+    assert result["beyond_frontier"]
+    assert result["quality_margin"]["estimate"] == pytest.approx(0.1, abs=1e-6)
+    assert result["quality_margin"]["p_positive"] == 1.0 and result["quality_margin"]["stderr"] < 0.02
+
+
+def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
+    examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran",
+                                                             "a big red", "then it was"]]
+    points = sweep(pair, examples, "general", weights=(0.0, 1.0), heads={"half": ConstantHead(0.5)},
+                   max_new_tokens=12)
+    by_label = {p.label: p for p in points}
+    assert by_label["static:0"].acceptance == 1.0  # w = 0 accepts every draft
+    assert by_label["static:1"].acceptance < by_label["dynamic:half"].acceptance < 1.0
+    assert all(len(p.quality) == len(examples) for p in points)
+    # Fidelity (mean target log-prob) is best when decoding follows the target.
+    assert by_label["static:1"].mean_quality > by_label["static:0"].mean_quality
