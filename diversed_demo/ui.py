@@ -203,16 +203,6 @@ class DecodeRun:
         ws = [e.w for e in self.events if e.w is not None and e.kind != "resampled"]
         return sum(ws) / len(ws) if ws else None
 
-    @property
-    def alpha(self) -> float | None:
-        """Per-token acceptance α: the mean acceptance probability of the drafted tokens that were verified.
-
-        Unlike accepted/drafted it does not count the drafts discarded after a rejection, so it is the α
-        of the speedup formula.
-        """
-        probs = [e.accept_prob for e in self.events if e.accept_prob is not None]
-        return sum(probs) / len(probs) if probs else None
-
 
 def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
     """Decode `prompt`, yielding the same DecodeRun after every token event and once more when done.
@@ -442,61 +432,64 @@ def projected_speedup(alpha: float, n_draft: int, cost_ratio: float) -> float:
     return expected_tokens / (n_draft * cost_ratio + 1)
 
 
-def sweep_points(pair, examples: list[Example], weights, settings: DecodeSettings, heads: dict | None = None,
-                 progress=None) -> pd.DataFrame:
-    """Decode each example at each static w (and with each head), one row per setting, averaged over examples.
+def alpha_from_acceptance(rate: float, n_draft: int) -> float:
+    """Per-token acceptance α from the measured accepted/drafted rate of blocks of N drafts.
 
-    Columns: label, kind (static/head), w (mean w_t for heads), alpha (per-token acceptance),
-    acceptance (accepted/drafted), tau, tokens_per_second, quality (NaN without rewards).
-    `progress(fraction, description)` is called before each decode.
+    With i.i.d. acceptance a block keeps α + α² + … + α^N drafts on average, so accepted/drafted is
+    α(1 − α^N) / (N(1 − α)), which rises monotonically in α: invert it by bisection.
     """
+    if not 0 <= rate <= 1:
+        raise ValueError(f"an acceptance rate must be in [0, 1], not {rate}")
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        if sum(mid ** k for k in range(1, n_draft + 1)) / n_draft < rate:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def sweep_points(pair, examples: list[Example], task: str, weights, settings: DecodeSettings,
+                 heads: dict | None = None, progress=None) -> pd.DataFrame:
+    """The frontier sweep (diversed_demo.frontier.sweep) over `examples` at each static w and with each head.
+
+    One row per point: label, kind (static/head), w (the mean w_t for heads), acceptance (accepted/drafted),
+    alpha (per-token acceptance inferred from it), tokens_per_second, quality (the task reward).
+    `progress(fraction, description)` is called after each decode.
+    """
+    from .frontier import sweep
     if not examples:
         raise ValueError("the sweep needs at least one prompt")
     heads = heads or {}
-    settings_list = [(f"w = {w:.2f}", "static", replace(settings, mode="static", ensemble_weight=float(w)), None)
-                     for w in weights]
-    settings_list += [(name, "head", replace(settings, mode="dynamic", head_name=name), head)
-                      for name, head in heads.items()]
-    total, done, rows = len(settings_list) * len(examples), 0, []
-    for label, kind, run_settings, head in settings_list:
-        runs = []
-        for example in examples:
-            if progress:
-                progress(done / total, f"{label}: prompt {len(runs) + 1}/{len(examples)}")
-            *_, run = stream_decode(pair, example.prompt, run_settings, head)
-            runs.append((example, run))
-            done += 1
-        qualities = [quality_of(pair, example.prompt, example, run)[0] for example, run in runs]
-        qualities = [q for q in qualities if q is not None]
-        alphas = [run.alpha for _, run in runs if run.alpha is not None]
-        acceptances = [run.acceptance_rate for _, run in runs if run.acceptance_rate is not None]
-        mean_ws = [run.mean_w for _, run in runs if run.mean_w is not None]
-        rows.append({"label": label, "kind": kind,
-                     "w": run_settings.ensemble_weight if kind == "static" else _mean(mean_ws),
-                     "alpha": _mean(alphas), "acceptance": _mean(acceptances),
-                     "tau": _mean([run.tau for _, run in runs]),
-                     "tokens_per_second": _mean([run.tokens_per_second for _, run in runs]),
-                     "quality": _mean(qualities)})
-    if progress:
-        progress(1.0, "done")
+    total, done = (len(weights) + len(heads)) * len(examples), 0
+
+    def report(label, _index, _count):
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done / total, f"{label}: {done}/{total} decodes")
+
+    points = sweep(pair, examples, task, weights=weights, heads=heads, progress=report, n_draft=settings.n_draft,
+                   max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
+    rows = [{"label": f"w = {p.w:.2f}" if p.w is not None else p.label.removeprefix("dynamic:"),
+             "kind": "static" if p.w is not None else "head",
+             "w": p.w if p.w is not None else p.row()["mean_w"],
+             "acceptance": p.acceptance, "alpha": alpha_from_acceptance(p.acceptance, settings.n_draft),
+             "tokens_per_second": p.tokens_per_second, "quality": p.mean_quality} for p in points]
     return pd.DataFrame(rows)
 
 
-def _mean(values) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
 def expected_tv(points: pd.DataFrame) -> float:
-    """E[TV(p, q)] estimated from the static runs: their per-token acceptance is 1 − w·E[TV]."""
-    static = points[(points["kind"] == "static") & (points["w"] > 0)].dropna(subset=["alpha"])
-    if static.empty:
-        return math.nan
-    return float(((1 - static["alpha"]) / static["w"]).mean())
+    """E[TV(p, q)] from the exact point (w = 1), whose per-token acceptance is 1 − E[TV]; the other static
+    points then test the line 1 − w·E[TV] rather than fit it."""
+    exact = points[(points["kind"] == "static") & (points["w"] == 1.0)]
+    return float(1 - exact["alpha"].iloc[0]) if not exact.empty else math.nan
 
 
 def dial_quality_figure(points: pd.DataFrame) -> go.Figure:
-    """Left: per-token acceptance vs w with the theory line 1 − w·E[TV]; right: quality vs acceptance."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs w", "quality vs acceptance"))
+    """Left: per-token acceptance α vs w with the theory line 1 − w·E[TV]; right: quality vs acceptance rate."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per-token acceptance vs w", "quality vs acceptance"))
     fig.update_layout(height=340, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
                       legend=dict(orientation="h", y=-0.2))
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
@@ -506,19 +499,19 @@ def dial_quality_figure(points: pd.DataFrame) -> go.Figure:
                                  line=dict(color="#94a3b8", dash="dash")), row=1, col=1)
     fig.add_trace(go.Scatter(x=static["w"], y=static["alpha"], mode="markers+lines", name="static w (measured)",
                              marker=dict(color="#d97706", size=8), line=dict(color="#d97706")), row=1, col=1)
-    fig.add_trace(go.Scatter(x=static["alpha"], y=static["quality"], mode="markers+lines+text", text=static["label"],
+    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text", text=static["label"],
                              textposition="top center", showlegend=False, marker=dict(color="#d97706", size=8),
                              line=dict(color="#d97706")), row=1, col=2)
     if not heads.empty:
         star = dict(color="#7c3aed", size=13, symbol="star")
         fig.add_trace(go.Scatter(x=heads["w"], y=heads["alpha"], mode="markers", name="DIVERSED heads (mean w_t)",
                                  marker=star, text=heads["label"]), row=1, col=1)
-        fig.add_trace(go.Scatter(x=heads["alpha"], y=heads["quality"], mode="markers+text", text=heads["label"],
+        fig.add_trace(go.Scatter(x=heads["acceptance"], y=heads["quality"], mode="markers+text", text=heads["label"],
                                  textposition="bottom center", showlegend=False, marker=star), row=1, col=2)
     fig.update_xaxes(title_text="w", range=[-0.05, 1.05], row=1, col=1)
     fig.update_yaxes(title_text="per-token acceptance α", row=1, col=1)
-    fig.update_xaxes(title_text="per-token acceptance α", row=1, col=2)
-    fig.update_yaxes(title_text="quality", row=1, col=2)
+    fig.update_xaxes(title_text="acceptance (accepted / drafted)", row=1, col=2)
+    fig.update_yaxes(title_text="quality (task reward)", row=1, col=2)
     return fig
 
 
@@ -730,14 +723,13 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                    comparison_table(comparison))
 
     @_on_gpu
-    def sweep(task, n_prompts, weights, tokens, n_draft, temperature, seed, cost_ratio, progress=gr.Progress()):
+    def sweep(task, n_prompts, weights, tokens, n_draft, temperature, cost_ratio, progress=gr.Progress()):
         chosen = [e for e in examples if e.task == task][: int(n_prompts)]
         weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
-        settings = DecodeSettings(n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature),
-                                  seed=int(seed or 0))
+        settings = DecodeSettings(n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature))
         with user_errors():
             heads = {name: load_head(name, pair) for name in head_choices()}
-            points = sweep_points(pair, chosen, weights, settings, heads,
+            points = sweep_points(pair, chosen, task, weights, settings, heads,
                                   progress=lambda fraction, text: progress(fraction, desc=text))
         return (points, dial_quality_figure(points), dial_speed_figure(points, int(n_draft), float(cost_ratio)),
                 points.round(3))
@@ -828,8 +820,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
 
             with gr.Tab("Speed–quality dial", id="dial"):
                 gr.Markdown("Sweep the static weight w over a few prompts; trained heads are overlaid as stars. "
-                            "Quality is the task reward when the prompt has a reference, otherwise fidelity "
-                            "to the target.")
+                            "Quality is the task's reward: ROUGE-2 (summarization), final-number match (math), "
+                            "pass@1 (code) or fidelity to the target (general).")
                 with gr.Row():
                     dial_task = gr.Dropdown(list(TASKS), value="general", label="prompts from task",
                                             info="one task, so that one quality metric is averaged")
@@ -882,8 +874,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         compare_button.click(compare, [compare_prompt, w, head, n_draft, max_new_tokens, temperature, seed],
                              [*panels, acceptance_plot, elapsed_plot, compare_summary], concurrency_id="decode",
                              api_name="compare")
-        sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, seed,
-                                   cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
+        sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
                            concurrency_id="decode", api_name="sweep")
         cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_visibility="private")
         # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they

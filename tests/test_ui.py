@@ -96,12 +96,6 @@ def test_live_statistics_before_the_summary(pair):
     stream.close()
 
 
-def test_alpha_is_the_mean_acceptance_probability_of_verified_drafts(pair):
-    *_, run = ui.stream_decode(pair, PROMPT, settings(ensemble_weight=0.0))
-    assert run.alpha == pytest.approx(1.0)  # w = 0: nu = q, every draft passes
-    assert run.acceptance_rate == pytest.approx(1.0)
-
-
 @pytest.mark.parametrize("prompt, message", [("", "empty"), ("   ", "empty"), ("x" * (ui.MAX_PROMPT_CHARS + 1), "at most")])
 def test_bad_prompts_are_refused_with_a_readable_message(pair, prompt, message):
     with pytest.raises(ValueError, match=message):
@@ -215,18 +209,25 @@ def test_projected_speedup():
         ui.projected_speedup(1.5, 4, 0.1)
 
 
+@pytest.mark.parametrize("alpha, n_draft", [(0.0, 4), (0.3, 1), (0.6, 4), (0.95, 8), (1.0, 3)])
+def test_alpha_inverts_the_block_acceptance_rate(alpha, n_draft):
+    rate = sum(alpha ** k for k in range(1, n_draft + 1)) / n_draft
+    assert ui.alpha_from_acceptance(rate, n_draft) == pytest.approx(alpha, abs=1e-6)
+
+
 def test_sweep_points_and_figures(pair, saved_head):
     from diversed_demo.head import load_head
     examples = [Example(PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
     calls = []
-    points = ui.sweep_points(pair, examples, [0.0, 1.0], settings(max_new_tokens=12),
+    points = ui.sweep_points(pair, examples, "general", [0.0, 1.0], settings(max_new_tokens=12),
                              heads={saved_head: load_head(saved_head, pair)},
                              progress=lambda fraction, text: calls.append(fraction))
     assert list(points["label"]) == ["w = 0.00", "w = 1.00", saved_head]
-    assert points.loc[0, "alpha"] == pytest.approx(1.0)
+    assert list(points["kind"]) == ["static", "static", "head"]
+    assert points.loc[0, "acceptance"] == pytest.approx(1.0) and points.loc[0, "alpha"] == pytest.approx(1.0)
     assert ui.expected_tv(points) == pytest.approx(1 - points.loc[1, "alpha"])
-    assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 3 * 2 + 1
-    assert points["quality"].notna().all()
+    assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 3 * 2
+    assert points["quality"].notna().all() and (points["quality"] <= 0).all()  # fidelity: a mean log-probability
     quality_figure = ui.dial_quality_figure(points)
     assert any("theory" in (trace.name or "") for trace in quality_figure.data)
     speed_figure = ui.dial_speed_figure(points, n_draft=3, cost_ratio=0.2)
@@ -235,7 +236,7 @@ def test_sweep_points_and_figures(pair, saved_head):
 
 def test_sweep_needs_prompts(pair):
     with pytest.raises(ValueError, match="at least one prompt"):
-        ui.sweep_points(pair, [], [0.5], settings())
+        ui.sweep_points(pair, [], "general", [0.5], settings())
 
 
 # ---------------------------------------------------------------- training job
@@ -325,5 +326,5 @@ def test_train_handler_refuses_a_malformed_upload(app, tmp_path):
 
 def test_nan_quality_does_not_break_the_dial_figures():
     points = pd.DataFrame([{"label": "w = 0.50", "kind": "static", "w": 0.5, "alpha": 0.6, "acceptance": 0.4,
-                            "tau": 2.0, "tokens_per_second": 10.0, "quality": math.nan}])
+                            "tokens_per_second": 10.0, "quality": math.nan}])
     assert ui.dial_quality_figure(points).data and ui.dial_speed_figure(points, 4, 0.1).data
