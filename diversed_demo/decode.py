@@ -142,11 +142,12 @@ def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature
 @torch.inference_mode()
 def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: float = 0.5, head=None,
                          n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
-                         top_p: float = 1.0, seed: int = 0, chat: bool = True):
+                         top_p: float = 1.0, seed: int = 0, chat: bool = True, emit_events: bool = True):
     """Decode `prompt` and yield a TokenEvent per decided token, then one Summary.
 
     mode: "ar" (target only), "exact" (nu = p), "static" (nu = w·p + (1 − w)·q with w = ensemble_weight)
-    or "dynamic" (w_t from `head`). temperature 0 is greedy.
+    or "dynamic" (w_t from `head`). temperature 0 is greedy. emit_events=False yields only the Summary
+    (the bare loop, which the bench uses to price streaming).
     """
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p)
     tokenizer, device = pair.tokenizer, pair.target.device
@@ -205,36 +206,37 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
         n_accepted, next_token, accept_probs = verify(draft_tokens, draft_probs, target_probs, w, *extra)
         t2 = time.perf_counter()
 
+        new_ids = torch.cat([draft_tokens[:n_accepted], next_token.view(1)]).tolist()
+        stop_at = next((i + 1 for i, t in enumerate(new_ids) if t in stop_ids), None)
+        new_ids = new_ids[:stop_at]
         summary.target_passes += 1
         summary.drafted += n
+        summary.accepted += min(n_accepted, len(new_ids))
         verified = n_accepted + (n_accepted < n)  # positions whose w mattered
-        w_total += float(w[:verified].sum()) if verified else 0.0
+        w_total = w_total + w[:verified].sum()
         w_count += verified
-        new_ids = torch.cat([draft_tokens[:n_accepted], next_token.view(1)])
-        events = step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w, accept_probs,
-                             n_accepted, next_token, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
-
+        if emit_events:
+            events = step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w, accept_probs,
+                                 n_accepted, next_token, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+            emitted = 0
+            for event in events:
+                emitted += event.kind != "rejected"
+                if emitted > len(new_ids):
+                    break  # past an EOS
+                yield event
+        summary.new_tokens += len(new_ids)
+        sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
+        if stop_at is not None:
+            break
         # Keep the caches in step with the new sequence minus its last token (which is fed next step).
-        sequence = torch.cat([sequence, new_ids])
         target.rollback(len(sequence) - 1)
         if draft is not None:
             draft.rollback(len(sequence) - 1)
-        for event in events:
-            if event.kind != "rejected":
-                summary.new_tokens += 1
-                summary.accepted += event.kind == "accepted"
-            yield event
-            if event.kind != "rejected" and event.token_id in stop_ids:
-                break
-        else:
-            continue
-        sequence = sequence[:n_prompt + summary.new_tokens]
-        break
 
     summary.wall_time_s = time.perf_counter() - start
     summary.token_ids = sequence[n_prompt:].tolist()
     summary.text = tokenizer.decode(summary.token_ids, skip_special_tokens=True)
-    summary.mean_w = w_total / w_count if w_count else None
+    summary.mean_w = float(w_total) / w_count if w_count else None
     yield summary
 
 
