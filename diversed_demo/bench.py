@@ -1,0 +1,261 @@
+"""Spec-Bench: speed and quality of every mode on one pair, in one process, modes interleaved.
+
+For each first-turn question the modes run back to back in a rotating order, so machine drift hits
+them alike. Speedup is tokens/s over target-only in the same category. The analytic bound of
+speculative decoding, (1 − α^{N+1}) / ((1 − α)(N·c + v)), uses the measured acceptance α, the draft's
+cost per token c and the verify pass's cost v, both relative to one target token.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
+
+
+def parse_modes(spec: str, pair) -> dict[str, dict]:
+    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}."""
+    from .head import load_head
+    modes = {}
+    for name in [m.strip() for m in spec.split(",") if m.strip()]:
+        kind, _, arg = name.partition(":")
+        if kind in ("ar", "exact") and not arg:
+            modes[name] = {"mode": kind}
+        elif kind == "static" and arg:
+            try:
+                modes[name] = {"mode": "static", "ensemble_weight": float(arg)}
+            except ValueError:
+                raise ValueError(f"mode {name!r}: the weight must be a number") from None
+        elif kind == "dynamic" and arg:
+            modes[name] = {"mode": "dynamic", "head": load_head(arg, pair)}
+        else:
+            raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
+    if "ar" not in modes:
+        raise ValueError("the modes must include ar: speedups are measured against it")
+    return modes
+
+
+@torch.inference_mode()
+def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 16) -> float:
+    """Median time of a cached forward of `tokens_per_call` new tokens (with the LM head on all of them)."""
+    from .decode import CachedLM
+    lm = CachedLM(model, model.config.get_text_config().vocab_size)
+    lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
+    feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        lm.forward(feed, keep=tokens_per_call)
+        times.append(time.perf_counter() - start)
+        lm.rollback(len(prompt_ids))
+    return statistics.median(times) * 1e3
+
+
+def measure_costs(pair, prompt_ids: list[int], n_draft: int, rounds: int = 3) -> dict:
+    """c = draft token ÷ target token, v = target pass over N + 1 tokens ÷ target token (interleaved)."""
+    target, draft, verify = [], [], []
+    for _ in range(rounds):
+        target.append(forward_ms(pair.target, prompt_ids, 1))
+        draft.append(forward_ms(pair.draft, prompt_ids, 1))
+        verify.append(forward_ms(pair.target, prompt_ids, n_draft + 1))
+    t, d, v = (statistics.median(x) for x in (target, draft, verify))
+    return {"target_ms": t, "draft_ms": d, "verify_ms": v, "c": d / t, "v": v / t}
+
+
+def analytic_speedup(alpha: float, n_draft: int, c: float, v: float) -> float:
+    """Expected tokens per step over the step's cost in target-token units (Leviathan et al., 2023)."""
+    tokens = n_draft + 1 if alpha >= 1 else (1 - alpha ** (n_draft + 1)) / (1 - alpha)
+    return tokens / (n_draft * c + v)
+
+
+def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
+    """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight."""
+    ids = torch.tensor([prompt_ids], device=pair.target.device)
+    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
+    if mode_kwargs["mode"] != "ar":
+        config = pair.draft.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = n_draft, "constant"
+        config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = pair.draft
+        if mode_kwargs["mode"] == "static":
+            kwargs["assistant_ensemble_weight"] = mode_kwargs["ensemble_weight"]
+    start = time.perf_counter()
+    out = pair.target.generate(ids, **kwargs)
+    return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start
+
+
+def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 0.0,
+              seed: int = 0, vs_transformers: bool = False, streaming_check: bool = True, progress=None) -> dict:
+    from .decode import encode_prompt, generate
+    from .rewards import fidelity, quality
+    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
+    hf = defaultdict(lambda: defaultdict(float))
+    greedy_identical = defaultdict(list)
+    names = list(modes)
+    for i, example in enumerate(examples):
+        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+        order = names[i % len(names):] + names[:i % len(names)]  # rotate: no mode always runs first
+        for name in order:
+            summary, _ = generate(pair, prompt_ids, n_draft=n_draft, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed + i, **modes[name])
+            output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
+            scores = quality(example.task, example, summary.text) if example.task in ("summarization", "math") else {}
+            fields = {"new_tokens": summary.new_tokens, "seconds": summary.wall_time_s,
+                      "passes": summary.target_passes, "accepted": summary.accepted, "drafted": summary.drafted,
+                      "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}
+            if scores:
+                fields["quality"] = scores.get("rouge2", scores.get("exact_match"))
+                fields["quality_examples"] = 1
+            for category in (example.category, "overall"):
+                for key, value in fields.items():
+                    totals[category][name][key] += value
+            if vs_transformers and modes[name]["mode"] in ("ar", "exact", "static") and temperature == 0:
+                their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_draft, max_new_tokens)
+                hf[name]["new_tokens"] += len(their_ids)
+                hf[name]["seconds"] += seconds
+                hf[name]["ours_tokens"] += summary.new_tokens
+                hf[name]["ours_seconds"] += summary.wall_time_s
+                greedy_identical[name].append(their_ids[:len(summary.token_ids)] == summary.token_ids)
+            if progress is not None:
+                progress()
+    costs = measure_costs(pair, encode_prompt(pair.tokenizer, examples[0].prompt), n_draft)
+    report = {"settings": {"examples": len(examples), "n_draft": n_draft, "max_new_tokens": max_new_tokens,
+                           "temperature": temperature, "seed": seed, "threads": torch.get_num_threads(),
+                           "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device)},
+              "costs": costs, "per_category": {}, "overall": {}}
+    for category, by_mode in totals.items():
+        ar_speed = by_mode["ar"]["new_tokens"] / by_mode["ar"]["seconds"]
+        table = {}
+        for name, t in by_mode.items():
+            speed = t["new_tokens"] / t["seconds"]
+            table[name] = {"speedup": speed / ar_speed, "tau": t["new_tokens"] / t["passes"],
+                           "acceptance_rate": t["accepted"] / t["drafted"] if t["drafted"] else None,
+                           "tokens_per_second": speed,
+                           "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
+                           "fidelity": t["fidelity"] / t["examples"]}
+        if category == "overall":
+            report["overall"] = table
+        else:
+            report["per_category"][category] = table
+    report["bound_efficiency"] = {}
+    for name, row in report["overall"].items():
+        if row["acceptance_rate"] is not None:
+            bound = analytic_speedup(row["acceptance_rate"], n_draft, costs["c"], costs["v"])
+            report["bound_efficiency"][name] = row["speedup"] / bound
+            row["analytic_bound"] = bound
+    report["vs_transformers"] = {name: (h["ours_tokens"] / h["ours_seconds"]) / (h["new_tokens"] / h["seconds"])
+                                 for name, h in hf.items()}
+    report["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in greedy_identical.items()}
+    if streaming_check:
+        report["streaming_overhead"] = streaming_overhead(pair, examples, modes, n_draft, max_new_tokens,
+                                                          temperature, seed)
+    return report
+
+
+def streaming_overhead(pair, examples, modes, n_draft, max_new_tokens, temperature, seed, rounds: int = 3) -> float:
+    """Time with token events ÷ time of the bare loop − 1, on the first non-ar mode (alternating runs)."""
+    from .decode import speculative_generate
+    name = next(n for n in modes if modes[n]["mode"] != "ar")
+    prompt = examples[0].prompt
+    seconds = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for emit in (True, False):
+            start = time.perf_counter()
+            for _item in speculative_generate(pair, prompt, n_draft=n_draft, max_new_tokens=max_new_tokens,
+                                              temperature=temperature, seed=seed, emit_events=emit, **modes[name]):
+                pass
+            seconds[emit] += time.perf_counter() - start
+    return seconds[True] / seconds[False] - 1
+
+
+def markdown_table(report: dict) -> str:
+    def fmt(v, spec=".2f"):
+        return "–" if v is None else format(v, spec)
+    modes = list(report["overall"])
+    lines = ["| category | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for category, table in [*sorted(report["per_category"].items()), ("**overall**", report["overall"])]:
+        cells = []
+        for m in modes:
+            r = table.get(m)
+            cells.append("–" if r is None else
+                         f"{fmt(r['speedup'])}× · τ {fmt(r['tau'])} · α {fmt(r['acceptance_rate'])}"
+                         + (f" · q {fmt(r['quality'], '.3f')}" if r["quality"] is not None else "")
+                         + f" · fid {fmt(r['fidelity'])}")
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    s = report["settings"]
+    c = report["costs"]
+    lines += ["", f"Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
+              f"(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
+              f"{s['examples']} questions, n_draft {s['n_draft']}, ≤{s['max_new_tokens']} new tokens, "
+              f"temperature {s['temperature']}, {s['threads']} threads on {s['device']}; "
+              f"c = {c['c']:.3f}, v = {c['v']:.3f}.",
+              "", "| mode | analytic bound | achieved ÷ bound | ours ÷ transformers | greedy text identical |",
+              "|---|---|---|---|---|"]
+    for m in modes:
+        row = report["overall"][m]
+        lines.append(f"| {m} | {fmt(row.get('analytic_bound'))} | {fmt(report['bound_efficiency'].get(m))} | "
+                     f"{fmt(report['vs_transformers'].get(m))} | "
+                     f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |")
+    if "streaming_overhead" in report:
+        lines.append(f"\nStreaming token events costs {100 * report['streaming_overhead']:+.1f}% against the bare loop.")
+    return "\n".join(lines)
+
+
+def bench_figure(report: dict):
+    import plotly.graph_objects as go
+    categories = sorted(report["per_category"]) + ["overall"]
+    fig = go.Figure()
+    for mode in report["overall"]:
+        if mode == "ar":
+            continue
+        fig.add_trace(go.Bar(name=mode, x=categories,
+                             y=[(report["per_category"].get(c) or report["overall"]).get(mode, {}).get("speedup")
+                                if c != "overall" else report["overall"][mode]["speedup"] for c in categories]))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="target only")
+    fig.update_layout(barmode="group", title="Spec-Bench speedup over target-only", yaxis_title="speedup (×)",
+                      template="plotly_white")
+    return fig
+
+
+def add_arguments(parser) -> None:
+    from .cli import add_pair_arguments
+    parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
+    parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vs-transformers", action="store_true", help="also time transformers' generate (greedy)")
+    parser.add_argument("--json", default=None, help="write the machine-readable report here")
+    parser.add_argument("--markdown", default=None, help="write the Markdown table here")
+    parser.add_argument("--plot", default=None, help="write a plotly HTML chart here")
+    add_pair_arguments(parser)
+
+
+def run(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .cli import pair_from_args
+    from .tasks import load_spec_bench
+    pair = pair_from_args(args)
+    modes = parse_modes(args.modes, pair)
+    examples = load_spec_bench(args.data, per_category=args.per_category or None)
+    bar = tqdm(total=len(examples) * len(modes), desc="bench")
+    report = run_bench(pair, examples, modes, args.n_draft, args.max_new_tokens, args.temperature, args.seed,
+                       args.vs_transformers, progress=lambda: bar.update(1))
+    bar.close()
+    table = markdown_table(report)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    if args.plot:
+        bench_figure(report).write_html(args.plot)
+    return 0

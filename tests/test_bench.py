@@ -1,0 +1,39 @@
+"""The bench on a tiny pair: report structure, greedy identity with transformers, analytic bound."""
+import pytest
+
+from diversed_demo.bench import analytic_speedup, markdown_table, parse_modes, run_bench
+from diversed_demo.tasks import Example
+
+
+def test_analytic_bound_limits():
+    assert analytic_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)  # nothing accepted, free draft: no gain
+    assert analytic_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)  # all accepted: N + 1 tokens per pass
+    assert analytic_speedup(0.5, 4, 0.1, 1.2) == pytest.approx((1 - 0.5 ** 5) / 0.5 / (0.4 + 1.2))
+
+
+def test_parse_modes_rejects_unknown_and_requires_ar(pair):
+    with pytest.raises(ValueError, match="unknown mode"):
+        parse_modes("ar,turbo", pair)
+    with pytest.raises(ValueError, match="must include ar"):
+        parse_modes("exact", pair)
+    assert parse_modes("ar,static:0.25", pair)["static:0.25"] == {"mode": "static", "ensemble_weight": 0.25}
+
+
+def test_bench_report_on_a_tiny_pair(pair):
+    examples = [Example("the cat sat on the", "general", category="writing"),
+                Example("one two three", "math", reference="#### 4", category="math_reasoning"),
+                Example("a big red dog ran", "general", category="writing")]
+    modes = parse_modes("ar,exact,static:0.5", pair)
+    report = run_bench(pair, examples, modes, n_draft=3, max_new_tokens=16, vs_transformers=True)
+    assert set(report["per_category"]) == {"writing", "math_reasoning"}
+    overall = report["overall"]
+    assert overall["ar"]["speedup"] == pytest.approx(1.0) and overall["ar"]["acceptance_rate"] is None
+    assert overall["static:0.5"]["acceptance_rate"] >= overall["exact"]["acceptance_rate"]
+    assert report["per_category"]["math_reasoning"]["exact"]["quality"] in (0.0, 1.0)
+    assert set(report["vs_transformers"]) == {"ar", "exact", "static:0.5"}
+    assert all(report["greedy_text_identical_to_transformers"].values())
+    assert set(report["bound_efficiency"]) == {"exact", "static:0.5"}
+    assert report["costs"]["c"] > 0 and report["costs"]["v"] > 0
+    assert "streaming_overhead" in report
+    table = markdown_table(report)
+    assert "math_reasoning" in table and "**overall**" in table
