@@ -858,7 +858,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                     train_upload = gr.File(label="prompts (.jsonl)", file_types=[".jsonl"], type="filepath")
                 with gr.Row():
                     train_steps = gr.Slider(1, 200, value=20, step=1, label="steps", elem_id="train-steps")
-                    train_rollouts = gr.Slider(2, 8, value=4, step=1, label="rollouts per prompt")
+                    train_rollouts = gr.Slider(2, 8, value=4, step=1, label="rollouts per prompt",
+                                               elem_id="train-rollouts")
                     train_lam = gr.Slider(0, 2, value=0.5, step=0.05, label="λ (speed vs quality)")
                     train_lr = gr.Number(3e-3, label="learning rate")
                 with gr.Row():

@@ -153,17 +153,36 @@ def test_dial_sweep_draws_charts(page):
     page.screenshot(path=str(SCREENSHOTS / "dial.png"), full_page=True)
 
 
-def test_train_start_and_cancel(page):
+def test_train_a_head_then_decode_with_it_and_cancel_a_run(page):
     train = pytest.importorskip("diversed_demo.train", reason="diversed_demo.train has not landed yet")
     if not hasattr(train, "train_head"):
         pytest.skip("diversed_demo.train has no train_head yet")
     open_tab(page, "Train")
-    set_slider(page, "train-steps", 50)
-    page.locator("#train-start").click()
     status = page.locator("#train-status")
+    # A short run to the end: its head appears at once in the sidebar's dropdown.
+    set_slider(page, "train-steps", 2)
+    set_slider(page, "train-rollouts", 2)
+    page.locator("#train-start").click()
+    status.get_by_text(re.compile("Finished")).wait_for()
+    head_name = re.search(r"saved as (\S+)", status.inner_text()).group(1)
+    assert page.locator("#head input").input_value() == head_name
+
+    open_tab(page, "Decode")
+    page.get_by_role("radio", name="DIVERSED").check()
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#seed input").fill("5")
+    page.locator("#generate").click()
+    page.wait_for_selector("#stats .dd-stats[data-state=done][data-mode=dynamic][data-seed='5']")
+    titles = page.locator("#tokens .dd-tok").evaluate_all("tokens => tokens.map(t => t.title)")
+    assert any(re.search(r"w_t = (?!n/a)", title) for title in titles)
+
+    # A long run, cancelled from the page.
+    open_tab(page, "Train")
+    set_slider(page, "train-steps", 100)
+    page.locator("#train-start").click()
     status.get_by_text(re.compile("Training…")).wait_for()
     page.locator("#train-cancel").click()
-    status.get_by_text(re.compile("Cancelled at|Finished")).wait_for()
+    status.get_by_text(re.compile("Cancelled at")).wait_for()
     page.screenshot(path=str(SCREENSHOTS / "train.png"), full_page=True)
 
 
