@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .verify import sampling_probs, verify_block, verify_block_greedy
+from .verify import sample, sampling_probs, verify_block, verify_block_greedy
 
 MODES = ("ar", "exact", "static", "dynamic")
 MAX_N_DRAFT = 32
@@ -178,7 +178,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
             for _ in range(n):
                 logits, hidden = draft.forward(feed, keep=1)
                 probs = sampling_probs(logits[0], temperature, top_p)
-                token = probs.argmax(-1, keepdim=True) if greedy else torch.multinomial(probs, 1, generator=generator)
+                token = (probs.argmax(-1) if greedy else sample(probs, generator)).view(1)
                 draft_tokens.append(token)
                 draft_probs.append(probs)
                 draft_hidden.append(hidden[0])

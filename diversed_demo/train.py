@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from .head import EnsembleHead, load_head, new_head, save_head, user_heads_dir
-from .verify import ensemble_probs, sampling_probs, total_variation
+from .verify import ensemble_probs, sample, sampling_probs, total_variation
 
 RUNS_DIR = Path(__file__).resolve().parent.parent / "runs" / "train"
 
@@ -119,7 +119,7 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
             hidden.append(h.float())
             probs.append(sampling_probs(logits, temperature))
         w = head(hidden[0], hidden[1])
-        token = torch.multinomial(ensemble_probs(probs[0], probs[1], w), 1, generator=generator).squeeze(1)
+        token = sample(ensemble_probs(probs[0], probs[1], w), generator)
         rows = torch.arange(n, device=device)
         for key, value in (("tokens", token), ("mask", alive.float()), ("target_hidden", hidden[0]),
                            ("draft_hidden", hidden[1]), ("target_prob", probs[0][rows, token]),

@@ -31,6 +31,14 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     return probs
 
 
+def sample(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One token per row of probs [..., V], without a host sync: argmax of probs / Exp(1) noise
+    (the exponential race, exact like multinomial and several times faster over a 49k vocabulary)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # a zero draw must not turn p = 0 into 0/0
+    return (probs / noise).argmax(dim=-1)
+
+
 def _weight_column(ensemble_weight, like: torch.Tensor) -> torch.Tensor:
     w = torch.as_tensor(ensemble_weight, dtype=like.dtype, device=like.device)
     return w.unsqueeze(-1) if w.dim() > 0 else w
@@ -83,7 +91,7 @@ def verify_block(draft_tokens, draft_probs, target_probs, ensemble_weight, gener
         next_probs = residual_probs(target_probs[n_accepted], draft_probs[n_accepted])
     else:
         next_probs = target_probs[n]
-    next_token = torch.multinomial(next_probs, 1, generator=generator)[0]
+    next_token = sample(next_probs, generator)
     return n_accepted, next_token, accept_probs
 
 
