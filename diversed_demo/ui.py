@@ -855,7 +855,9 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                              info="the reward: ROUGE-2, math match, pass@1, or fidelity (general)")
                     train_source = gr.Radio(["Built-in examples", "Uploaded JSONL"], value="Built-in examples",
                                             label="prompts")
-                    train_upload = gr.File(label="prompts (.jsonl)", file_types=[".jsonl"], type="filepath")
+                    train_upload = gr.File(label="prompts (.jsonl): one {\"prompt\", \"reference\"?} per line",
+                                           file_types=[".jsonl"], type="filepath", visible=False, height=120,
+                                           elem_id="train-upload")
                 with gr.Row():
                     train_steps = gr.Slider(1, 200, value=20, step=1, label="steps", elem_id="train-steps")
                     train_rollouts = gr.Slider(2, 8, value=4, step=1, label="rollouts per prompt",
@@ -885,6 +887,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
                            concurrency_id="decode", api_name="sweep")
         cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_visibility="private")
+        train_source.change(lambda source: gr.update(visible=source == "Uploaded JSONL"), train_source, train_upload,
+                            api_visibility="private")
         # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they
         # get their own small pool instead of holding decoding slots.
         train_button.click(start_training, [train_task, train_source, train_upload, train_steps, train_rollouts,
