@@ -34,6 +34,7 @@ UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
 CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
 MAX_PROMPT_CHARS = 4000
 DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Spaces tier)
+QUEUE_SIZE = 64  # past this many waiting requests, new ones are told the queue is full
 
 MODE_LABELS = {"Target only": "ar", "Exact SD": "exact", "Static ensemble": "static", "DIVERSED": "dynamic"}
 KIND_LABELS = {
@@ -896,7 +897,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                            concurrency_id="train", concurrency_limit=4, api_name="train")
         cancel_button.click(cancel_training, None, train_status, concurrency_limit=None, api_name="cancel_training")
         app.load(refresh_heads, head, head, api_visibility="private")
-    app.queue(default_concurrency_limit=DECODE_CONCURRENCY)
+    app.queue(default_concurrency_limit=DECODE_CONCURRENCY, max_size=QUEUE_SIZE)
     return app
 
 
