@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
-import importlib
-import json
 import math
 import threading
 import time
@@ -22,7 +20,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import train
 from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
+from .head import list_heads, load_head
+from .rewards import fidelity, task_reward
 from .tasks import TASKS, Example, app_examples
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -90,30 +91,6 @@ def find_example(prompt: str, examples: list[Example]) -> Example | None:
     return next((e for e in examples if " ".join(e.prompt.split()) == key), None)
 
 
-def optional_module(name: str):
-    """A module other engineers are still writing: None until it exists."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise
-        return None
-
-
-def available_heads(pair) -> dict[str, str]:
-    """Trained heads usable with this pair: {name: path} (empty until diversed_demo.head can list them)."""
-    head_module = optional_module("diversed_demo.head")
-    list_heads = getattr(head_module, "list_heads", None)
-    return dict(list_heads(pair)) if list_heads else {}
-
-
-def load_head(name: str, pair):
-    head_module = optional_module("diversed_demo.head")
-    if getattr(head_module, "load_head", None) is None:
-        raise ValueError("DIVERSED heads cannot be loaded yet in this version of the demo")
-    return head_module.load_head(available_heads(pair).get(name, name), pair)
-
-
 # ---------------------------------------------------------------- decoding runs
 
 @dataclass
@@ -141,7 +118,7 @@ def resolve_head(pair, settings: DecodeSettings):
         return None
     if not settings.head_name:
         raise ValueError("DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab")
-    return load_head(settings.head_name, pair)
+    return load_head(settings.head_name, pair)  # a name in the heads folders, or a path
 
 
 @dataclass
@@ -340,16 +317,14 @@ class Comparison:
 
 def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tuple[float | None, str]:
     """(value, metric): ROUGE-2 or math correctness when the prompt is an example with a reference,
-    else fidelity (mean target log-probability of the output). (None, "n/a") without diversed_demo.rewards.
+    else fidelity (mean target log-probability of the output); (None, "n/a") for an empty output.
     """
-    rewards = optional_module("diversed_demo.rewards")
-    if rewards is None or run.summary is None or not run.summary.token_ids:
+    if run.summary is None or not run.summary.token_ids:
         return None, "n/a"
     if example is not None and example.reference is not None and example.task in ("summarization", "math"):
-        value = rewards.task_reward(example.task, example, run.summary.text)
+        value = task_reward(example.task, example, run.summary.text)
         return float(value), "ROUGE-2" if example.task == "summarization" else "correct"
-    prompt_ids = encode_prompt(pair.tokenizer, prompt)
-    return float(rewards.fidelity(pair, prompt_ids, run.summary.token_ids)), "fidelity"
+    return float(fidelity(pair, encode_prompt(pair.tokenizer, prompt), run.summary.token_ids)), "fidelity"
 
 
 def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Example | None = None):
@@ -694,7 +669,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
     choices = example_choices(examples)
 
     def head_choices():
-        return list(available_heads(pair))  # newest first
+        return list(list_heads(pair))  # the user's newest first, then the shipped ones
 
     def refresh_heads(current):
         names = head_choices()
@@ -747,20 +722,15 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         return dial_speed_figure(points, int(n_draft), float(cost_ratio))
 
     def start_training(task, source, upload, steps, rollouts, lam, lr, request: gr.Request):
-        train_module = optional_module("diversed_demo.train")
-        if train_module is None:
-            gr.Warning("Training is not available in this version of the demo.")
-            return
         with user_errors():
             if source == "Uploaded JSONL" and not upload:
                 raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
-            config = train_module.TrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
-                                              steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam),
-                                              lr=float(lr))
+            config = train.TrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
+                                       steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam), lr=float(lr))
             # Check settings and prompts here, so that a bad upload is an error message, not a failed run.
-            train_module.check_config(config)
-            train_module.training_examples(config)
-        started = job.start(lambda callback, should_stop: train_module.train_head(
+            train.check_config(config)
+            train.training_examples(config)
+        started = job.start(lambda callback, should_stop: train.train_head(
             pair, config, callback=callback, should_stop=should_stop, progress=False), owner=request.session_hash)
         if not started:
             gr.Warning("A training run is already in progress; wait for it to finish.")

@@ -132,9 +132,6 @@ def test_moving_the_slider_changes_acceptance(page):
 
 
 def test_train_a_head_then_decode_with_it_and_cancel_a_run(page):
-    train = pytest.importorskip("diversed_demo.train", reason="diversed_demo.train has not landed yet")
-    if not hasattr(train, "train_head"):
-        pytest.skip("diversed_demo.train has no train_head yet")
     open_tab(page, "Train")
     status = page.locator("#train-status")
     # A short run to the end: its head appears at once in the sidebar's dropdown.

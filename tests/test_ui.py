@@ -114,13 +114,13 @@ def test_a_head_of_another_pair_is_refused(pair, heads_dir):
     from diversed_demo.tiny import tiny_pair
     other = tiny_pair(target_seed=7, draft_seed=8)
     save_head(new_head(other), heads_dir / "other.safetensors")
-    assert "other" not in ui.available_heads(pair)
+    assert "other" not in ui.list_heads(pair)
     with pytest.raises(ValueError):
         ui.resolve_head(pair, settings(mode="dynamic", head_name="other"))
 
 
 def test_diversed_run_with_a_saved_head_reports_w(pair, saved_head):
-    assert saved_head in ui.available_heads(pair)
+    assert saved_head in ui.list_heads(pair)
     run_settings = settings(mode="dynamic", head_name=saved_head)
     *_, run = ui.stream_decode(pair, PROMPT, run_settings, ui.resolve_head(pair, run_settings))
     assert run.mean_w is not None and 0 <= run.mean_w <= 1
@@ -191,9 +191,9 @@ def test_quality_uses_the_reference_when_there_is_one(pair):
     assert metric == "fidelity" and value <= 0
 
 
-def test_quality_is_na_without_rewards(pair, monkeypatch):
-    monkeypatch.setattr(ui, "optional_module", lambda name: None)
-    *_, run = ui.stream_decode(pair, PROMPT, settings())
+def test_quality_of_an_empty_output_is_na(pair):
+    run = ui.DecodeRun(settings())
+    run.summary = ui.Summary("", 0, 1, 0, 0, 0.1)
     assert ui.quality_of(pair, PROMPT, None, run) == (None, "n/a")
 
 
