@@ -6,7 +6,8 @@ Three stages, each resumable, all under a work dir (runs/distill/ by default):
    batches with a KV cache. Each response is stored with the target's top-k log-probabilities at every
    response position, which the sampling pass computes anyway, so training never runs the target.
 2. train: a few-layer Llama initialised from target layers, sharing the target's frozen tied embedding,
-   learns to match those distributions (forward KL by default). Checkpoints are written atomically and
+   learns to match those distributions (total variation by default, i.e. it maximises
+   the exact-SD acceptance probability directly). Checkpoints are written atomically and
    resumed automatically.
 3. export + measure: the layers and final norm go to assets/draft/ (fp16, no embedding), and
    `measure` reports exact-SD acceptance, greedy agreement, tau and relative cost on Spec-Bench.
@@ -22,6 +23,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -209,12 +211,6 @@ def split_records(records: list[dict], heldout_fraction: float) -> tuple[list[di
 
 # ----------------------------------------------------------------------------- the draft
 
-def default_init_layers(target_layers: int, num_layers: int) -> list[int]:
-    """The target's first num_layers − 1 layers and its last: the embedding-side layers build the
-    residual stream the draft continues, and the last layer is the one already tuned to feed the LM head."""
-    return list(range(num_layers - 1)) + [target_layers - 1]
-
-
 def build_draft(target, init_layers: list[int]):
     """A Llama with len(init_layers) layers copied from the target, sharing its (frozen) embedding and head."""
     from transformers import AutoModelForCausalLM
@@ -373,9 +369,11 @@ def load_checkpoint(path: Path, draft, optimizer) -> tuple[int, dict]:
 
 def train(draft, train_records: list[dict], heldout: list[dict], pad_id: int, *, steps: int, batch_size: int,
           lr: float, loss: str, checkpoint: Path, eval_every: int, checkpoint_every: int, seed: int = 0,
-          on_best=None, meta: dict | None = None) -> dict:
+          bf16: bool = False, on_best=None, meta: dict | None = None) -> dict:
     """Distil until `steps`, resuming from `checkpoint` if it exists. Returns the run's meta (evals, wall time).
 
+    bf16 runs the forward under CPU bfloat16 autocast (weights and optimizer stay fp32): the LM-head matmul,
+    most of a step, runs ~1.8x faster where the CPU has bf16 instructions. Evaluation stays in fp32.
     on_best(draft, meta) is called whenever held-out 1 − TV improves, e.g. to export the draft.
     """
     from tqdm import tqdm
@@ -392,8 +390,9 @@ def train(draft, train_records: list[dict], heldout: list[dict], pad_id: int, *,
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps, lr, warmup)
         batch = make_batch(batch_records(train_records, step, batch_size, seed), pad_id)
-        value = distill_loss(draft_response_logits(draft, batch), batch["target_top_ids"],
-                             batch["target_top_logprobs"], loss)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = draft_response_logits(draft, batch)
+        value = distill_loss(logits.float(), batch["target_top_ids"], batch["target_top_logprobs"], loss)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(trainable_parameters(draft), 1.0)
@@ -544,16 +543,17 @@ def add_arguments(parser) -> None:
     data.add_argument("--top-k", type=int, default=64, help="target log-probs stored per response position")
     data.add_argument("--samples-per-instruction", type=int, default=4)
     train_args = parser.add_argument_group("training")
-    train_args.add_argument("--layers", type=int, default=4, help="draft layers (init: first layers-1 and the last)")
+    train_args.add_argument("--layers", type=int, default=4, help="draft layers (init: the target's first ones)")
     train_args.add_argument("--init-layers", default=None, help="comma-separated target layers to copy instead")
-    train_args.add_argument("--loss", choices=LOSSES, default="fkl")
+    train_args.add_argument("--loss", choices=LOSSES, default="tv")
     train_args.add_argument("--steps", type=int, default=250)
     train_args.add_argument("--batch-size", type=int, default=8, help="responses per step")
-    train_args.add_argument("--lr", type=float, default=3e-4)
-    train_args.add_argument("--eval-every", type=int, default=25)
+    train_args.add_argument("--lr", type=float, default=5e-4)
+    train_args.add_argument("--eval-every", type=int, default=30)
     train_args.add_argument("--checkpoint-every", type=int, default=10)
     train_args.add_argument("--heldout-fraction", type=float, default=0.04)
-    train_args.add_argument("--heldout-max", type=int, default=48, help="held-out responses used for evaluation")
+    train_args.add_argument("--heldout-max", type=int, default=24, help="held-out responses used for evaluation")
+    train_args.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the training forward (CPU)")
     train_args.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
     measure_args = parser.add_argument_group("measurement")
     measure_args.add_argument("--per-category", type=int, default=2, help="Spec-Bench questions per category")
@@ -588,8 +588,9 @@ def run(args) -> int:
     if not train_records:
         raise FileNotFoundError(f"no sampled responses in {work_dir / 'data'}")
     target_layers = pair.target.config.num_hidden_layers
-    init_layers = ([int(x) for x in args.init_layers.split(",")] if args.init_layers
-                   else default_init_layers(target_layers, args.layers))
+    # Default: the target's first layers. Measured (4 layers, 10 steps): held-out 1 − TV 0.097 from layers
+    # 0-3 vs 0.054 from 0, 1, 2, 29; the contiguous prefix keeps a residual stream the layers agree on.
+    init_layers = [int(x) for x in args.init_layers.split(",")] if args.init_layers else list(range(args.layers))
     draft = build_draft(pair.target, init_layers)
     checkpoint = work_dir / f"ckpt_{len(init_layers)}l_{args.loss}.pt"
     if args.fresh and checkpoint.exists():
@@ -598,7 +599,8 @@ def run(args) -> int:
                 sampling=f"target at temperature 1 with its chat template, ≤{args.gen_max_new_tokens} new tokens, "
                          f"top-{args.top_k} log-probs stored; Spec-Bench not used")
     run_info = {"init_layers": init_layers, "loss": args.loss, "steps_planned": args.steps,
-                "batch_size": args.batch_size, "lr": args.lr, "n_train_records": len(train_records)}
+                "batch_size": args.batch_size, "lr": args.lr, "bf16_autocast": args.bf16,
+                "n_train_records": len(train_records), "command": "diversed-demo " + " ".join(sys.argv[1:])}
 
     def export(best_draft, meta):
         save_draft(best_draft, args.out)
@@ -607,7 +609,7 @@ def run(args) -> int:
     meta = train(draft, train_records, heldout, pair.tokenizer.pad_token_id, steps=args.steps,
                  batch_size=args.batch_size, lr=args.lr, loss=args.loss, checkpoint=checkpoint,
                  eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                 on_best=export, meta=run_info)
+                 bf16=args.bf16, on_best=export, meta=run_info)
     print(f"training done: {meta['wall_time_s'] / 60:.1f} min, best held-out 1-TV {meta['best_one_minus_tv']:.4f}")
     if not args.no_measure:
         load_pair.cache_clear()  # reload so that the pair uses the exported draft
@@ -628,7 +630,8 @@ def draft_card(draft, init_layers, target_layers, data, meta, run_info) -> dict:
             "parameters_stored": sum(v.numel() for v in trainable_state(draft).values()),
             "data": data,
             "training": {"loss": run_info["loss"], "steps": best["step"], "batch_size": run_info["batch_size"],
-                         "lr": run_info["lr"], "wall_time_s": best["wall_time_s"],
+                         "lr": run_info["lr"], "bf16_autocast": run_info["bf16_autocast"],
+                         "wall_time_s": best["wall_time_s"], "command": run_info["command"],
                          "heldout": {k: best[k] for k in ("one_minus_tv", "top1_agreement", "fkl")},
                          "heldout_note": "per token on held-out sampled responses; 1-TV counts overlap on the "
                                          "target's stored top-k only (a lower bound)",
