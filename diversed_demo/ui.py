@@ -757,8 +757,9 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             gr.Markdown("### Decoding settings\nShared by Decode, Compare and the dial.")
             w = gr.Slider(0, 1, value=0.5, step=0.05, label="static ensemble weight w",
                           info="1 = exact SD; lower accepts more drafts", elem_id="w-slider")
-            head = gr.Dropdown(head_choices(), value=(head_choices() or [None])[0], label="DIVERSED head",
-                               info="trained heads for this pair", allow_custom_value=False, elem_id="head")
+            heads_now = head_choices()
+            head = gr.Dropdown(heads_now, value=heads_now[0] if heads_now else None, label="DIVERSED head",
+                               info="trained heads for this pair; train one in the Train tab", elem_id="head")
             n_draft = gr.Slider(1, min(MAX_N_DRAFT, 12), value=4, step=1, label="draft tokens per step N")
             max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="max new tokens")
             temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature", info="0 = greedy")
@@ -769,7 +770,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                 with gr.Row():
                     decode_example = gr.Dropdown(choices, value=None, label="example prompt", scale=2)
                     mode = gr.Radio(list(MODE_LABELS), value="Static ensemble", label="mode", scale=2,
-                                    elem_id="mode")
+                                    info="w and the head are set in the sidebar", elem_id="mode")
                 prompt = gr.Textbox(label="prompt", lines=3, max_lines=12, elem_id="prompt",
                                     placeholder="Type a prompt or pick an example")
                 generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
