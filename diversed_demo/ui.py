@@ -244,9 +244,10 @@ def render_tokens(events, placeholder: str = "Tokens appear here as they are dec
 
 
 def legend_html(kinds=KIND_LABELS) -> str:
-    items = "".join(f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> {html.escape(label)}</span>'
-                    for kind, label in kinds.items())
-    return f'<div class="dd-legend">{items}<span class="dd-legend-item dd-hint">hover a token for w_t, p, q</span></div>'
+    items = "".join(f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> '
+                    f'{html.escape(label)}</span>' for kind, label in kinds.items())
+    hint = '<span class="dd-legend-item dd-hint">hover a token for w_t, p, q</span>'
+    return f'<div class="dd-legend">{items}{hint}</div>'
 
 
 def stats_html(run: DecodeRun | None) -> str:
@@ -391,7 +392,8 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
     acceptance = "n/a" if run.acceptance_rate is None else f"{run.acceptance_rate:.0%}"
     line = f"acc {acceptance} · τ {_fmt(run.tau, 2)} · {run.tokens_per_second:.1f} tok/s · {run.elapsed_s:.1f} s"
     return (f'<div class="dd-panel" data-state="{"done" if run.done else "running"}">'
-            f'<div class="dd-panel-head">{html.escape(label)}<span class="dd-panel-stats">{html.escape(line)}</span></div>'
+            f'<div class="dd-panel-head">{html.escape(label)}'
+            f'<span class="dd-panel-stats">{html.escape(line)}</span></div>'
             f'{render_tokens(run.events)}</div>')
 
 
@@ -471,11 +473,13 @@ def dial_quality_figure(points: pd.DataFrame) -> go.Figure:
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
     tv = expected_tv(points)
     if not math.isnan(tv):
-        fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1 - tv], mode="lines", name=f"theory 1 − w·E[TV] (E[TV] ≈ {tv:.2f})",
+        fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1 - tv], mode="lines",
+                                 name=f"theory 1 − w·E[TV] (E[TV] ≈ {tv:.2f})",
                                  line=dict(color="#94a3b8", dash="dash")), row=1, col=1)
     fig.add_trace(go.Scatter(x=static["w"], y=static["alpha"], mode="markers+lines", name="static w (measured)",
                              marker=dict(color="#d97706", size=8), line=dict(color="#d97706")), row=1, col=1)
-    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text", text=static["label"],
+    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text",
+                             text=static["label"],
                              textposition="top center", showlegend=False, marker=dict(color="#d97706", size=8),
                              line=dict(color="#d97706")), row=1, col=2)
     if not heads.empty:
@@ -505,10 +509,11 @@ def dial_speed_figure(points: pd.DataFrame, n_draft: int, cost_ratio: float) -> 
                              name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color="#94a3b8")),
                   row=1, col=2)
     measured = points.dropna(subset=["alpha"])
-    fig.add_trace(go.Scatter(x=measured["alpha"], y=[projected_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
+    projected = [projected_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]]
+    fig.add_trace(go.Scatter(x=measured["alpha"], y=projected,
                              mode="markers+text", text=measured["label"], textposition="top center",
                              marker=dict(color=["#7c3aed" if k == "head" else "#d97706" for k in measured["kind"]],
-                                         size=9), name="settings at their measured α"), row=1, col=2)
+                                         size=9), name="settings at their α"), row=1, col=2)
     fig.update_yaxes(title_text="tokens / s", row=1, col=1)
     fig.update_xaxes(title_text="per-token acceptance α", row=1, col=2)
     fig.update_yaxes(title_text="projected speedup ×", row=1, col=2)
@@ -726,7 +731,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             if source == "Uploaded JSONL" and not upload:
                 raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
             config = train.TrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
-                                       steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam), lr=float(lr))
+                                       steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam),
+                                       lr=float(lr))
             # Check settings and prompts here, so that a bad upload is an error message, not a failed run.
             train.check_config(config)
             train.training_examples(config)
@@ -752,7 +758,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
     with gr.Blocks(title="DIVERSED demo") as app:
         gr.HTML('<div class="dd-header"><h1>DIVERSED</h1><p>Relaxed speculative decoding with dynamic ensemble '
                 f'verification. Target <code>{html.escape(short_name(pair.target_name))}</code>, draft '
-                f'<code>{html.escape(short_name(pair.draft_name))}</code>, on {html.escape(str(pair.device))}.</p></div>')
+                f'<code>{html.escape(short_name(pair.draft_name))}</code>, '
+                f'on {html.escape(str(pair.device))}.</p></div>')
         with gr.Sidebar(label="Decoding settings", open=True):
             gr.Markdown("### Decoding settings\nShared by Decode, Compare and the dial.")
             w = gr.Slider(0, 1, value=0.5, step=0.05, label="static ensemble weight w",
@@ -773,7 +780,9 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                     info="w and the head are set in the sidebar", elem_id="mode")
                 prompt = gr.Textbox(label="prompt", lines=3, max_lines=12, elem_id="prompt",
                                     placeholder="Type a prompt or pick an example")
-                generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Row():
+                    generate_button = gr.Button("Generate", variant="primary", scale=4, elem_id="generate")
+                    stop_button = gr.Button("Stop", variant="secondary", scale=1, elem_id="stop")
                 gr.HTML(legend_html())
                 tokens = gr.HTML(render_tokens([]), elem_id="tokens")
                 stats = gr.HTML(stats_html(None), elem_id="stats")
@@ -851,12 +860,15 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         decode_example.change(example_prompt, decode_example, prompt, api_visibility="private")
         compare_example.change(example_prompt, compare_example, compare_prompt, api_visibility="private")
         decode_inputs = [prompt, mode, w, head, n_draft, max_new_tokens, temperature, seed]
-        gr.on([generate_button.click, prompt.submit], generate, decode_inputs, [tokens, stats, w_plot],
-              concurrency_id="decode", concurrency_limit=DECODE_CONCURRENCY, api_name="generate")
+        # Decode, Compare and the dial share one pool of DECODE_CONCURRENCY slots: they compete for the CPU.
+        decoding = gr.on([generate_button.click, prompt.submit], generate, decode_inputs, [tokens, stats, w_plot],
+                         concurrency_id="decode", concurrency_limit=DECODE_CONCURRENCY, api_name="generate")
+        stop_button.click(None, cancels=[decoding])
         compare_button.click(compare, [compare_prompt, w, head, n_draft, max_new_tokens, temperature, seed],
                              [*panels, acceptance_plot, elapsed_plot, compare_summary], concurrency_id="decode",
                              api_name="compare")
-        sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
+        sweep_button.click(sweep, [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature,
+                                   cost_ratio], [dial_points, quality_plot, speed_plot, dial_table],
                            concurrency_id="decode", api_name="sweep")
         cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_visibility="private")
         train_source.change(lambda source: gr.update(visible=source == "Uploaded JSONL"), train_source, train_upload,
@@ -868,6 +880,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                            concurrency_id="train", concurrency_limit=4, api_name="train")
         cancel_button.click(cancel_training, None, train_status, concurrency_limit=None, api_name="cancel_training")
         app.load(refresh_heads, head, head, api_visibility="private")
+        # A run started by another visitor is shown to everyone: there is only one at a time.
+        app.load(lambda: training_status(job), None, train_status, api_visibility="private")
     app.queue(default_concurrency_limit=DECODE_CONCURRENCY, max_size=QUEUE_SIZE)
     return app
 
@@ -881,7 +895,8 @@ def launch(app, **kwargs):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .cli import add_pair_arguments
     add_pair_arguments(parser)
-    parser.add_argument("--host", default=None, help="interface to listen on (default 127.0.0.1; 0.0.0.0 to share on a LAN)")
+    parser.add_argument("--host", default=None,
+                        help="interface to listen on (default 127.0.0.1; 0.0.0.0 to share on a LAN)")
     parser.add_argument("--port", type=int, default=None, help="port (default 7860 or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
 

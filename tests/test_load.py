@@ -50,8 +50,9 @@ def test_concurrent_decodes_during_training(served):
 
     def decode(i):
         client = Client(url, verbose=False)
-        tokens, stats, _ = client.predict(PROMPTS[i % len(PROMPTS)], ["Target only", "Exact SD", "Static ensemble"][i % 3],
-                                          0.5, None, 3, 24, 1.0, i, api_name="/generate")
+        mode = ["Target only", "Exact SD", "Static ensemble"][i % 3]
+        tokens, stats, _ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
+                                          api_name="/generate")
         return tokens, stats
 
     started = time.monotonic()

@@ -96,7 +96,8 @@ def test_live_statistics_before_the_summary(pair):
     stream.close()
 
 
-@pytest.mark.parametrize("prompt, message", [("", "empty"), ("   ", "empty"), ("x" * (ui.MAX_PROMPT_CHARS + 1), "at most")])
+@pytest.mark.parametrize("prompt, message",
+                         [("", "empty"), ("   ", "empty"), ("x" * (ui.MAX_PROMPT_CHARS + 1), "at most")])
 def test_bad_prompts_are_refused_with_a_readable_message(pair, prompt, message):
     with pytest.raises(ValueError, match=message):
         next(ui.stream_decode(pair, prompt, settings()))
