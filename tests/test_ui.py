@@ -183,11 +183,17 @@ def test_comparison_includes_diversed_with_a_head(pair, saved_head):
     assert "DIVERSED" in comparison.runs and comparison.runs["DIVERSED"].done
 
 
-def test_quality_uses_the_reference_when_there_is_one(pair):
-    example = Example(PROMPT, "summarization", "the cat sat on the mat", "t/0")
+@pytest.mark.parametrize("task, reference, metric", [("summarization", "the cat sat on the mat", "ROUGE-2"),
+                                                     ("math", "2 plus 2 is 4\n#### 4", "correct")])
+def test_quality_uses_the_reference_when_there_is_one(pair, task, reference, metric):
+    example = Example(PROMPT, task, reference, "t/0")
     *_, run = ui.stream_decode(pair, PROMPT, settings())
-    value, metric = ui.quality_of(pair, PROMPT, example, run)
-    assert metric == "ROUGE-2" and 0 <= value <= 1
+    value, shown_metric = ui.quality_of(pair, PROMPT, example, run)
+    assert shown_metric == metric and 0 <= value <= 1
+
+
+def test_quality_falls_back_to_fidelity(pair):
+    *_, run = ui.stream_decode(pair, PROMPT, settings())
     value, metric = ui.quality_of(pair, PROMPT, None, run)
     assert metric == "fidelity" and value <= 0
 
