@@ -335,3 +335,28 @@ def test_nan_quality_does_not_break_the_dial_figures():
     points = pd.DataFrame([{"label": "w = 0.50", "kind": "static", "w": 0.5, "alpha": 0.6, "acceptance": 0.4,
                             "tokens_per_second": 10.0, "quality": math.nan}])
     assert ui.dial_quality_figure(points).data and ui.dial_speed_figure(points, 4, 0.1).data
+
+
+# ---------------------------------------------------------------- Spaces entry point
+
+def load_app_module():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("spaces_app", Path(__file__).resolve().parent.parent / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_spaces_entry_takes_the_pair_from_env_then_flags(monkeypatch):
+    app = load_app_module()
+    for name in ("DIVERSED_TARGET", "DIVERSED_DRAFT", "DIVERSED_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    args = app.parse_args([])
+    assert (args.target, args.draft, args.device) == ("smollm2-135m", None, "auto")
+    monkeypatch.setenv("DIVERSED_TARGET", "org/big")
+    monkeypatch.setenv("DIVERSED_DRAFT", "org/small")
+    monkeypatch.setenv("DIVERSED_DEVICE", "cpu")
+    args = app.parse_args(["--unknown-launcher-flag"])
+    assert (args.target, args.draft, args.device) == ("org/big", "org/small", "cpu")
+    assert app.parse_args(["--target", "t", "--device", "cuda"]).target == "t"
