@@ -296,7 +296,7 @@ def w_chart(run: DecodeRun | None) -> go.Figure:
     for kind, (xs, ys, texts) in points.items():
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=KIND_LABELS[kind], text=texts,
                                  marker=dict(color=KIND_COLORS[kind], size=7),
-                                 hovertemplate="%{text|}<br>w_t = %{y:.3f}<extra></extra>"))
+                                 hovertemplate="%{text}<br>w_t = %{y:.3f}<extra></extra>"))
     if run.settings.mode == "ar":
         fig.add_annotation(text="target only: no draft, no w_t", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
@@ -615,7 +615,7 @@ $$\\min\\left(1, \\frac{{\\nu(x)}}{{q(x)}}\\right), \\qquad \\nu = w\\,p + (1 - 
 where p is the target's and q the draft's distribution. On a rejection a token is drawn from
 norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
 
-* **Exact speculative decoding** is w = 1: the output follows the target exactly.
+* **Exact speculative decoding** is w = 1: the output follows the target's distribution exactly.
 * **Static ensemble**: one w for every token. The acceptance rate is then 1 − w·TV(p, q): lower w
   accepts more drafts (faster) and moves the output towards the draft.
 * **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
