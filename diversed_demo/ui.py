@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import train
+from .bench import alpha_from_acceptance, analytic_speedup
 from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
 from .head import list_heads, load_head
 from .rewards import fidelity, task_reward
@@ -399,35 +400,6 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
 
 # ---------------------------------------------------------------- speed–quality dial
 
-def projected_speedup(alpha: float, n_draft: int, cost_ratio: float) -> float:
-    """Expected speedup over target-only decoding with per-token acceptance α, N drafts and draft/target cost c.
-
-    (1 − α^{N+1}) / ((1 − α)(N·c + 1)) (Leviathan et al. 2023), with its limit (N + 1)/(N·c + 1) at α = 1.
-    """
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"α must be in [0, 1], not {alpha}")
-    expected_tokens = n_draft + 1 if alpha == 1 else (1 - alpha ** (n_draft + 1)) / (1 - alpha)
-    return expected_tokens / (n_draft * cost_ratio + 1)
-
-
-def alpha_from_acceptance(rate: float, n_draft: int) -> float:
-    """Per-token acceptance α from the measured accepted/drafted rate of blocks of N drafts.
-
-    With i.i.d. acceptance a block keeps α + α² + … + α^N drafts on average, so accepted/drafted is
-    α(1 − α^N) / (N(1 − α)), which rises monotonically in α: invert it by bisection.
-    """
-    if not 0 <= rate <= 1:
-        raise ValueError(f"an acceptance rate must be in [0, 1], not {rate}")
-    low, high = 0.0, 1.0
-    for _ in range(50):
-        mid = (low + high) / 2
-        if sum(mid ** k for k in range(1, n_draft + 1)) / n_draft < rate:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
 def sweep_points(pair, examples: list[Example], task: str, weights, settings: DecodeSettings,
                  heads: dict | None = None, progress=None) -> pd.DataFrame:
     """The frontier sweep (diversed_demo.frontier.sweep) over `examples` at each static w and with each head.
@@ -505,11 +477,11 @@ def dial_speed_figure(points: pd.DataFrame, n_draft: int, cost_ratio: float) -> 
     fig.add_trace(go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False),
                   row=1, col=1)
     alphas = [i / 100 for i in range(101)]
-    fig.add_trace(go.Scatter(x=alphas, y=[projected_speedup(a, n_draft, cost_ratio) for a in alphas], mode="lines",
+    fig.add_trace(go.Scatter(x=alphas, y=[analytic_speedup(a, n_draft, cost_ratio) for a in alphas], mode="lines",
                              name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color="#94a3b8")),
                   row=1, col=2)
     measured = points.dropna(subset=["alpha"])
-    projected = [projected_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]]
+    projected = [analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]]
     fig.add_trace(go.Scatter(x=measured["alpha"], y=projected,
                              mode="markers+text", text=measured["label"], textposition="top center",
                              marker=dict(color=["#7c3aed" if k == "head" else "#d97706" for k in measured["kind"]],

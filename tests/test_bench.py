@@ -1,7 +1,7 @@
 """The bench on a tiny pair: report structure, greedy identity with transformers, analytic bound."""
 import pytest
 
-from diversed_demo.bench import analytic_speedup, markdown_table, parse_modes, run_bench
+from diversed_demo.bench import alpha_from_acceptance, analytic_speedup, markdown_table, parse_modes, run_bench
 from diversed_demo.tasks import Example
 
 
@@ -9,6 +9,22 @@ def test_analytic_bound_limits():
     assert analytic_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)  # nothing accepted, free draft: no gain
     assert analytic_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)  # all accepted: N + 1 tokens per pass
     assert analytic_speedup(0.5, 4, 0.1, 1.2) == pytest.approx((1 - 0.5 ** 5) / 0.5 / (0.4 + 1.2))
+
+
+def test_projected_speedup():
+    assert analytic_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    assert analytic_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
+    assert analytic_speedup(0.5, 2, 0.0) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    values = [analytic_speedup(a / 10, 4, 0.2) for a in range(11)]
+    assert values == sorted(values)
+    with pytest.raises(ValueError):
+        analytic_speedup(1.5, 4, 0.1)
+
+
+@pytest.mark.parametrize("alpha, n_draft", [(0.0, 4), (0.3, 1), (0.6, 4), (0.95, 8), (1.0, 3)])
+def test_alpha_inverts_the_block_acceptance_rate(alpha, n_draft):
+    rate = sum(alpha ** k for k in range(1, n_draft + 1)) / n_draft
+    assert alpha_from_acceptance(rate, n_draft) == pytest.approx(alpha, abs=1e-6)
 
 
 def test_parse_modes_rejects_unknown_and_requires_ar(pair):

@@ -206,22 +206,6 @@ def test_quality_of_an_empty_output_is_na(pair):
 
 # ---------------------------------------------------------------- dial
 
-def test_projected_speedup():
-    assert ui.projected_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
-    assert ui.projected_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
-    assert ui.projected_speedup(0.5, 2, 0.0) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
-    values = [ui.projected_speedup(a / 10, 4, 0.2) for a in range(11)]
-    assert values == sorted(values)
-    with pytest.raises(ValueError):
-        ui.projected_speedup(1.5, 4, 0.1)
-
-
-@pytest.mark.parametrize("alpha, n_draft", [(0.0, 4), (0.3, 1), (0.6, 4), (0.95, 8), (1.0, 3)])
-def test_alpha_inverts_the_block_acceptance_rate(alpha, n_draft):
-    rate = sum(alpha ** k for k in range(1, n_draft + 1)) / n_draft
-    assert ui.alpha_from_acceptance(rate, n_draft) == pytest.approx(alpha, abs=1e-6)
-
-
 def test_sweep_points_and_figures(pair, saved_head):
     from diversed_demo.head import load_head
     examples = [Example(PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
