@@ -1,4 +1,6 @@
 """Distillation on a tiny random Llama: draft building, loss going down, resumable checkpoints, export."""
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -110,3 +112,17 @@ def test_heldout_split_is_by_prompt():
     train_records, heldout = split_records(records, 0.2)
     held_prompts = {r["key"].rsplit("/s", 1)[0] for r in heldout}
     assert held_prompts and not held_prompts & {r["key"].rsplit("/s", 1)[0] for r in train_records}
+
+
+def test_measure_reports_figures_in_range(tmp_path):
+    from diversed_demo.distill import measure
+    from diversed_demo.tiny import tiny_pair
+    (tmp_path / "spec_bench").mkdir()
+    questions = [{"category": c, "turns": [f"the {w} sat on the mat", "and then ?"]}
+                 for c in ("writing", "math") for w in ("cat", "dog", "rug")]
+    (tmp_path / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(q) for q in questions))
+    figures = measure(tiny_pair(), tmp_path, per_category=2, max_new_tokens=8, timing_steps=2)
+    assert figures["prompts"] == 4
+    for key in ("exact_acceptance_t1", "greedy_agreement", "one_minus_tv_t1_on_greedy_path"):
+        assert 0.0 <= figures[key] <= 1.0
+    assert 1.0 <= figures["tau_t1"] <= 5.0 and figures["cost_ratio"] > 0
