@@ -30,6 +30,7 @@ class TokenEvent:
     p: float | None = None  # target probability of the token
     q: float | None = None  # draft probability of the token
     accept_prob: float | None = None
+    drafted: int = 0  # how many tokens the draft proposed in this step
     draft_ms: float = 0.0  # the step's drafting time
     verify_ms: float = 0.0  # the step's target pass and verification time
 
@@ -259,7 +260,7 @@ def step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w,
     next_q = float(draft_probs[at, next_token]) if at < n else None
     drafted, nxt = draft_tokens.tolist(), int(next_token)
     context = sequence[-4:].tolist()
-    timing = dict(step=step, draft_ms=draft_ms, verify_ms=verify_ms)
+    timing = dict(step=step, drafted=n, draft_ms=draft_ms, verify_ms=verify_ms)
     events = []
     for i in range(n_accepted):
         p, q, a, wi = per_draft[i]

@@ -137,10 +137,9 @@ class DecodeRun:
     acceptance_per_token: list[float | None] = field(default_factory=list)  # cumulative, at each output token
 
     def add(self, event) -> None:
-        if event.step != self.steps:  # a new step: count its drafts the way the decoder does
+        if event.step != self.steps:  # a new step: count its drafts
             self.steps = event.step
-            if self.settings.mode != "ar":
-                self.drafted += min(self.settings.n_draft, self.settings.max_new_tokens - self.new_tokens - 1)
+            self.drafted += event.drafted
         self.events.append(event)
         if event.kind == "rejected":
             return
