@@ -464,20 +464,23 @@ def measure(pair, data_dir: Path = DEFAULT_DATA_DIR, per_category: int = 2, max_
             n_draft: int = 4, seed: int = 0, timing_steps: int = 32) -> dict:
     """Figures of pair.draft against pair.target on a stratified Spec-Bench subset (first turns).
 
-    exact_acceptance_t1: accepted / drafted of exact SD at temperature 1 (pooled over prompts);
-    tau_t1: tokens per target pass of that decode; greedy_agreement: fraction of positions of the
+    exact_acceptance_t1: accepted / verified drafted tokens of exact SD at temperature 1, pooled over
+    prompts: the empirical per-token acceptance probability, whose expectation is 1 − TV(p, q).
+    accepted_per_drafted_t1: the decoder's own acceptance_rate, accepted / all drafted tokens, which also
+    counts the tokens after a rejection that were never verified. tau_t1: tokens per target pass; greedy_agreement: fraction of positions of the
     target's greedy output where argmax q == argmax p; cost_ratio: draft ÷ target single-token latency.
     """
     from tqdm import tqdm
     from .decode import encode_prompt, generate
     questions = spec_bench_subset(data_dir, per_category)
-    drafted = accepted = new_tokens = passes = 0
+    drafted = accepted = rejected = new_tokens = passes = 0
     positions = agreements = 0
     overlap_sum = 0.0
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
-        sampled, _ = generate(pair, question["prompt"], mode="exact", n_draft=n_draft,
-                              max_new_tokens=max_new_tokens, temperature=1.0, seed=seed + i)
+        sampled, events = generate(pair, question["prompt"], mode="exact", n_draft=n_draft,
+                                   max_new_tokens=max_new_tokens, temperature=1.0, seed=seed + i)
         drafted, accepted = drafted + sampled.drafted, accepted + sampled.accepted
+        rejected += sum(e.kind == "rejected" for e in events)
         new_tokens, passes = new_tokens + sampled.new_tokens, passes + sampled.target_passes
         # Exact SD at temperature 0 emits exactly the target's greedy output, faster than the target alone.
         greedy, _ = generate(pair, question["prompt"], mode="exact", n_draft=n_draft,
@@ -493,7 +496,8 @@ def measure(pair, data_dir: Path = DEFAULT_DATA_DIR, per_category: int = 2, max_
     target_ms, draft_ms = statistics.median(target_ms), statistics.median(draft_ms)
     return {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
             "n_draft": n_draft, "seed": seed,
-            "exact_acceptance_t1": accepted / max(drafted, 1), "tau_t1": new_tokens / max(passes, 1),
+            "exact_acceptance_t1": accepted / max(accepted + rejected, 1),
+            "accepted_per_drafted_t1": accepted / max(drafted, 1), "tau_t1": new_tokens / max(passes, 1),
             "greedy_agreement": agreements / max(positions, 1),
             "one_minus_tv_t1_on_greedy_path": overlap_sum / max(positions, 1),
             "target_ms_per_token": target_ms, "draft_ms_per_token": draft_ms, "cost_ratio": draft_ms / target_ms,

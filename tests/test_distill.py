@@ -123,6 +123,6 @@ def test_measure_reports_figures_in_range(tmp_path):
     (tmp_path / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(q) for q in questions))
     figures = measure(tiny_pair(), tmp_path, per_category=2, max_new_tokens=8, timing_steps=2)
     assert figures["prompts"] == 4
-    for key in ("exact_acceptance_t1", "greedy_agreement", "one_minus_tv_t1_on_greedy_path"):
+    for key in ("exact_acceptance_t1", "accepted_per_drafted_t1", "greedy_agreement", "one_minus_tv_t1_on_greedy_path"):
         assert 0.0 <= figures[key] <= 1.0
     assert 1.0 <= figures["tau_t1"] <= 5.0 and figures["cost_ratio"] > 0
