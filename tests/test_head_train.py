@@ -129,3 +129,13 @@ def test_list_heads_finds_user_heads_for_this_pair_only(pair, heads_dir):
     names = list_heads(pair)
     assert "mine" in names and "theirs" not in names
     assert load_head("mine", pair).config["target_hidden"] == 32
+
+
+def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
+    path = save_head(new_head(pair, hidden_size=8), tmp_path / "fp32.safetensors")
+    half = tiny_pair()
+    half.target.to(torch.bfloat16)
+    half.draft.to(torch.bfloat16)
+    head = load_head(path, half)
+    summary, _ = generate(half, "the cat sat", mode="dynamic", head=head, n_draft=2, max_new_tokens=6)
+    assert summary.new_tokens >= 1 and summary.mean_w is not None
