@@ -98,6 +98,17 @@ def eos_ids(pair) -> set[int]:
     return ids
 
 
+def output_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on a few rows of hidden states [k, H] -> [k, V].
+
+    On CPU BLAS a vocabulary-sized weight times a few rows runs 2–4× faster as W·hᵀ than as h·Wᵀ
+    (measured for k = 2..9 on these machines; equal at k = 1), and verification always has k = N + 1.
+    """
+    if type(lm_head) is torch.nn.Linear and lm_head.bias is None and hidden.device.type == "cpu" and hidden.dim() == 2:
+        return torch.mm(lm_head.weight, hidden.to(lm_head.weight.dtype).T).T
+    return lm_head(hidden.to(lm_head.weight.device))
+
+
 class CachedLM:
     """A causal LM with its KV cache and the number of sequence tokens the cache holds."""
 
@@ -113,7 +124,7 @@ class CachedLM:
         """Feed tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last `keep`."""
         out = self.decoder(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True)
         hidden = out.last_hidden_state[0, -keep:]
-        logits = self.lm_head(hidden.to(self.lm_head.weight.device))[:, : self.vocab_size]
+        logits = output_logits(self.lm_head, hidden)[:, : self.vocab_size]
         self.length += tokens.numel()
         return logits, hidden
 

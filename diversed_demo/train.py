@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from .decode import output_logits
 from .head import new_head, save_head, user_heads_dir
 from .models import cache_dir
 from .verify import ensemble_probs, sample, sampling_probs, total_variation
@@ -115,7 +116,7 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
             if position == 0:
                 cache.batch_repeat_interleave(n)
                 h = h.expand(n, -1)
-            logits = model.get_output_embeddings()(h)[:, : pair.vocab_size]
+            logits = output_logits(model.get_output_embeddings(), h)[:, : pair.vocab_size]
             hidden.append(h.float())
             probs.append(sampling_probs(logits, temperature))
         w = head(hidden[0], hidden[1])
