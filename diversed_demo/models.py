@@ -106,8 +106,8 @@ def embedded_gguf_path() -> Path:
 
 def _converted_gguf_dir(gguf_path: Path) -> Path:
     """Dequantising a GGUF takes ~20 s: do it once and keep a safetensors copy in the user cache."""
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    with open(gguf_path, "rb") as f:  # keyed by content, so every virtualenv shares one conversion
+        key = hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
     out = cache_dir() / f"{gguf_path.stem}-{key}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
@@ -118,8 +118,10 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
     config = gguf_model.config
     del config.quantization_config
     config._name_or_path = gguf_path.stem
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
+    with torch.device("meta"):  # no random init of weights that are overwritten at once
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), assign=True)
+    model.tie_weights()
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -24,7 +24,6 @@ from transformers import DynamicCache
 
 from .decode import output_logits
 from .head import new_head, save_head, user_heads_dir
-from .models import cache_dir
 from .verify import ensemble_probs, sample, sampling_probs, total_variation
 
 
@@ -48,7 +47,7 @@ class TrainConfig:
     seed: int = 0
     name: str | None = None  # the head's name; default <task>-<time>
     out: str | None = None  # where the head goes; default <user heads dir>/<name>.safetensors
-    run_dir: str | None = None  # checkpoints; default <user cache>/runs/<name>
+    run_dir: str | None = None  # checkpoints; default <user heads dir>/runs/<name>
     checkpoint_every: int = 5
     resume: bool = True  # continue from run_dir's checkpoint if there is one
 
@@ -173,7 +172,7 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     examples = training_examples(config)
     name = config.name or f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(config.out) if config.out else user_heads_dir() / f"{name}.safetensors"
-    run_dir = Path(config.run_dir) if config.run_dir else cache_dir() / "runs" / name
+    run_dir = Path(config.run_dir) if config.run_dir else user_heads_dir() / "runs" / name
     checkpoint_path = run_dir / "checkpoint.pt"
 
     accelerator = Accelerator(cpu=pair.target.device.type == "cpu")
@@ -268,7 +267,7 @@ def add_arguments(parser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
     parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
-    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default ~/.cache/diversed-demo/runs/<name>)")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)")
     parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
     add_pair_arguments(parser)
 
