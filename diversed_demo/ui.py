@@ -811,11 +811,12 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                            file_types=[".jsonl"], type="filepath", visible=False, height=120,
                                            elem_id="train-upload")
                 with gr.Row():
-                    train_steps = gr.Slider(1, 200, value=20, step=1, label="steps", elem_id="train-steps")
-                    train_rollouts = gr.Slider(2, 8, value=4, step=1, label="rollouts per prompt",
-                                               elem_id="train-rollouts")
-                    train_lam = gr.Slider(0, 2, value=0.5, step=0.05, label="λ (speed vs quality)")
-                    train_lr = gr.Number(3e-3, label="learning rate")
+                    defaults = train.TrainConfig()
+                    train_steps = gr.Slider(1, 200, value=defaults.steps, step=1, label="steps", elem_id="train-steps")
+                    train_rollouts = gr.Slider(2, 8, value=defaults.rollouts_per_prompt, step=1,
+                                               label="rollouts per prompt", elem_id="train-rollouts")
+                    train_lam = gr.Slider(0, 2, value=defaults.lam, step=0.05, label="λ (speed vs quality)")
+                    train_lr = gr.Number(defaults.lr, label="learning rate")
                 with gr.Row():
                     train_button = gr.Button("Start training", variant="primary", elem_id="train-start")
                     cancel_button = gr.Button("Cancel", variant="stop", elem_id="train-cancel")
