@@ -421,33 +421,6 @@ def train(draft, train_records: list[dict], heldout: list[dict], pad_id: int, *,
 
 # ----------------------------------------------------------------------------- measurement on Spec-Bench
 
-def spec_bench_subset(data_dir: Path, per_category: int) -> list[dict]:
-    """The first `per_category` first-turn questions of every Spec-Bench category, in file order."""
-    taken: dict[str, int] = {}
-    subset = []
-    for line in (Path(data_dir) / "spec_bench" / "question.jsonl").open():
-        question = json.loads(line)
-        if taken.get(question["category"], 0) < per_category:
-            taken[question["category"]] = taken.get(question["category"], 0) + 1
-            subset.append({"category": question["category"], "prompt": question["turns"][0]})
-    return subset
-
-
-@torch.inference_mode()
-def single_token_ms(model, prompt_ids: list[int], steps: int) -> float:
-    """Median wall time of one cached single-token forward (with the LM head), after a prefill."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache).logits
-    token = logits[:, -1:].argmax(-1)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        token = model(input_ids=token, past_key_values=cache).logits[:, -1:].argmax(-1)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 @torch.inference_mode()
 def greedy_path_figures(pair, prompt_ids: list[int], output_ids: list[int]) -> tuple[int, int, float]:
     """Along a target greedy output: (positions, positions where argmax q == argmax p, sum of 1 − TV at T=1)."""
@@ -471,28 +444,30 @@ def measure(pair, data_dir: Path = DEFAULT_DATA_DIR, per_category: int = 2, max_
     target's greedy output where argmax q == argmax p; cost_ratio: draft ÷ target single-token latency.
     """
     from tqdm import tqdm
+    from .bench import forward_ms
     from .decode import encode_prompt, generate
-    questions = spec_bench_subset(data_dir, per_category)
+    from .tasks import load_spec_bench
+    questions = load_spec_bench(Path(data_dir) / "spec_bench" / "question.jsonl", per_category=per_category)
     drafted = accepted = rejected = new_tokens = passes = 0
     positions = agreements = 0
     overlap_sum = 0.0
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
-        sampled, events = generate(pair, question["prompt"], mode="exact", n_draft=n_draft,
+        sampled, events = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
                                    max_new_tokens=max_new_tokens, temperature=1.0, seed=seed + i)
         drafted, accepted = drafted + sampled.drafted, accepted + sampled.accepted
         rejected += sum(e.kind == "rejected" for e in events)
         new_tokens, passes = new_tokens + sampled.new_tokens, passes + sampled.target_passes
         # Exact SD at temperature 0 emits exactly the target's greedy output, faster than the target alone.
-        greedy, _ = generate(pair, question["prompt"], mode="exact", n_draft=n_draft,
+        greedy, _ = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
                              max_new_tokens=max_new_tokens, temperature=0.0, seed=seed + i)
-        n, agree, overlap = greedy_path_figures(pair, encode_prompt(pair.tokenizer, question["prompt"]),
+        n, agree, overlap = greedy_path_figures(pair, encode_prompt(pair.tokenizer, question.prompt),
                                                 greedy.token_ids)
         positions, agreements, overlap_sum = positions + n, agreements + agree, overlap_sum + overlap
-    timing_prompt = encode_prompt(pair.tokenizer, questions[0]["prompt"])
+    timing_prompt = encode_prompt(pair.tokenizer, questions[0].prompt)
     target_ms, draft_ms = [], []
     for _ in range(3):  # interleaved rounds, so both models see the same machine load
-        target_ms.append(single_token_ms(pair.target, timing_prompt, timing_steps))
-        draft_ms.append(single_token_ms(pair.draft, timing_prompt, timing_steps))
+        target_ms.append(forward_ms(pair.target, timing_prompt, 1, timing_steps))
+        draft_ms.append(forward_ms(pair.draft, timing_prompt, 1, timing_steps))
     target_ms, draft_ms = statistics.median(target_ms), statistics.median(draft_ms)
     return {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
             "n_draft": n_draft, "seed": seed,

@@ -118,8 +118,8 @@ def test_measure_reports_figures_in_range(tmp_path):
     from diversed_demo.distill import measure
     from diversed_demo.tiny import tiny_pair
     (tmp_path / "spec_bench").mkdir()
-    questions = [{"category": c, "turns": [f"the {w} sat on the mat", "and then ?"]}
-                 for c in ("writing", "math") for w in ("cat", "dog", "rug")]
+    questions = [{"question_id": i, "category": c, "turns": [f"the {w} sat on the mat", "and then ?"]}
+                 for i, (c, w) in enumerate((c, w) for c in ("writing", "math") for w in ("cat", "dog", "rug"))]
     (tmp_path / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(q) for q in questions))
     figures = measure(tiny_pair(), tmp_path, per_category=2, max_new_tokens=8, timing_steps=2)
     assert figures["prompts"] == 4
