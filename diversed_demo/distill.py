@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .models import ASSETS, EMBEDDED_DRAFT_DIR, share_embeddings
+from .models import ASSETS, EMBEDDED_DRAFT_DIR, atomic_torch_save, share_embeddings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -149,13 +149,6 @@ def sample_responses(target, prompts: list[list[int]], max_new_tokens: int, top_
     return records
 
 
-def atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file and rename: an interrupt leaves the old file or the new one, never half."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def shard_paths(work_dir: Path) -> list[Path]:
     return sorted((Path(work_dir) / "data").glob("shard_*.pt"))
 
@@ -192,7 +185,7 @@ def generate_data(pair, schedule: list[dict], work_dir: Path, batch_size: int, m
         for prompt, record in zip(chunk, records):
             record.update(key=prompt["key"], source=prompt["source"])
             n_tokens += len(record["response_ids"])
-        atomic_save(records, data_dir / f"shard_{n_shard:05d}.pt")
+        atomic_torch_save(records, data_dir / f"shard_{n_shard:05d}.pt")
         n_shard += 1
         bar.update(len(chunk))
         bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f}")
@@ -355,7 +348,7 @@ def learning_rate(step: int, total_steps: int, peak: float, warmup: int) -> floa
 
 
 def save_checkpoint(path: Path, draft, optimizer, step: int, meta: dict) -> None:
-    atomic_save({"draft": trainable_state(draft), "optimizer": optimizer.state_dict(), "step": step, "meta": meta},
+    atomic_torch_save({"draft": trainable_state(draft), "optimizer": optimizer.state_dict(), "step": step, "meta": meta},
                 Path(path))
 
 

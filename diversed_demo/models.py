@@ -48,6 +48,15 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def atomic_torch_save(obj, path) -> None:
+    """Write to a temporary file and rename: an interrupt leaves the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def pick_device(device: str = "auto") -> torch.device:
     if device != "auto":
         return torch.device(device)

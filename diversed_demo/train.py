@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from .decode import output_logits
 from .head import new_head, save_head, user_heads_dir
+from .models import atomic_torch_save
 from .verify import ensemble_probs, sample, sampling_probs, total_variation
 
 
@@ -151,13 +152,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return advantages / (advantages.std() + 1e-6) if advantages.numel() > 1 else advantages
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progress: bool = True) -> TrainResult:
     """Train a head for `pair` on `config.task`. `callback(record)` gets {step, steps, reward, acceptance,
     mean_w, loss, elapsed_s} after each step; `should_stop()` returning True cancels (a checkpoint is kept)."""
@@ -194,7 +188,7 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
 
     def save_checkpoint(step):
         if accelerator.is_main_process:
-            _atomic_torch_save({"head": accelerator.unwrap_model(head_model).state_dict(),
+            atomic_torch_save({"head": accelerator.unwrap_model(head_model).state_dict(),
                                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                 "generator": generator.get_state(), "step": step, "history": history},
                                checkpoint_path)

@@ -1,24 +1,18 @@
 """Load: 8 gradio_client clients decode at once while a training run goes on; every request succeeds."""
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from diversed_demo import ui
+from conftest import free_port
 from diversed_demo.models import load_pair
 from diversed_demo.tiny import save_tiny_pair
 
 CLIENTS = 8
 PROMPTS = ["the cat sat on", "a dog ran under the", "one plus two is", "def x return y"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
