@@ -8,8 +8,8 @@ from conftest import PROMPTS
 from diversed_demo import decode
 from diversed_demo.decode import generate, speculative_generate
 from diversed_demo.head import ConstantHead
-from diversed_demo.models import PairError, check_tokenizers, load_pair
-from diversed_demo.tiny import save_tiny_pair, tiny_model, tiny_tokenizer
+from diversed_demo.models import PairError, check_tokenizers, load_pair, restrict_draft_vocab
+from diversed_demo.tiny import save_tiny_pair, tiny_model, tiny_pair, tiny_tokenizer
 from diversed_demo.verify import ensemble_probs, total_variation
 from stats import chi_square_pvalue
 
@@ -109,6 +109,52 @@ def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(pair, mo
     alpha = 1 - w1 * float(total_variation(p1, q1))
     se = (alpha * (1 - alpha) / samples) ** 0.5
     assert abs(first_accepted / samples - alpha) < 4 * se
+
+
+@pytest.fixture(scope="module")
+def restricted_pair():
+    """A tiny pair whose draft proposes only 20 of the 45 tokens (logits −inf elsewhere)."""
+    pair = tiny_pair()
+    restrict_draft_vocab(pair.draft, list(range(0, 40, 2)))
+    return pair
+
+
+def test_restricted_draft_has_zero_mass_outside_and_same_logits_inside(restricted_pair):
+    full = tiny_pair().draft
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        restricted_logits = restricted_pair.draft(ids).logits[0]
+        full_logits = full(ids).logits[0]
+    inside = torch.zeros(full_logits.shape[-1], dtype=torch.bool)
+    inside[list(range(0, 40, 2))] = True
+    assert torch.isneginf(restricted_logits[:, ~inside]).all()
+    assert torch.allclose(restricted_logits[:, inside], full_logits[:, inside], atol=1e-5)
+    summary, events = generate(restricted_pair, PROMPTS[1], mode="static", ensemble_weight=0.5, n_draft=3,
+                               max_new_tokens=30, seed=3)
+    assert all(inside[e.token_id] for e in events if e.kind in ("accepted", "rejected"))
+
+
+@pytest.mark.parametrize("mode,w", [("exact", 1.0), ("static", 0.4)])
+def test_restricted_draft_keeps_the_law_of_emitted_tokens(restricted_pair, mode, w):
+    # The target puts mass on tokens the draft can never propose: the residual must supply exactly that.
+    prompt, samples = PROMPTS[0], 3000
+    law = joint_first_two(restricted_pair, prompt, w, eos=2)
+    counts = collections.Counter()
+    for seed in range(samples):
+        summary, _ = generate(restricted_pair, prompt, mode=mode, ensemble_weight=w, n_draft=2, max_new_tokens=3,
+                              seed=seed)
+        counts[tuple(summary.token_ids[:2])] += 1
+    assert chi_square_pvalue(counts, law) > 0.001
+
+
+def test_restricted_draft_greedy_matches_target_and_transformers(restricted_pair):
+    for prompt in PROMPTS:
+        reference, _ = generate(restricted_pair, prompt, mode="ar", max_new_tokens=20, temperature=0)
+        exact, _ = generate(restricted_pair, prompt, mode="exact", n_draft=3, max_new_tokens=20, temperature=0)
+        assert exact.token_ids == reference.token_ids
+        ours, _ = generate(restricted_pair, prompt, mode="static", ensemble_weight=0.3, n_draft=3,
+                           max_new_tokens=20, temperature=0)
+        assert ours.token_ids == hf_generate(restricted_pair, prompt, 3, 20, assistant_ensemble_weight=0.3)
 
 
 class RecomputingLM(decode.CachedLM):
