@@ -7,7 +7,7 @@ import torch
 from diversed_demo.decode import generate
 from diversed_demo.head import HeadError, list_heads, load_head, new_head, save_head
 from diversed_demo.tiny import tiny_model, tiny_pair
-from diversed_demo.train import Rollouts, TrainConfig, group_advantages, head_loss, train_head
+from diversed_demo.train import Rollouts, TrainConfig, group_advantages, head_loss, sample_rollouts, train_head
 
 
 @pytest.fixture
@@ -51,12 +51,42 @@ def test_w_min_bounds_the_head(pair):
     assert (w >= 0.6).all() and (w <= 1).all()
 
 
-def fake_rollouts(n, t, tv, seed=0):
+def fake_rollouts(n, t, tv, seed=0, target_entropy=1.0, cross_entropy=1.0):
     g = torch.Generator().manual_seed(seed)
     return Rollouts(tokens=torch.zeros(n, t, dtype=torch.long), mask=torch.ones(n, t),
                     target_hidden=torch.randn(n, t, 32, generator=g), draft_hidden=torch.randn(n, t, 32, generator=g),
                     target_prob=torch.rand(n, t, generator=g), draft_prob=torch.rand(n, t, generator=g),
-                    tv=torch.full((n, t), tv))
+                    tv=torch.full((n, t), tv), target_entropy=torch.full((n, t), target_entropy),
+                    cross_entropy=torch.as_tensor(cross_entropy).expand(n, t).clone())
+
+
+def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
+    """Per token, w should rise where CE(q, p) − H(p) > λ·TV (the draft's tokens are unlikely under the
+    target) and fall where the draft is nearly as faithful; the two kinds of position differ in their
+    hidden states, so the head can tell them apart."""
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=8, w_init=0.5)
+    costly = torch.tensor([6.0, 1.0]).repeat(3)  # CE at alternating positions; H = 1, TV = 0.5, λ = 1
+    rollouts = fake_rollouts(4, 6, tv=0.5, cross_entropy=costly)
+    rollouts.target_hidden[:, ::2] += 3.0  # the costly positions look different
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    for _ in range(80):
+        opt.zero_grad()
+        head_loss(head, rollouts, torch.zeros(4), lam=1.0, dense_fidelity=1.0)[0].backward()
+        opt.step()
+    with torch.no_grad():
+        w = head(rollouts.target_hidden, rollouts.draft_hidden)
+    assert w[:, ::2].min() > 0.7 and w[:, 1::2].max() < 0.3
+
+
+def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
+    prompt = [1, 5, 6, 7]
+    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), prompt, 2, 3, 1.0, torch.Generator().manual_seed(0), {2})
+    with torch.no_grad():
+        p = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1], -1)
+        q = torch.softmax(pair.draft(torch.tensor([prompt])).logits[0, -1], -1)
+    assert torch.allclose(rollouts.target_entropy[:, 0], -(p * p.log()).sum().expand(2), atol=1e-4)
+    assert torch.allclose(rollouts.cross_entropy[:, 0], -(q * p.log()).sum().expand(2), atol=1e-4)
 
 
 def test_acceptance_term_raises_acceptance(pair):
@@ -88,10 +118,11 @@ def run_training(pair, tmp_path, lam, steps=12, **kwargs):
 
 
 def test_training_moves_w_the_way_the_reward_favours(pair, tmp_path):
-    # Fidelity rewards target-like outputs: with no acceptance pressure, w must rise towards the target.
-    toward_target = run_training(pair, tmp_path, lam=0.0)
+    # Fidelity rewards target-like outputs: with no acceptance pressure, REINFORCE alone (no dense term)
+    # must raise w towards the target.
+    toward_target = run_training(pair, tmp_path, lam=0.0, dense_fidelity=0.0)
     # A strong acceptance term must pull w down instead.
-    toward_speed = run_training(pair, tmp_path, lam=5.0)
+    toward_speed = run_training(pair, tmp_path, lam=5.0, dense_fidelity=0.0)
     first = toward_target.history[0]["mean_w"]
     assert toward_target.history[-1]["mean_w"] > first + 0.02
     assert toward_speed.history[-1]["mean_w"] < first - 0.02
