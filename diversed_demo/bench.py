@@ -177,7 +177,37 @@ def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int
     if streaming_check:
         report["streaming_overhead"] = streaming_overhead(pair, examples, modes, n_draft, max_new_tokens,
                                                           temperature, seed)
+    report["goals"] = goals(report)
     return report
+
+
+def relative_change(value, reference):
+    if value is None or reference is None or reference == 0:
+        return None
+    return (value - reference) / abs(reference)
+
+
+def goals(report: dict) -> dict:
+    """Where each performance goal of the bench stands, from this report's own figures."""
+    overall, result = report["overall"], {"diversed": {}}
+    exact = overall.get("exact")
+    for name, row in overall.items():
+        if name.startswith(("static:", "dynamic:")):
+            quality = relative_change(row["quality"], exact and exact["quality"])
+            fidelity = relative_change(row["fidelity"], exact and exact["fidelity"])
+            result["diversed"][name] = {
+                "speedup": row["speedup"], "quality_vs_exact": quality, "fidelity_vs_exact": fidelity,
+                "met": row["speedup"] >= 1.5 and quality is not None and quality >= -0.05}
+    if "exact" in report["vs_transformers"]:
+        result["exact_vs_transformers"] = {
+            "ratio": report["vs_transformers"]["exact"],
+            "met": report["vs_transformers"]["exact"] >= 1.3 and report["greedy_text_identical_to_transformers"]["exact"]}
+    if report["bound_efficiency"]:
+        result["bound_efficiency"] = {"min": min(report["bound_efficiency"].values()),
+                                      "met": min(report["bound_efficiency"].values()) >= 0.8}
+    if "streaming_overhead" in report:
+        result["streaming"] = {"overhead": report["streaming_overhead"], "met": report["streaming_overhead"] <= 0.05}
+    return result
 
 
 def streaming_overhead(pair, examples, modes, n_draft, max_new_tokens, temperature, seed, rounds: int = 3) -> float:
@@ -226,6 +256,14 @@ def markdown_table(report: dict) -> str:
                      f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |")
     if "streaming_overhead" in report:
         lines.append(f"\nStreaming token events costs {100 * report['streaming_overhead']:+.1f}% against the bare loop.")
+    g = report.get("goals", {})
+    if g.get("diversed"):
+        lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact (goal ≥ −5%) | fidelity vs exact | met |",
+                  "|---|---|---|---|---|"]
+        for m, row in g["diversed"].items():
+            pct = (lambda v: "–" if v is None else f"{100 * v:+.1f}%")
+            lines.append(f"| {m} | {fmt(row['speedup'])}× | {pct(row['quality_vs_exact'])} | "
+                         f"{pct(row['fidelity_vs_exact'])} | {row['met']} |")
     return "\n".join(lines)
 
 

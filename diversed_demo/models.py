@@ -218,15 +218,14 @@ class VocabSubsetHead(torch.nn.Module):
     a much cheaper draft token. The logits keep the full vocabulary, so every caller sees one q.
     """
 
-    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor):
+    def __init__(self, weight: torch.nn.Parameter, token_ids: torch.Tensor):
         super().__init__()
+        # The full (tied) weight stays the module's parameter, so the draft's state and identity are
+        # unchanged; the rows of the subset are copied once for a contiguous product.
+        self.weight = weight
         self.vocab_size = weight.shape[0]
         self.register_buffer("token_ids", token_ids.to(weight.device, torch.long), persistent=False)
         self.register_buffer("subset_weight", weight.detach()[self.token_ids].clone(), persistent=False)
-
-    @property
-    def weight(self) -> torch.Tensor:  # what code asking for the output embedding's dtype and device sees
-        return self.subset_weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         subset_logits = project(self.subset_weight, hidden)

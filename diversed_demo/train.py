@@ -48,6 +48,7 @@ class TrainConfig:
     lam: float = 0.15  # weight of the acceptance term (0.5 drove w to ~0.3 within 8 steps on the embedded pair)
     dense_fidelity: float = 1.0  # weight of the exact per-token expected fidelity (task general only)
     lr: float = 3e-3
+    epochs: int = 1  # optimizer steps on each batch of rollouts (> 1 reuses them, PPO-style; the dense term stays exact)
     warmup_steps: int = 2
     grad_clip: float = 1.0
     hidden_size: int = 64  # 0: the paper's linear head
@@ -86,7 +87,7 @@ def check_config(config: TrainConfig) -> None:
     from .tasks import TASKS
     if config.task not in TASKS:
         raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
-    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens"):
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs"):
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -239,16 +240,20 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         rewards_t = torch.tensor(rewards, device=pair.target.device)
         advantages = group_advantages(rewards_t, config.rollouts_per_prompt)
         head_model.train()
-        optimizer.zero_grad()
-        loss_total, acc_total, w_total = 0.0, 0.0, 0.0
-        for i, r in enumerate(rollouts):
-            a = advantages[i * config.rollouts_per_prompt:(i + 1) * config.rollouts_per_prompt]
-            loss, acceptance, mean_w = head_loss(head_model, r, a, config.lam, dense)
-            accelerator.backward(loss / len(rollouts))
-            loss_total, acc_total, w_total = loss_total + loss.item(), acc_total + acceptance.item(), w_total + mean_w.item()
-        accelerator.clip_grad_norm_(head_model.parameters(), config.grad_clip)
-        optimizer.step()
+        for epoch in range(config.epochs):  # the figures reported are those of the first pass
+            optimizer.zero_grad()
+            loss_total, acc_total, w_total = 0.0, 0.0, 0.0
+            for i, r in enumerate(rollouts):
+                a = advantages[i * config.rollouts_per_prompt:(i + 1) * config.rollouts_per_prompt]
+                loss, acceptance, mean_w = head_loss(head_model, r, a, config.lam, dense)
+                accelerator.backward(loss / len(rollouts))
+                loss_total, acc_total, w_total = loss_total + loss.item(), acc_total + acceptance.item(), w_total + mean_w.item()
+            if epoch == 0:
+                figures = loss_total, acc_total, w_total
+            accelerator.clip_grad_norm_(head_model.parameters(), config.grad_clip)
+            optimizer.step()
         scheduler.step()
+        loss_total, acc_total, w_total = figures
         record = {"step": step + 1, "steps": config.steps, "reward": float(rewards_t.mean()),
                   "acceptance": acc_total / len(rollouts), "mean_w": w_total / len(rollouts),
                   "loss": loss_total / len(rollouts), "elapsed_s": time.perf_counter() - started}
@@ -274,7 +279,7 @@ def add_arguments(parser) -> None:
     defaults = TrainConfig()
     parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
     parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
-    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "hidden_size",
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs", "hidden_size",
                  "warmup_steps", "checkpoint_every", "seed"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init"):

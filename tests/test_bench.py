@@ -53,3 +53,9 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert "streaming_overhead" in report
     table = markdown_table(report)
     assert "math_reasoning" in table and "**overall**" in table
+    goal = report["goals"]["diversed"]["static:0.5"]
+    assert goal["speedup"] == overall["static:0.5"]["speedup"]
+    assert goal["met"] == (goal["speedup"] >= 1.5 and goal["quality_vs_exact"] is not None
+                           and goal["quality_vs_exact"] >= -0.05)
+    assert report["goals"]["bound_efficiency"]["min"] == min(report["bound_efficiency"].values())
+    assert "DIVERSED mode" in table

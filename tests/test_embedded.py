@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from diversed_demo.decode import generate
-from diversed_demo.models import load_pair
+from diversed_demo.head import load_head
+from diversed_demo.models import ASSETS, load_pair
 
 pytestmark = pytest.mark.embedded
 
@@ -20,6 +21,22 @@ def test_embedded_pair_shares_the_target_embedding(embedded):
     assert embedded.draft.get_input_embeddings().weight is embedded.target.get_input_embeddings().weight
     assert embedded.draft.config.num_hidden_layers < embedded.target.config.num_hidden_layers
     assert embedded.tokenizer.chat_template  # chat prompts go through the template
+
+
+def test_embedded_draft_proposes_only_its_vocabulary(embedded):
+    vocab = json.loads((ASSETS / "draft" / "vocab.json").read_text())["token_ids"]
+    summary, events = generate(embedded, "Write a haiku about the sea.", mode="static", ensemble_weight=0.5,
+                               n_draft=3, max_new_tokens=24, seed=0)
+    drafted = {e.token_id for e in events if e.kind in ("accepted", "rejected")}
+    assert drafted and drafted <= set(vocab)
+
+
+@pytest.mark.parametrize("name", ["summarization", "general"])
+def test_shipped_heads_load_and_decode_on_the_embedded_pair(embedded, name):
+    head = load_head(name, embedded)  # refused if the draft, target or tokenizer changed since training
+    summary, events = generate(embedded, "Summarize: the cat sat on the mat all day.", mode="dynamic", head=head,
+                               n_draft=3, max_new_tokens=12, seed=0)
+    assert summary.new_tokens > 0 and 0 <= summary.mean_w <= 1
 
 
 def test_greedy_exact_sd_equals_greedy_target_on_embedded_pair(embedded):
