@@ -186,7 +186,8 @@ def run(args) -> int:
     except ValueError:
         raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
     pair = pair_from_args(args)
-    heads = {resolve_head_path(h).stem: load_head(h, pair) for h in args.head}
+    paths = {resolve_head_path(h).stem: (h, resolve_head_path(h)) for h in args.head}
+    heads = {name: load_head(str(path), pair) for name, (_, path) in paths.items()}
     examples = held_out_examples(args.task, args.limit, args.data)
     bar = tqdm(total=len(examples) * (len(weights) + len(heads)), desc=f"frontier {args.task}")
     points = sweep(pair, examples, args.task, weights, heads, progress=lambda *_: bar.update(1),
@@ -212,10 +213,10 @@ def run(args) -> int:
                     "frontier": {**report["heads"][name], "head_point": point.row(),
                                  "static_points": [p.row() for p in static], "examples": len(examples),
                                  "settings": report["settings"],
-                                 "command": f"diversed-demo frontier --task {args.task} --head {name} "
+                                 "command": f"diversed-demo frontier --task {args.task} --head {paths[name][0]} "
                                             f"--weights {args.weights} --limit {args.limit} "
                                             f"--max-new-tokens {args.max_new_tokens} --write-card"}}
-            path = resolve_head_path(name)
+            path = paths[name][1]  # the card goes next to the head file that was evaluated
             path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
             head.meta["evaluation"] = card["frontier"]
             save_head(head, path)

@@ -811,11 +811,11 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                            file_types=[".jsonl"], type="filepath", visible=False, height=120,
                                            elem_id="train-upload")
                 with gr.Row():
-                    defaults = train.TrainConfig()
+                    defaults = train.TrainConfig(task="general")
                     train_steps = gr.Slider(1, 200, value=defaults.steps, step=1, label="steps", elem_id="train-steps")
                     train_rollouts = gr.Slider(2, 8, value=defaults.rollouts_per_prompt, step=1,
                                                label="rollouts per prompt", elem_id="train-rollouts")
-                    train_lam = gr.Slider(0, 2, value=defaults.lam, step=0.05, label="λ (speed vs quality)")
+                    train_lam = gr.Slider(0, 5, value=defaults.lam, step=0.05, label="λ (speed vs quality)")
                     train_lr = gr.Number(defaults.lr, label="learning rate")
                 with gr.Row():
                     train_button = gr.Button("Start training", variant="primary", elem_id="train-start")
@@ -845,6 +845,12 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         cost_ratio.release(respeed, [dial_points, n_draft, cost_ratio], speed_plot, api_visibility="private")
         train_source.change(lambda source: gr.update(visible=source == "Uploaded JSONL"), train_source, train_upload,
                             api_visibility="private")
+
+        def task_defaults(task):
+            config = train.TrainConfig(task=task)
+            return config.lam, config.lr
+
+        train_task.change(task_defaults, train_task, [train_lam, train_lr], api_visibility="private")
         # Training itself runs in the job's thread; these handlers only start, poll and cancel it, so they
         # get their own small pool instead of holding decoding slots.
         train_button.click(start_training, [train_task, train_source, train_upload, train_steps, train_rollouts,
