@@ -56,15 +56,39 @@ def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 
     return statistics.median(times) * 1e3
 
 
-def measure_costs(pair, prompt_ids: list[int], n_draft: int, rounds: int = 3) -> dict:
-    """c = draft token ÷ target token, v = target pass over N + 1 tokens ÷ target token (interleaved)."""
-    target, draft, verify = [], [], []
+def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3) -> dict:
+    """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved)."""
+    n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
+    target, draft, verify = [], [], {n: [] for n in n_drafts}
     for _ in range(rounds):
         target.append(forward_ms(pair.target, prompt_ids, 1))
         draft.append(forward_ms(pair.draft, prompt_ids, 1))
-        verify.append(forward_ms(pair.target, prompt_ids, n_draft + 1))
-    t, d, v = (statistics.median(x) for x in (target, draft, verify))
-    return {"target_ms": t, "draft_ms": d, "verify_ms": v, "c": d / t, "v": v / t}
+        for n in n_drafts:
+            verify[n].append(forward_ms(pair.target, prompt_ids, n + 1))
+    t, d = statistics.median(target), statistics.median(draft)
+    verify_ms = {n: statistics.median(times) for n, times in verify.items()}
+    return {"target_ms": t, "draft_ms": d, "c": d / t, "verify_ms": verify_ms,
+            "v": {n: ms / t for n, ms in verify_ms.items()}}
+
+
+def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens: int, temperature: float,
+                   seed: int = 0, probe_n_draft: int = 4) -> dict[str, dict]:
+    """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
+    calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
+    from .decode import generate
+    chosen = {}
+    for name, kwargs in modes.items():
+        if kwargs["mode"] == "ar":
+            continue
+        accepted = drafted = 0
+        for i, prompt in enumerate(prompts):
+            summary, _ = generate(pair, prompt, n_draft=probe_n_draft, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed + i, **kwargs)
+            accepted, drafted = accepted + summary.accepted, drafted + summary.drafted
+        alpha = alpha_from_acceptance(accepted / max(drafted, 1), probe_n_draft)
+        bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
+        chosen[name] = {"n_draft": max(bounds, key=bounds.get), "calibration_alpha": alpha, "bounds": bounds}
+    return chosen
 
 
 def analytic_speedup(alpha: float, n_draft: int, c: float, v: float = 1.0) -> float:
@@ -110,10 +134,23 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start
 
 
-def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 0.0,
-              seed: int = 0, vs_transformers: bool = False, streaming_check: bool = True, progress=None) -> dict:
+def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_tokens: int = 128,
+              temperature: float = 0.0, seed: int = 0, vs_transformers: bool = False, streaming_check: bool = True,
+              progress=None, candidates=range(1, 7)) -> dict:
+    """n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement."""
     from .decode import encode_prompt, generate
     from .rewards import fidelity, quality
+    timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
+    if n_draft == "auto":
+        from .tasks import builtin_examples
+        costs = measure_costs(pair, timing_prompt, list(candidates))
+        calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
+        choice = choose_n_draft(pair, modes, costs, calibration, max_new_tokens, temperature, seed)
+        n_of = {name: choice[name]["n_draft"] if name in choice else 0 for name in modes}
+    elif isinstance(n_draft, int) and n_draft >= 1:
+        n_of, choice = {name: 0 if kw["mode"] == "ar" else n_draft for name, kw in modes.items()}, {}
+    else:
+        raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
     hf = defaultdict(lambda: defaultdict(float))
     greedy_identical = defaultdict(list)
@@ -122,7 +159,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         order = names[i % len(names):] + names[:i % len(names)]  # rotate: no mode always runs first
         for name in order:
-            summary, _ = generate(pair, prompt_ids, n_draft=n_draft, max_new_tokens=max_new_tokens,
+            summary, _ = generate(pair, prompt_ids, n_draft=n_of[name] or 1, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed + i, **modes[name])
             output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
             scores = quality(example.task, example, summary.text) if example.task in ("summarization", "math") else {}
@@ -136,7 +173,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int
                 for key, value in fields.items():
                     totals[category][name][key] += value
             if vs_transformers and modes[name]["mode"] in ("ar", "exact", "static") and temperature == 0:
-                their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_draft, max_new_tokens)
+                their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens)
                 hf[name]["new_tokens"] += len(their_ids)
                 hf[name]["seconds"] += seconds
                 hf[name]["ours_tokens"] += summary.new_tokens
@@ -144,10 +181,12 @@ def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int
                 greedy_identical[name].append(their_ids[:len(summary.token_ids)] == summary.token_ids)
             if progress is not None:
                 progress()
-    costs = measure_costs(pair, encode_prompt(pair.tokenizer, examples[0].prompt), n_draft)
-    report = {"settings": {"examples": len(examples), "n_draft": n_draft, "max_new_tokens": max_new_tokens,
+    costs = measure_costs(pair, timing_prompt, sorted({n for n in n_of.values() if n}) or [1])
+    report = {"settings": {"examples": len(examples), "n_draft": {k: v for k, v in n_of.items() if v},
+                           "n_draft_choice": choice, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "threads": torch.get_num_threads(),
-                           "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device)},
+                           "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device),
+                           "dtype": str(pair.target.dtype).removeprefix("torch.")},
               "costs": costs, "per_category": {}, "overall": {}}
     for category, by_mode in totals.items():
         ar_speed = by_mode["ar"]["new_tokens"] / by_mode["ar"]["seconds"]
@@ -167,15 +206,16 @@ def run_bench(pair, examples, modes: dict, n_draft: int = 4, max_new_tokens: int
     for name, row in report["overall"].items():
         if row["acceptance_rate"] is not None:
             # accepted/drafted counts drafts after a rejection too: the bound needs per-token α.
-            alpha = alpha_from_acceptance(row["acceptance_rate"], n_draft)
-            bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"])
+            n = n_of[name]
+            alpha = alpha_from_acceptance(row["acceptance_rate"], n)
+            bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
             report["bound_efficiency"][name] = row["speedup"] / bound
             row["analytic_bound"] = bound
     report["vs_transformers"] = {name: (h["ours_tokens"] / h["ours_seconds"]) / (h["new_tokens"] / h["seconds"])
                                  for name, h in hf.items()}
     report["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in greedy_identical.items()}
     if streaming_check:
-        report["streaming_overhead"] = streaming_overhead(pair, examples, modes, n_draft, max_new_tokens,
+        report["streaming_overhead"] = streaming_overhead(pair, examples, modes, n_of, max_new_tokens,
                                                           temperature, seed)
     report["goals"] = goals(report)
     return report
@@ -210,7 +250,7 @@ def goals(report: dict) -> dict:
     return result
 
 
-def streaming_overhead(pair, examples, modes, n_draft, max_new_tokens, temperature, seed, rounds: int = 3) -> float:
+def streaming_overhead(pair, examples, modes, n_of, max_new_tokens, temperature, seed, rounds: int = 3) -> float:
     """Time with token events ÷ time of the bare loop − 1, on the first non-ar mode (alternating runs)."""
     from .decode import speculative_generate
     name = next(n for n in modes if modes[n]["mode"] != "ar")
@@ -219,7 +259,7 @@ def streaming_overhead(pair, examples, modes, n_draft, max_new_tokens, temperatu
     for _ in range(rounds):
         for emit in (True, False):
             start = time.perf_counter()
-            for _item in speculative_generate(pair, prompt, n_draft=n_draft, max_new_tokens=max_new_tokens,
+            for _item in speculative_generate(pair, prompt, n_draft=n_of[name], max_new_tokens=max_new_tokens,
                                               temperature=temperature, seed=seed, emit_events=emit, **modes[name]):
                 pass
             seconds[emit] += time.perf_counter() - start
@@ -244,9 +284,11 @@ def markdown_table(report: dict) -> str:
     c = report["costs"]
     lines += ["", f"Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
               f"(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
-              f"{s['examples']} questions, n_draft {s['n_draft']}, ≤{s['max_new_tokens']} new tokens, "
-              f"temperature {s['temperature']}, {s['threads']} threads on {s['device']}; "
-              f"c = {c['c']:.3f}, v = {c['v']:.3f}.",
+              f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
+              f"{s['dtype']}, {s['threads']} threads on {s['device']}; n_draft "
+              + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
+              + (" (chosen by measurement)" if s.get("n_draft_choice") else "")
+              + f"; c = {c['c']:.3f}, v = " + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items()) + ".",
               "", "| mode | analytic bound | achieved ÷ bound | ours ÷ transformers | greedy text identical |",
               "|---|---|---|---|---|"]
     for m in modes:
@@ -288,7 +330,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
     parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
-    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument("--n-draft", default="auto",
+                        help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
+                             "acceptance of a calibration run on the project's own prompts (default)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
     parser.add_argument("--seed", type=int, default=0)
@@ -308,7 +352,8 @@ def run(args) -> int:
     modes = parse_modes(args.modes, pair)
     examples = load_spec_bench(args.data, per_category=args.per_category or None)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
-    report = run_bench(pair, examples, modes, args.n_draft, args.max_new_tokens, args.temperature, args.seed,
+    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
+    report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
                        args.vs_transformers, progress=lambda: bar.update(1))
     bar.close()
     table = markdown_table(report)

@@ -49,7 +49,7 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert set(report["vs_transformers"]) == {"ar", "exact", "static:0.5"}
     assert all(report["greedy_text_identical_to_transformers"].values())
     assert set(report["bound_efficiency"]) == {"exact", "static:0.5"}
-    assert report["costs"]["c"] > 0 and report["costs"]["v"] > 0
+    assert report["costs"]["c"] > 0 and report["costs"]["v"][3] > 0
     assert "streaming_overhead" in report
     table = markdown_table(report)
     assert "math_reasoning" in table and "**overall**" in table
@@ -59,3 +59,20 @@ def test_bench_report_on_a_tiny_pair(pair):
                            and goal["quality_vs_exact"] >= -0.05)
     assert report["goals"]["bound_efficiency"]["min"] == min(report["bound_efficiency"].values())
     assert "DIVERSED mode" in table
+
+
+def test_auto_n_draft_picks_each_modes_best_bound(pair):
+    examples = [Example("the cat sat on the", "general", category="writing")]
+    modes = parse_modes("ar,exact,static:0.1", pair)
+    report = run_bench(pair, examples, modes, n_draft="auto", max_new_tokens=8, streaming_check=False,
+                       candidates=[1, 2, 3])
+    choice = report["settings"]["n_draft_choice"]
+    assert set(choice) == {"exact", "static:0.1"} and "ar" not in report["settings"]["n_draft"]
+    for name, c in choice.items():
+        assert c["n_draft"] == max(c["bounds"], key=c["bounds"].get) == report["settings"]["n_draft"][name]
+        assert set(c["bounds"]) == {1, 2, 3}
+    # The calibration measures each rule: a laxer one accepts more.
+    assert choice["static:0.1"]["calibration_alpha"] > choice["exact"]["calibration_alpha"]
+    assert set(report["bound_efficiency"]) == {"exact", "static:0.1"}
+    with pytest.raises(ValueError, match="n_draft"):
+        run_bench(pair, examples, modes, n_draft=0)
