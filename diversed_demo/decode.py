@@ -49,6 +49,7 @@ class Summary:
     wall_time_s: float
     mean_w: float | None = None
     token_ids: list[int] = field(default_factory=list)
+    events_s: float = 0.0  # of wall_time_s, the time spent building and yielding token events
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -156,7 +157,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
 
     mode: "ar" (target only), "exact" (nu = p), "static" (nu = w·p + (1 − w)·q with w = ensemble_weight)
     or "dynamic" (w_t from `head`). temperature 0 is greedy. emit_events=False yields only the Summary
-    (the bare loop, which the bench uses to price streaming).
+    (the bare loop). Summary.events_s is the time the events took, which prices streaming.
     """
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p)
     tokenizer, device = pair.tokenizer, pair.target.device
@@ -225,6 +226,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
         w_total = w_total + w[:verified].sum()
         w_count += verified
         if emit_events:
+            t3 = time.perf_counter()
             events = step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w, accept_probs,
                                  n_accepted, next_token, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
             emitted = 0
@@ -233,6 +235,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
                 if emitted > len(new_ids):
                     break  # past an EOS
                 yield event
+            summary.events_s += time.perf_counter() - t3
         summary.new_tokens += len(new_ids)
         sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
         if stop_at is not None:

@@ -815,7 +815,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                     train_steps = gr.Slider(1, 200, value=defaults.steps, step=1, label="steps", elem_id="train-steps")
                     train_rollouts = gr.Slider(2, 8, value=defaults.rollouts_per_prompt, step=1,
                                                label="rollouts per prompt", elem_id="train-rollouts")
-                    train_lam = gr.Slider(0, 5, value=defaults.lam, step=0.05, label="λ (speed vs quality)")
+                    train_lam = gr.Slider(0, 10, value=defaults.lam, step=0.05, label="λ (speed vs quality)")
                     train_lr = gr.Number(defaults.lr, label="learning rate")
                 with gr.Row():
                     train_button = gr.Button("Start training", variant="primary", elem_id="train-start")
