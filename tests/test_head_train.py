@@ -170,3 +170,26 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     head = load_head(path, half)
     summary, _ = generate(half, "the cat sat", mode="dynamic", head=head, n_draft=2, max_new_tokens=6)
     assert summary.new_tokens >= 1 and summary.mean_w is not None
+
+
+@pytest.mark.parametrize("name, steps", [("summarization", 20), ("general", 30)])
+def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
+    """`train --task <task> --steps N` must reproduce the shipped head's settings (its card lists them)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from diversed_demo import train as train_module
+    parser = argparse.ArgumentParser()
+    train_module.add_arguments(parser)
+    fields = TrainConfig.__dataclass_fields__
+
+    def config(*argv):
+        return TrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
+
+    shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
+    made = config("--task", name, "--steps", str(steps))
+    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed"):
+        assert getattr(made, key) == shipped[key], key
+    assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam != made.lam
+    assert config("--task", name, "--lam", "0.7").lam == 0.7
