@@ -142,12 +142,13 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
         from .tasks import builtin_examples
-        costs = measure_costs(pair, timing_prompt, list(candidates))
+        costs = measure_costs(pair, timing_prompt, list(candidates))  # once: the choice and the report share it
         calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
         choice = choose_n_draft(pair, modes, costs, calibration, max_new_tokens, temperature, seed)
         n_of = {name: choice[name]["n_draft"] if name in choice else 0 for name in modes}
     elif isinstance(n_draft, int) and n_draft >= 1:
         n_of, choice = {name: 0 if kw["mode"] == "ar" else n_draft for name, kw in modes.items()}, {}
+        costs = measure_costs(pair, timing_prompt, n_draft)
     else:
         raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
@@ -180,7 +181,6 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                 greedy_identical[name].append(their_ids[:len(summary.token_ids)] == summary.token_ids)
             if progress is not None:
                 progress()
-    costs = measure_costs(pair, timing_prompt, sorted({n for n in n_of.values() if n}) or [1])
     report = {"settings": {"examples": len(examples), "n_draft": {k: v for k, v in n_of.items() if v},
                            "n_draft_choice": choice, "max_new_tokens": max_new_tokens,
                            "temperature": temperature, "seed": seed, "threads": torch.get_num_threads(),

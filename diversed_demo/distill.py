@@ -590,19 +590,25 @@ def run(args) -> int:
     heldout = heldout[:args.heldout_max]
     if not train_records:
         raise FileNotFoundError(f"no sampled responses in {work_dir / 'data'}")
-    token_ids = None
-    if args.draft_vocab or args.vocab_only:
-        token_ids = frequent_tokens(train_records, args.draft_vocab, pair.tokenizer.all_special_ids)
+    token_ids = frequent_tokens(train_records, args.draft_vocab, pair.tokenizer.all_special_ids) \
+        if args.draft_vocab else None
+
+    def export_vocab():
+        """The vocabulary goes out with the draft it was trained for (or goes away with --draft-vocab 0)."""
+        path = draft_vocab_path(args.out)
+        if token_ids is None:
+            path.unlink(missing_ok=True)
+            return
         vocab = {"ranked_by": "summed target probability (stored top-k) over the training responses",
                  "size_asked": args.draft_vocab, "heldout_target_mass_inside": vocab_coverage(heldout, token_ids),
                  "command": "diversed-demo " + " ".join(sys.argv[1:])}
-        save_draft_vocab(draft_vocab_path(args.out), token_ids, vocab)
+        save_draft_vocab(path, token_ids, vocab)
         update_card(card_path, vocabulary=dict(vocab, size=len(token_ids), file="vocab.json"))
         print(f"draft vocabulary: {len(token_ids)} tokens, held-out target mass inside "
               f"{vocab['heldout_target_mass_inside']:.3f}")
-    elif draft_vocab_path(args.out).exists():
-        draft_vocab_path(args.out).unlink()
+
     if args.vocab_only:
+        export_vocab()
         return measure_and_record(args, card_path)
     target_layers = pair.target.config.num_hidden_layers
     # Default: the target's first layers. Measured (4 layers, 10 steps): held-out 1 − TV 0.097 from layers
@@ -623,6 +629,7 @@ def run(args) -> int:
 
     def export(best_draft, meta):
         save_draft(best_draft, args.out)
+        export_vocab()
         update_card(card_path, **draft_card(best_draft, init_layers, target_layers, data, meta, run_info))
 
     meta = train(draft, train_records, heldout, pair.tokenizer.pad_token_id, steps=args.steps,

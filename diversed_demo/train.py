@@ -61,7 +61,6 @@ class TrainConfig:
     checkpoint_every: int = 5
     resume: bool = True  # continue from run_dir's checkpoint if there is one
 
-
     def __post_init__(self):
         for key, value in TASK_DEFAULTS.get(self.task, TASK_DEFAULTS["*"]).items():
             if getattr(self, key) is None:
@@ -258,20 +257,19 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         rewards_t = torch.tensor(rewards, device=pair.target.device)
         advantages = group_advantages(rewards_t, config.rollouts_per_prompt)
         head_model.train()
-        for epoch in range(config.epochs):  # the figures reported are those of the first pass
+        for epoch in range(config.epochs):
             optimizer.zero_grad()
-            loss_total, acc_total, w_total = 0.0, 0.0, 0.0
+            totals = torch.zeros(3)  # loss, acceptance, mean w, summed over the prompts
             for i, r in enumerate(rollouts):
                 a = advantages[i * config.rollouts_per_prompt:(i + 1) * config.rollouts_per_prompt]
                 loss, acceptance, mean_w = head_loss(head_model, r, a, config.lam, config.dense_fidelity)
                 accelerator.backward(loss / len(rollouts))
-                loss_total, acc_total, w_total = loss_total + loss.item(), acc_total + acceptance.item(), w_total + mean_w.item()
-            if epoch == 0:
-                figures = loss_total, acc_total, w_total
+                totals += torch.tensor([loss.item(), acceptance.item(), mean_w.item()])
+            if epoch == 0:  # report the figures of the rollouts' own head, before reuse moves it
+                loss_total, acc_total, w_total = totals.tolist()
             accelerator.clip_grad_norm_(head_model.parameters(), config.grad_clip)
             optimizer.step()
         scheduler.step()
-        loss_total, acc_total, w_total = figures
         record = {"step": step + 1, "steps": config.steps, "reward": float(rewards_t.mean()),
                   "acceptance": acc_total / len(rollouts), "mean_w": w_total / len(rollouts),
                   "loss": loss_total / len(rollouts), "elapsed_s": time.perf_counter() - started}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
+import json
 import math
 import threading
 import time
@@ -24,10 +25,10 @@ from . import train
 from .bench import alpha_from_acceptance, analytic_speedup
 from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
 from .head import list_heads, load_head
+from .models import ASSETS, EMBEDDED_DRAFT_DIR
 from .rewards import fidelity, task_reward
 from .tasks import TASKS, Example, app_examples
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "app.css"
 PAPER_URL = "https://arxiv.org/abs/2604.07622"
 CODE_URL = "https://github.com/comeusr/diversed"
@@ -466,6 +467,14 @@ def dial_quality_figure(points: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def embedded_cost_ratio() -> float:
+    """The embedded draft's measured draft/target cost per token (its card), where the dial's c starts."""
+    try:
+        return round(json.loads((EMBEDDED_DRAFT_DIR / "card.json").read_text())["spec_bench"]["cost_ratio"], 2)
+    except (OSError, ValueError, KeyError):
+        return 0.2
+
+
 def dial_speed_figure(points: pd.DataFrame, n_draft: int, cost_ratio: float) -> go.Figure:
     """Measured tokens/s per setting, and the projected speedup at draft/target cost ratio c."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("measured speed (this machine)",
@@ -788,9 +797,10 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                     dial_weights = gr.CheckboxGroup([0.0, 0.25, 0.5, 0.75, 1.0], value=[0.0, 0.5, 1.0],
                                                     label="static w to try")
                 with gr.Row():
-                    cost_ratio = gr.Slider(0.01, 1, value=0.15, step=0.01, label="draft/target cost ratio c",
-                                           info="for the projected speedup only (0.15 measured for the "
-                                                "embedded draft, assets/draft/card.json)")
+                    cost_ratio = gr.Slider(0.01, 1, value=embedded_cost_ratio(), step=0.01,
+                                           label="draft/target cost ratio c",
+                                           info="for the projected speedup only; starts at the embedded "
+                                                "draft's measured c (assets/draft/card.json)")
                     sweep_button = gr.Button("Run sweep", variant="primary")
                 dial_points = gr.State(None)
                 quality_plot = gr.Plot(show_label=False, elem_id="dial-quality")
