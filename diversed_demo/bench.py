@@ -119,7 +119,9 @@ def alpha_from_acceptance(rate: float, n_draft: int) -> float:
 
 
 def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
-    """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight."""
+    """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
+    on the pair's models with their stock nn.Linear layers (as a transformers user runs them)."""
+    from .models import stock_linear
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
     if mode_kwargs["mode"] != "ar":
@@ -129,9 +131,11 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
         kwargs["assistant_model"] = pair.draft
         if mode_kwargs["mode"] == "static":
             kwargs["assistant_ensemble_weight"] = mode_kwargs["ensemble_weight"]
-    start = time.perf_counter()
-    out = pair.target.generate(ids, **kwargs)
-    return out[0, len(prompt_ids):].tolist(), time.perf_counter() - start
+    with stock_linear(pair.target, pair.draft):
+        start = time.perf_counter()
+        out = pair.target.generate(ids, **kwargs)
+        seconds = time.perf_counter() - start
+    return out[0, len(prompt_ids):].tolist(), seconds
 
 
 def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_tokens: int = 128,
@@ -224,22 +228,33 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
 
 
 def relative_change(value, reference):
-    if value is None or reference is None or reference == 0:
+    if value is None or reference is None:
         return None
-    return (value - reference) / abs(reference)
+    if value == reference:
+        return 0.0
+    return (value - reference) / abs(reference) if reference else None
 
 
 def goals(report: dict) -> dict:
-    """Where each performance goal of the bench stands, from this report's own figures."""
+    """Where each performance goal of the bench stands, from this report's own figures.
+
+    Quality is compared per referenced category (ROUGE-2 and exact match are different scales, so the
+    overall mean that pools them is not a quality): the DIVERSED goal needs every one within 5% of exact.
+    """
     overall, result = report["overall"], {"diversed": {}}
     exact = overall.get("exact")
+    referenced = {category: table for category, table in report["per_category"].items()
+                  if table.get("exact", {}).get("quality") is not None}
     for name, row in overall.items():
         if name.startswith(("static:", "dynamic:")):
-            quality = relative_change(row["quality"], exact and exact["quality"])
-            fidelity = relative_change(row["fidelity"], exact and exact["fidelity"])
+            quality = {category: relative_change(table[name]["quality"], table["exact"]["quality"])
+                       for category, table in referenced.items()}
+            known = [q for q in quality.values() if q is not None]
             result["diversed"][name] = {
-                "speedup": row["speedup"], "quality_vs_exact": quality, "fidelity_vs_exact": fidelity,
-                "met": row["speedup"] >= 1.5 and quality is not None and quality >= -0.05}
+                "speedup": row["speedup"], "quality_vs_exact": quality,
+                "fidelity_vs_exact": relative_change(row["fidelity"], exact and exact["fidelity"]),
+                "met": row["speedup"] >= 1.5 and bool(known) and len(known) == len(quality)
+                and min(known) >= -0.05}
     if "exact" in report["vs_transformers"]:
         result["exact_vs_transformers"] = {
             "ratio": report["vs_transformers"]["exact"],
@@ -287,12 +302,12 @@ def markdown_table(report: dict) -> str:
                      "(time spent building and yielding events, over all runs).")
     g = report.get("goals", {})
     if g.get("diversed"):
-        lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact (goal ≥ −5%) | fidelity vs exact | met |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
+                  "(goal ≥ −5% each) | fidelity vs exact | met |", "|---|---|---|---|---|"]
+        pct = (lambda v: "–" if v is None else f"{100 * v:+.1f}%")
         for m, row in g["diversed"].items():
-            pct = (lambda v: "–" if v is None else f"{100 * v:+.1f}%")
-            lines.append(f"| {m} | {fmt(row['speedup'])}× | {pct(row['quality_vs_exact'])} | "
-                         f"{pct(row['fidelity_vs_exact'])} | {row['met']} |")
+            quality = ", ".join(f"{c} {pct(v)}" for c, v in row["quality_vs_exact"].items()) or "–"
+            lines.append(f"| {m} | {fmt(row['speedup'])}× | {quality} | {pct(row['fidelity_vs_exact'])} | {row['met']} |")
     return "\n".join(lines)
 
 
@@ -316,6 +331,8 @@ def add_arguments(parser) -> None:
     from .cli import add_pair_arguments
     parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
+    parser.add_argument("--categories", default=None,
+                        help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
     parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
     parser.add_argument("--n-draft", default="auto",
                         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
@@ -337,7 +354,8 @@ def run(args) -> int:
     from .tasks import load_spec_bench
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
-    examples = load_spec_bench(args.data, per_category=args.per_category or None)
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
     n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .models import project
 from .verify import sample, sampling_probs, verify_block, verify_block_greedy
 
 MODES = ("ar", "exact", "static", "dynamic")
@@ -100,13 +99,6 @@ def eos_ids(pair) -> set[int]:
     return ids
 
 
-def output_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head on a few rows of hidden states [k, H] -> [k, V], with the fast CPU product."""
-    if type(lm_head) is torch.nn.Linear and lm_head.bias is None:
-        return project(lm_head.weight, hidden)
-    return lm_head(hidden.to(lm_head.weight.device))
-
-
 class CachedLM:
     """A causal LM with its KV cache and the number of sequence tokens the cache holds."""
 
@@ -122,7 +114,7 @@ class CachedLM:
         """Feed tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last `keep`."""
         out = self.decoder(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True)
         hidden = out.last_hidden_state[0, -keep:]
-        logits = output_logits(self.lm_head, hidden)[:, : self.vocab_size]
+        logits = self.lm_head(hidden)[:, : self.vocab_size]
         self.length += tokens.numel()
         return logits, hidden
 

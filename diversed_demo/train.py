@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .decode import output_logits
 from .head import new_head, save_head, user_heads_dir
 from .models import atomic_torch_save
 from .verify import ensemble_probs, sample, sampling_probs, total_variation
@@ -146,7 +145,7 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
             if position == 0:
                 cache.batch_repeat_interleave(n)
                 h = h.expand(n, -1)
-            logits = output_logits(model.get_output_embeddings(), h)[:, : pair.vocab_size]
+            logits = model.get_output_embeddings()(h)[:, : pair.vocab_size]
             hidden.append(h.float())
             probs.append(sampling_probs(logits, temperature))
         w = head(hidden[0], hidden[1])
