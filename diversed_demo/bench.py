@@ -352,10 +352,10 @@ def run(args) -> int:
 
     from .cli import pair_from_args
     from .tasks import load_spec_bench
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)  # before the models load
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
     n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,

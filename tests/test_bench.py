@@ -97,3 +97,19 @@ def test_diversed_goal_needs_every_referenced_category_within_five_percent():
     assert result["static:0.9"]["met"]  # −3% and ±0: within 5% in both
     overall["static:0.9"]["speedup"] = per_category["summarization"]["static:0.9"]["speedup"] = 1.4
     assert not goals(report)["diversed"]["static:0.9"]["met"]
+
+
+def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
+    import json
+
+    from diversed_demo.cli import main
+    from diversed_demo.tiny import save_tiny_pair
+    target, draft = save_tiny_pair(tmp_path)
+    pair_args = ["--target", target, "--draft", draft, "--device", "cpu"]
+    assert main(["bench", *pair_args, "--categories", "poetry"]) == 2
+    assert "unknown Spec-Bench categories ['poetry']" in capsys.readouterr().err
+    out = tmp_path / "bench.json"
+    assert main(["bench", *pair_args, "--categories", "writing,math_reasoning", "--per-category", "1",
+                 "--modes", "ar,exact", "--n-draft", "2", "--max-new-tokens", "4", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["per_category"]) == {"writing", "math_reasoning"} and report["settings"]["examples"] == 2
