@@ -1,4 +1,6 @@
 """The bench on a tiny pair: report structure, greedy identity with transformers, analytic bound."""
+import statistics
+
 import pytest
 
 from diversed_demo.bench import alpha_from_acceptance, analytic_speedup, markdown_table, parse_modes, run_bench
@@ -81,21 +83,33 @@ def test_auto_n_draft_picks_each_modes_best_bound(pair):
 
 
 def test_diversed_goal_needs_every_referenced_category_within_five_percent():
-    def row(speedup, quality, fidelity=-1.0):
-        return {"speedup": speedup, "quality": quality, "fidelity": fidelity}
-    per_category = {
-        "summarization": {"exact": row(1.0, 0.10), "static:0.5": row(1.6, 0.20), "static:0.9": row(1.6, 0.097)},
-        "math_reasoning": {"exact": row(1.0, 0.50), "static:0.5": row(1.6, 0.40), "static:0.9": row(1.6, 0.50)},
-        "writing": {"exact": row(1.0, None), "static:0.5": row(1.6, None), "static:0.9": row(1.6, None)}}
-    # The pooled overall quality of static:0.5 beats exact's; its math answers are 20% worse all the same.
-    overall = {"exact": row(1.0, 0.30), "static:0.5": row(1.6, 0.30 * 1.5), "static:0.9": row(1.6, 0.2985)}
-    report = {"overall": overall, "per_category": per_category, "vs_transformers": {}, "bound_efficiency": {}}
     from diversed_demo.bench import goals
+
+    def row(speedup, scores=None, fidelity=-1.0):
+        cell = {"speedup": speedup, "quality": scores and sum(scores) / len(scores), "fidelity": fidelity}
+        return {**cell, "quality_scores": scores} if scores else cell
+    exact_summaries, exact_answers = [0.10, 0.20, 0.30], [1.0, 0.0, 1.0, 1.0]
+    per_category = {
+        "summarization": {"exact": row(1.0, exact_summaries), "static:0.5": row(1.6, [0.30, 0.40, 0.50]),
+                          "static:0.9": row(1.6, [0.092, 0.192, 0.292])},
+        "math_reasoning": {"exact": row(1.0, exact_answers), "static:0.5": row(1.6, [1.0, 0.0, 0.0, 1.0]),
+                           "static:0.9": row(1.6, exact_answers)},
+        "writing": {"exact": row(1.0), "static:0.5": row(1.6), "static:0.9": row(1.6)}}
+    # static:0.5's pooled mean beats exact's; its math answers are a third worse all the same.
+    overall = {"exact": row(1.0), "static:0.5": row(1.6), "static:0.9": row(1.6)}
+    report = {"overall": overall, "per_category": per_category, "vs_transformers": {}, "bound_efficiency": {}}
     result = goals(report)["diversed"]
-    assert result["static:0.5"]["quality_vs_exact"] == pytest.approx({"summarization": 1.0, "math_reasoning": -0.2})
+    assert result["static:0.5"]["quality_vs_exact"] == pytest.approx({"summarization": 1.0, "math_reasoning": -1 / 3})
     assert not result["static:0.5"]["met"]
-    assert result["static:0.9"]["met"]  # −3% and ±0: within 5% in both
-    overall["static:0.9"]["speedup"] = per_category["summarization"]["static:0.9"]["speedup"] = 1.4
+    # static:0.9 is 0.008 lower on every summary (−4% of 0.2, with no spread) and identical on math.
+    assert result["static:0.9"]["quality_vs_exact"] == pytest.approx({"summarization": -0.04, "math_reasoning": 0.0})
+    assert result["static:0.9"]["quality_vs_exact_se"] == pytest.approx({"summarization": 0.0, "math_reasoning": 0.0},
+                                                                        abs=1e-12)
+    assert result["static:0.9"]["met"]
+    # The standard error is that of the per-question differences: ±1 answer in 4 questions.
+    se = result["static:0.5"]["quality_vs_exact_se"]["math_reasoning"]
+    assert se == pytest.approx(statistics.stdev([0, 0, -1, 0]) / 2 / 0.75)
+    overall["static:0.9"]["speedup"] = 1.4
     assert not goals(report)["diversed"]["static:0.9"]["met"]
 
 
