@@ -232,11 +232,9 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
 
 
 def relative_change(value, reference):
-    if value is None or reference is None:
+    if value is None or reference is None or reference == 0:
         return None
-    if value == reference:
-        return 0.0
-    return (value - reference) / abs(reference) if reference else None
+    return (value - reference) / abs(reference)
 
 
 def paired_change(scores, exact_scores):
