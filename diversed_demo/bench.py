@@ -43,7 +43,7 @@ def parse_modes(spec: str, pair) -> dict[str, dict]:
 @torch.inference_mode()
 def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 16) -> float:
     """Median time of a cached forward of `tokens_per_call` new tokens (with the LM head on all of them)."""
-    from .decode import CachedLM
+    from .draft import CachedLM
     lm = CachedLM(model, model.config.get_text_config().vocab_size)
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
     feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
@@ -56,13 +56,24 @@ def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 
     return statistics.median(times) * 1e3
 
 
+def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens: int = 48) -> float:
+    """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
+    it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
+    the target's features, sampling), which is what the analytic bound's N·c must price."""
+    from .decode import generate
+    _, events = generate(pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens,
+                         temperature=0)
+    steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
+    return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
+
+
 def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3) -> dict:
     """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
     target, draft, verify = [], [], {n: [] for n in n_drafts}
     for _ in range(rounds):
         target.append(forward_ms(pair.target, prompt_ids, 1))
-        draft.append(forward_ms(pair.draft, prompt_ids, 1))
+        draft.append(draft_token_ms(pair, prompt_ids))
         for n in n_drafts:
             verify[n].append(forward_ms(pair.target, prompt_ids, n + 1))
     t, d = statistics.median(target), statistics.median(draft)
@@ -118,23 +129,47 @@ def alpha_from_acceptance(rate: float, n_draft: int) -> float:
     return (low + high) / 2
 
 
+def transformers_kwargs(mode_kwargs: dict) -> dict | None:
+    """generate() arguments for transformers' equivalent of a mode, or None where it has none: it accepts
+    only 0 < w < 1 as an ensemble weight (w = 1 is its plain assisted generation, w = 0 has no
+    equivalent), and has no EAGLE path."""
+    if mode_kwargs["mode"] == "ar":
+        return {}
+    if mode_kwargs["mode"] == "exact":
+        return {"assisted": True}
+    if mode_kwargs["mode"] == "static":
+        w = mode_kwargs["ensemble_weight"]
+        return {"assisted": True} if w == 1 else {"assisted": True, "assistant_ensemble_weight": w} if 0 < w < 1 else None
+    return None
+
+
 def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
-    on the pair's models with their stock nn.Linear layers (as a transformers user runs them)."""
+    on the pair's models with their stock nn.Linear layers (as a transformers user runs them).
+    The draft's generation config is set for the call and restored after it."""
+    import copy
+
     from .models import stock_linear
+    extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
-    if mode_kwargs["mode"] != "ar":
-        config = pair.draft.generation_config
+    assisted = extra.pop("assisted", False)
+    saved_config = pair.draft.generation_config if assisted else None
+    if assisted:
+        config = copy.deepcopy(saved_config)
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = n_draft, "constant"
         config.assistant_confidence_threshold = 0.0
+        pair.draft.generation_config = config
         kwargs["assistant_model"] = pair.draft
-        if mode_kwargs["mode"] == "static":
-            kwargs["assistant_ensemble_weight"] = mode_kwargs["ensemble_weight"]
-    with stock_linear(pair.target, pair.draft):
-        start = time.perf_counter()
-        out = pair.target.generate(ids, **kwargs)
-        seconds = time.perf_counter() - start
+        kwargs.update(extra)
+    try:
+        with stock_linear(pair.target, pair.draft):
+            start = time.perf_counter()
+            out = pair.target.generate(ids, **kwargs)
+            seconds = time.perf_counter() - start
+    finally:
+        if assisted:
+            pair.draft.generation_config = saved_config
     return out[0, len(prompt_ids):].tolist(), seconds
 
 
@@ -155,6 +190,10 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
         costs = measure_costs(pair, timing_prompt, n_draft)
     else:
         raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
+    from .eagle import Eagle3Draft
+    # transformers has no EAGLE path: with a feature draft only target-only decoding is compared
+    comparable = {name: transformers_kwargs(kw) is not None and (kw["mode"] == "ar" or not isinstance(pair.draft, Eagle3Draft))
+                  for name, kw in modes.items()}
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
     hf = defaultdict(lambda: defaultdict(float))
     greedy_identical = defaultdict(list)
@@ -178,7 +217,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
             for category in (example.category, "overall"):
                 for key, value in fields.items():
                     totals[category][name][key] += value
-            if vs_transformers and modes[name]["mode"] in ("ar", "exact", "static") and temperature == 0:
+            if vs_transformers and comparable[name] and temperature == 0:
                 their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens)
                 hf[name]["new_tokens"] += len(their_ids)
                 hf[name]["seconds"] += seconds

@@ -1,9 +1,10 @@
 """The decoder: one loop for target-only, exact speculative and DIVERSED decoding, emitting token events.
 
-Each step the draft proposes up to N tokens, the target scores them (and the bonus position) in one
-pass, and `verify_block` decides. Both models keep a KV cache of the emitted sequence; on rejection the
-caches are cropped back, so the prefix is never recomputed. Target-only decoding is the same loop with
-N = 0: every step then emits the target's own "bonus" token.
+Each step the draft proposes up to N tokens (draft.py: a standalone LM or a feature draft, one
+interface), `verify_step` has the target score them and the bonus position in one pass and decides,
+and the loop keeps the accounting and turns the verdict into events. Both models keep a KV cache of the
+emitted sequence; on rejection the caches are cropped back, so the prefix is never recomputed.
+Target-only decoding is the same loop with N = 0: every step then emits the target's own "bonus" token.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers import DynamicCache
 
-from .verify import sample, sampling_probs, verify_block, verify_block_greedy
+from .draft import CachedLM, FeatureDraft, Sampler, StandaloneDraft
+from .eagle import Eagle3Draft
+from .head import ConstantHead
+from .verify import verify_block, verify_block_greedy
 
 MODES = ("ar", "exact", "static", "dynamic")
 MAX_N_DRAFT = 32
@@ -99,31 +102,6 @@ def eos_ids(pair) -> set[int]:
     return ids
 
 
-class CachedLM:
-    """A causal LM with its KV cache and the number of sequence tokens the cache holds."""
-
-    def __init__(self, model, vocab_size: int):
-        self.model = model
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        self.vocab_size = vocab_size
-        self.cache = DynamicCache(config=model.config)
-        self.length = 0
-
-    def forward(self, tokens: torch.Tensor, keep: int):
-        """Feed tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last `keep`."""
-        out = self.decoder(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True)
-        hidden = out.last_hidden_state[0, -keep:]
-        logits = self.lm_head(hidden)[:, : self.vocab_size]
-        self.length += tokens.numel()
-        return logits, hidden
-
-    def rollback(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)
-            self.length = length
-
-
 def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -139,6 +117,52 @@ def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature
         raise ValueError(f"temperature must be ≥ 0 (0 is greedy), not {temperature!r}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], not {top_p!r}")
+
+
+def make_draft(pair, mode: str):
+    """The pair's draft behind the decoder's interface (none for target-only decoding)."""
+    if mode == "ar":
+        return None
+    if isinstance(pair.draft, Eagle3Draft):
+        return FeatureDraft(pair.draft)
+    return StandaloneDraft(pair.draft, pair.vocab_size)
+
+
+def weight_rule(mode: str, ensemble_weight: float = 0.5, head=None):
+    """w_t for every mode from one callable (target_hidden [n, H], draft_hidden [n, Hd]) -> [n]:
+    exact is w = 1, static a constant, dynamic the head."""
+    if mode == "dynamic":
+        return head.ensemble_weight
+    return ConstantHead(1.0 if mode in ("exact", "ar") else float(ensemble_weight)).ensemble_weight
+
+
+@dataclass
+class Verdict:
+    """What one verification decided, with everything the events and the accounting read."""
+    draft_tokens: torch.Tensor  # [n]
+    draft_probs: torch.Tensor  # [n, V]
+    target_probs: torch.Tensor  # [n + 1, V]
+    w: torch.Tensor  # [n]
+    n_accepted: int
+    next_token: torch.Tensor  # the resampled token at the first rejection, or the bonus token
+    accept_probs: torch.Tensor  # [n]
+    target_features: torch.Tensor | None  # aux hidden states of the verified positions, for a feature draft
+
+
+def verify_step(target: CachedLM, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler) -> Verdict:
+    """The target scores the unseen part of the sequence and the drafts in one pass; verify against nu."""
+    n = len(draft_tokens)
+    fed = sequence[target.length:]
+    logits, target_hidden, aux = target.forward(torch.cat([fed, draft_tokens]), keep=n + 1)
+    target_probs = sampler.probs(logits)
+    w = weigh(target_hidden[:n], draft_hidden).float() if n else target_probs.new_ones(0)
+    if sampler.greedy:
+        n_accepted, next_token, accept_probs = verify_block_greedy(draft_tokens, draft_probs, target_probs, w)
+    else:
+        n_accepted, next_token, accept_probs = verify_block(draft_tokens, draft_probs, target_probs, w,
+                                                            sampler.generator)
+    verified = None if aux is None else aux[: len(fed) + n_accepted]
+    return Verdict(draft_tokens, draft_probs, target_probs, w, n_accepted, next_token, accept_probs, verified)
 
 
 @torch.inference_mode()
@@ -158,90 +182,74 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
     if limit and len(prompt_ids) + max_new_tokens > limit:
         raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"the model's context of {limit} tokens")
-    greedy = temperature == 0
-    generator = torch.Generator(device=device).manual_seed(seed)
+    sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed))
     stop_ids = eos_ids(pair)
-    target = CachedLM(pair.target, pair.vocab_size)
-    draft = CachedLM(pair.draft, pair.vocab_size) if mode != "ar" else None
+    draft = make_draft(pair, mode)
+    target = CachedLM(pair.target, pair.vocab_size, draft.aux_layer_ids if draft else ())
+    weigh = weight_rule(mode, ensemble_weight, head)
     sequence = torch.tensor(prompt_ids, device=device)
-    n_prompt = len(prompt_ids)
     summary = Summary("", 0, 0, 0, 0, 0.0)
     w_total, w_count = 0.0, 0
     start = time.perf_counter()
     step = 0
     while summary.new_tokens < max_new_tokens:
         step += 1
-        # Never draft past the budget: the step emits at most n + 1 tokens.
-        n = 0 if mode == "ar" else min(n_draft, max_new_tokens - summary.new_tokens - 1)
+        # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
+        # the target's first pass over the prompt.
+        n = min(n_draft, max_new_tokens - summary.new_tokens - 1) if draft and draft.ready(len(sequence)) else 0
         t0 = time.perf_counter()
-        draft_tokens, draft_probs, draft_hidden = [], [], []
         if n > 0:
-            feed = sequence[draft.length:]
-            for _ in range(n):
-                logits, hidden = draft.forward(feed, keep=1)
-                probs = sampling_probs(logits[0], temperature, top_p)
-                token = (probs.argmax(-1) if greedy else sample(probs, generator)).view(1)
-                draft_tokens.append(token)
-                draft_probs.append(probs)
-                draft_hidden.append(hidden[0])
-                feed = token
-            draft_tokens, draft_probs = torch.cat(draft_tokens), torch.stack(draft_probs)
+            draft_tokens, draft_probs, draft_hidden = draft.propose(sequence, n, sampler)
         else:
-            draft_tokens = sequence.new_empty(0)
+            draft_tokens, draft_hidden = sequence.new_empty(0), None
             draft_probs = torch.empty(0, pair.vocab_size, device=device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
-
-        logits, target_hidden = target.forward(torch.cat([sequence[target.length:], draft_tokens]), keep=n + 1)
-        target_probs = sampling_probs(logits, temperature, top_p)
-        if mode == "exact":
-            w = torch.ones(n, device=device)
-        elif mode == "static":
-            w = torch.full((n,), float(ensemble_weight), device=device)
-        elif mode == "dynamic" and n > 0:
-            w = head.ensemble_weight(target_hidden[:n], torch.stack(draft_hidden)).float()
-        else:
-            w = torch.ones(0, device=device)
-        verify = verify_block_greedy if greedy else verify_block
-        extra = () if greedy else (generator,)
-        n_accepted, next_token, accept_probs = verify(draft_tokens, draft_probs, target_probs, w, *extra)
+        verdict = verify_step(target, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler)
         t2 = time.perf_counter()
 
-        new_ids = torch.cat([draft_tokens[:n_accepted], next_token.view(1)]).tolist()
+        n_accepted = verdict.n_accepted
+        new_ids = torch.cat([draft_tokens[:n_accepted], verdict.next_token.view(1)]).tolist()
         stop_at = next((i + 1 for i, t in enumerate(new_ids) if t in stop_ids), None)
         new_ids = new_ids[:stop_at]
         summary.target_passes += 1
         summary.drafted += n
         summary.accepted += min(n_accepted, len(new_ids))
         verified = n_accepted + (n_accepted < n)  # positions whose w mattered
-        w_total = w_total + w[:verified].sum()
+        w_total = w_total + verdict.w[:verified].sum()
         w_count += verified
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w, accept_probs,
-                                 n_accepted, next_token, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
-            emitted = 0
-            for event in events:
-                emitted += event.kind != "rejected"
-                if emitted > len(new_ids):
-                    break  # past an EOS
-                yield event
+            events = step_events(tokenizer, sequence, verdict, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+            yield from output_events(events, len(new_ids))
             summary.events_s += time.perf_counter() - t3
         summary.new_tokens += len(new_ids)
         sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
         if stop_at is not None:
             break
-        # Keep the caches in step with the new sequence minus its last token (which is fed next step).
+        # Keep the caches on the new sequence minus its last token (which is fed next step).
         target.rollback(len(sequence) - 1)
         if draft is not None:
-            draft.rollback(len(sequence) - 1)
+            draft.observe(len(sequence), verdict.target_features)
 
     summary.wall_time_s = time.perf_counter() - start
-    summary.token_ids = sequence[n_prompt:].tolist()
+    summary.token_ids = sequence[len(prompt_ids):].tolist()
     summary.text = tokenizer.decode(summary.token_ids, skip_special_tokens=True)
     summary.mean_w = float(w_total) / w_count if w_count else None
     yield summary
+
+
+def output_events(events: list, n_output: int) -> list:
+    """The events up to the n_output-th output token (an EOS cuts the step short: nothing after it,
+    not even the draft that was rejected after it)."""
+    kept, emitted = [], 0
+    for event in events:
+        if emitted == n_output:
+            break
+        kept.append(event)
+        emitted += event.kind != "rejected"
+    return kept
 
 
 def token_text(tokenizer, context: list[int], token_id: int) -> str:
@@ -251,9 +259,10 @@ def token_text(tokenizer, context: list[int], token_id: int) -> str:
     return tokenizer.decode(context + [token_id], skip_special_tokens=False)[len(before):]
 
 
-def step_events(tokenizer, sequence, draft_tokens, draft_probs, target_probs, w, accept_probs, n_accepted,
-                next_token, mode, step, draft_ms, verify_ms) -> list[TokenEvent]:
+def step_events(tokenizer, sequence, verdict: Verdict, mode, step, draft_ms, verify_ms) -> list[TokenEvent]:
     """The events of one decoding step, in order, with one host transfer for all their numbers."""
+    draft_tokens, draft_probs, target_probs, w = verdict.draft_tokens, verdict.draft_probs, verdict.target_probs, verdict.w
+    n_accepted, next_token, accept_probs = verdict.n_accepted, verdict.next_token, verdict.accept_probs
     n = draft_tokens.numel()
     pos = torch.arange(n, device=draft_tokens.device)
     at = min(n_accepted, n)  # position of next_token among the drafted ones (n for the bonus)

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .models import text_config
+
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the project
 FORMAT = "diversed-head/1"
 
@@ -23,7 +25,7 @@ class HeadError(ValueError):
 
 
 class ConstantHead:
-    """A head that always answers the same w; it exercises the dynamic plumbing and is the static rule."""
+    """A head that always answers the same w: the decoder's rule for exact (w = 1) and static modes."""
 
     def __init__(self, ensemble_weight: float):
         self.value = float(ensemble_weight)
@@ -71,7 +73,7 @@ def model_fingerprint(model) -> str:
     """A cheap identity of a model's weights that survives a change of dtype or device (a head trained
     in fp32 on a CPU serves the same models in bf16 on a GPU): the architecture, every tensor's name and
     shape, and the signs of its first values."""
-    config = model.config.get_text_config()
+    config = text_config(model)
     h = hashlib.sha256(json.dumps([config.model_type, config.hidden_size, config.num_hidden_layers,
                                    config.vocab_size]).encode())
     for name, tensor in sorted(model.state_dict().items()):
@@ -86,8 +88,8 @@ def pair_identity(pair) -> dict:
         pair._identity = {
             "target": pair.target_name, "draft": pair.draft_name,
             "target_fingerprint": model_fingerprint(pair.target), "draft_fingerprint": model_fingerprint(pair.draft),
-            "target_hidden": pair.target.config.get_text_config().hidden_size,
-            "draft_hidden": pair.draft.config.get_text_config().hidden_size,
+            "target_hidden": text_config(pair.target).hidden_size,
+            "draft_hidden": text_config(pair.draft).hidden_size,
             "vocab_size": pair.vocab_size, "tokenizer_fingerprint": pair.fingerprint,
         }
     return pair._identity
@@ -103,13 +105,11 @@ def new_head(pair, **kwargs) -> EnsembleHead:
 def save_head(head: EnsembleHead, path) -> Path:
     """Write weights and metadata atomically (a crash never leaves a half-written head)."""
     from safetensors.torch import save_file
+    from .models import atomic_write
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"format": FORMAT, "config": json.dumps(head.config), "meta": json.dumps(head.meta)}
     state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file(state, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
     return path
 
 

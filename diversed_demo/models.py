@@ -40,11 +40,16 @@ class ModelPair:
     def vocab_size(self) -> int:
         # Same tokenizer, but checkpoints may pad their embedding tables differently: compare on the
         # shared part, which covers every real token.
-        return min(self.target.config.get_text_config().vocab_size, self.draft.config.get_text_config().vocab_size)
+        return min(text_config(self.target).vocab_size, text_config(self.draft).vocab_size)
 
     @property
     def fingerprint(self) -> str:
         return tokenizer_fingerprint(self.tokenizer)
+
+
+def text_config(model):
+    """The text config of a Hugging Face model, or the equivalent of a feature draft."""
+    return getattr(model, "text_config", None) or model.config.get_text_config()
 
 
 def cache_dir() -> Path:
@@ -53,13 +58,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def atomic_torch_save(obj, path) -> None:
-    """Write to a temporary file and rename: an interrupt leaves the old file or the new one, never half."""
+def atomic_write(path, write) -> None:
+    """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_torch_save(obj, path) -> None:
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -332,13 +344,18 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "a
     target_source = resolve_source(target)
     tokenizer = AutoTokenizer.from_pretrained(target_source)
     target_model = _load_model(target_source, dev, torch_dtype)
+    from .eagle import is_eagle3_dir, load_eagle3
     if draft is None and target == EMBEDDED:
-        if (EMBEDDED_DRAFT_DIR / "model.safetensors").exists():
+        if is_eagle3_dir(EMBEDDED_DRAFT_DIR):
+            draft_model, draft_name = load_eagle3(EMBEDDED_DRAFT_DIR, target_model), "assets/draft"
+        elif (EMBEDDED_DRAFT_DIR / "model.safetensors").exists():
             draft_model, draft_name = load_embedded_draft(target_model, dev, torch_dtype), "assets/draft"
         else:
             draft_model, draft_name = truncated_draft(target_model, 4), "target-layers-0-3 (placeholder)"
     elif draft is None:
         raise PairError("a draft model is needed: pass --draft (a hub id, directory or .gguf)")
+    elif is_eagle3_dir(Path(draft).expanduser()):
+        draft_model, draft_name = load_eagle3(Path(draft).expanduser(), target_model), draft
     else:
         draft_source = resolve_source(draft)
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_source))

@@ -58,3 +58,19 @@ def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
     target = tiny_model(target_seed, 2)
     draft = draft if draft is not None else tiny_model(draft_seed, 1)
     return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))
+
+
+def tiny_eagle3(target, seed: int = 1, draft_vocab_size: int = 32, aux_layer_ids=(0, 1, 2), sharpness: float = 3.0):
+    """A tiny random EAGLE-3 feature draft for `target` (a tiny model), on the target's embedding, proposing
+    only the `draft_vocab_size` lowest ids (specials included) so the vocabulary subset is exercised."""
+    from .eagle import Eagle3Draft, new_config
+    config = new_config(target.config, aux_layer_ids, draft_vocab_size)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(config)
+    hidden = target.config.hidden_size
+    for module in draft.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=hidden ** -0.5)
+    draft.set_vocab(torch.arange(draft_vocab_size), target.get_output_embeddings().weight.detach() * sharpness)
+    draft.embed_tokens.weight = target.get_input_embeddings().weight
+    return draft.eval().requires_grad_(False)

@@ -3,7 +3,7 @@ import socket
 import pytest
 import torch
 
-from diversed_demo.tiny import tiny_pair
+from diversed_demo.tiny import tiny_eagle3, tiny_pair
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
 
@@ -11,6 +11,25 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2
 @pytest.fixture(scope="session")
 def pair():
     return tiny_pair()
+
+
+def tiny_feature_pair():
+    """The tiny target with a tiny EAGLE-3 draft reading its features."""
+    from diversed_demo.models import ModelPair
+    base = tiny_pair()
+    return ModelPair(base.target, tiny_eagle3(base.target), base.tokenizer, "tiny-target", "tiny-eagle3",
+                     base.device)
+
+
+@pytest.fixture(scope="session")
+def feature_pair():
+    return tiny_feature_pair()
+
+
+@pytest.fixture(scope="session", params=["standalone", "feature"])
+def any_pair(request, pair, feature_pair):
+    """Each kind of draft in turn: every decoding guarantee must hold for both."""
+    return pair if request.param == "standalone" else feature_pair
 
 
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13], [1, 20], [1, 4, 4, 8, 30, 31, 32, 33, 5]]

@@ -127,3 +127,22 @@ def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
                  "--modes", "ar,exact", "--n-draft", "2", "--max-new-tokens", "4", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["per_category"]) == {"writing", "math_reasoning"} and report["settings"]["examples"] == 2
+
+
+def test_vs_transformers_handles_the_end_weights_and_leaves_the_draft_config_alone(pair):
+    # transformers accepts only 0 < w < 1: w = 1 is compared as plain assisted generation, w = 0 is not compared.
+    before = pair.draft.generation_config.to_dict()
+    examples = [Example("the cat sat on the", "general", category="writing")]
+    modes = parse_modes("ar,static:0,static:1", pair)
+    report = run_bench(pair, examples, modes, n_draft=2, max_new_tokens=8, vs_transformers=True)
+    assert set(report["vs_transformers"]) == {"ar", "static:1"}
+    assert report["greedy_text_identical_to_transformers"]["static:1"]
+    assert pair.draft.generation_config.to_dict() == before
+
+
+def test_bench_runs_a_feature_draft_and_compares_only_target_only_with_transformers(feature_pair):
+    examples = [Example("the cat sat on the", "general", category="writing")]
+    report = run_bench(feature_pair, examples, parse_modes("ar,exact", feature_pair), n_draft=2, max_new_tokens=8,
+                       vs_transformers=True)
+    assert set(report["vs_transformers"]) == {"ar"}
+    assert report["overall"]["exact"]["acceptance_rate"] is not None and report["costs"]["c"] > 0

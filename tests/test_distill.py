@@ -1,128 +1,120 @@
-"""Distillation on a tiny random Llama: draft building, loss going down, resumable checkpoints, export."""
-import json
+"""Making the feature draft: on-policy data, training with the training-time test, resumable checkpoints."""
+import collections
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from diversed_demo.distill import (DRAFT_SIZE_LIMIT, build_draft, evaluate, make_batch, sample_responses,
-                                   save_draft, split_records, train, trainable_parameters)
-from diversed_demo.models import load_embedded_draft
+from diversed_demo.distill import data
+from diversed_demo.distill import train as distill
 from diversed_demo.tiny import tiny_model
-
-PAD, EOS = 3, 2
-
-
-def sampled_records(target, n=4, seed=0):
-    """Responses the tiny target samples itself, with its top-k log-probs, as the data stage stores them."""
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [[1] + torch.randint(4, 40, (3 + i,), generator=generator).tolist() for i in range(n)]
-    records = sample_responses(target, prompts, max_new_tokens=8, top_k=8, eos_id=EOS, pad_id=PAD,
-                               generator=generator)
-    for i, r in enumerate(records):
-        r.update(key=f"tiny/{i}", source="tiny")
-    return records
+from stats import chi_square_pvalue
 
 
-def test_draft_shares_and_freezes_the_embedding():
-    target = tiny_model(0, num_layers=3)
-    draft = build_draft(target, [0, 2])
-    assert draft.config.num_hidden_layers == 2
-    assert draft.get_input_embeddings().weight is target.get_input_embeddings().weight
-    assert draft.get_output_embeddings().weight is target.get_output_embeddings().weight
-    assert not draft.get_input_embeddings().weight.requires_grad
-    trainable = {id(p) for p in trainable_parameters(draft)}
-    assert id(draft.get_input_embeddings().weight) not in trainable
-    assert id(draft.get_output_embeddings().weight) not in trainable
-    assert torch.equal(draft.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(0, 2)
 
 
-def test_sampled_responses_match_the_targets_distribution():
-    target = tiny_model(0)
-    records = sampled_records(target)
-    r = records[2]  # left-padded in its batch: the stored log-probs must be those of the unpadded prompt
-    ids = torch.cat([r["prompt_ids"], r["response_ids"][:-1]]).long()[None]
-    logprobs = torch.log_softmax(target(input_ids=ids).logits[0, len(r["prompt_ids"]) - 1:], -1)
-    stored = r["target_top_logprobs"].float()
-    assert torch.allclose(logprobs.gather(-1, r["target_top_ids"].long()), stored, atol=2e-2)
+@pytest.fixture(scope="module")
+def records(target):
+    """Responses the tiny target samples at T = 1 to random prompts (tiny on-policy data)."""
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    prompts = [[1] + torch.randint(4, vocab, (int(torch.randint(2, 8, (), generator=g)),), generator=g).tolist()
+               for _ in range(120)]
+    responses = data.generate_batch(target, prompts, [False] * len(prompts), 24, 2, 3, g)
+    return [{"key": f"tiny/{i}/s0", "source": "tiny", "greedy": False, "prompt_ids": p, "response_ids": r,
+             "ended": e} for i, (p, (r, e)) in enumerate(zip(prompts, responses))]
 
 
-def test_training_reduces_the_kl_and_keeps_the_embedding(tmp_path):
-    target = tiny_model(0, num_layers=2)
-    records = sampled_records(target)
-    draft = build_draft(target, [1])
-    embedding = target.get_input_embeddings().weight.clone()
-    before = evaluate(draft, records, PAD)["fkl"]
-    train(draft, records, records, PAD, steps=8, batch_size=4, lr=3e-3, loss="fkl",
-          checkpoint=tmp_path / "ckpt.pt", eval_every=8, checkpoint_every=8)
-    after = evaluate(draft, records, PAD)["fkl"]
-    assert after < before
-    assert torch.equal(target.get_input_embeddings().weight, embedding)
+def test_inverse_cdf_sampling_follows_the_distribution():
+    probs = torch.softmax(torch.randn(6, generator=torch.Generator().manual_seed(1)) * 2, -1)
+    g = torch.Generator().manual_seed(0)
+    draws = data.sample_rows(probs.expand(20000, -1), g).tolist()
+    assert chi_square_pvalue(collections.Counter(draws), dict(enumerate(probs.tolist()))) > 0.001
 
 
-def test_checkpoint_resumes_from_the_saved_step(tmp_path, monkeypatch):
-    import diversed_demo.distill as distill
-    target = tiny_model(0, num_layers=2)
-    records = sampled_records(target, n=6)
-    kwargs = dict(steps=5, batch_size=2, lr=3e-3, loss="tv", eval_every=2, checkpoint_every=1, seed=1)
-    straight = build_draft(target, [1])
-    train(straight, records, records[:2], PAD, checkpoint=tmp_path / "a.pt", **kwargs)
-
-    calls = []
-
-    def interrupted_make_batch(*args):  # Ctrl-C at step 4 (calls: steps 1, 2, the eval at 2, 3, then 4)
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return make_batch(*args)
-
-    monkeypatch.setattr(distill, "make_batch", interrupted_make_batch)
-    with pytest.raises(KeyboardInterrupt):
-        train(build_draft(target, [1]), records, records[:2], PAD, checkpoint=tmp_path / "b.pt", **kwargs)
-    monkeypatch.setattr(distill, "make_batch", make_batch)
-    assert torch.load(tmp_path / "b.pt", weights_only=False)["step"] == 3
-
-    resumed = build_draft(target, [1])  # as in a fresh process: the layers come back from the checkpoint
-    meta = train(resumed, records, records[:2], PAD, checkpoint=tmp_path / "b.pt", **kwargs)
-    assert torch.load(tmp_path / "b.pt", weights_only=False)["step"] == 5
-    assert [e["step"] for e in meta["evals"]] == [2, 4, 5]  # the eval before the interrupt was kept
-    for a, b in zip(trainable_parameters(straight), trainable_parameters(resumed)):
-        assert torch.allclose(a, b, atol=1e-6)
+def test_batched_generation_greedy_rows_equal_one_by_one_greedy_decoding(target):
+    # Left padding, per-row greedy/sampled choice and pruning of finished rows must not change a greedy row.
+    prompts = [[1, 5, 6, 7], [1, 9], [1, 20, 21, 22, 23, 24, 25], [1, 8, 8]]
+    g = torch.Generator().manual_seed(0)
+    results = data.generate_batch(target, prompts, [True, False, True, True], 20, 2, 3, g, prune_every=2)
+    for prompt, greedy, (ids, ended) in zip(prompts, [True, False, True, True], results):
+        if not greedy:
+            continue
+        reference = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20, eos_token_id=2,
+                                    pad_token_id=3)[0, len(prompt):].tolist()
+        assert ids == reference[:len(ids)] and (ended == (ids[-1] == 2))
 
 
-def test_saved_draft_loads_without_a_stored_embedding(tmp_path):
-    target = tiny_model(0, num_layers=3)
-    draft = build_draft(target, [0, 2])
-    save_draft(draft, tmp_path)
-    stored = load_file(str(tmp_path / "model.safetensors"))
-    assert not any("embed_tokens" in k or "lm_head" in k for k in stored)
-    assert all(v.dtype == torch.float16 for v in stored.values())
-    assert (tmp_path / "model.safetensors").stat().st_size <= DRAFT_SIZE_LIMIT
-    loaded = load_embedded_draft(target, torch.device("cpu"), torch.float32, tmp_path)
-    assert loaded.get_input_embeddings().weight is target.get_input_embeddings().weight
-    batch = make_batch(sampled_records(target, n=2), PAD)
-    with torch.no_grad():
-        expected = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        got = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    assert torch.allclose(expected, got, atol=1e-2)
+def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
+    prompts = {"instructions": [f"i{k}" for k in range(30)], "general": ["g"], "summarization": ["s"],
+               "gsm8k": [f"m{k}" for k in range(400)], "mbpp": [f"c{k}" for k in range(60)], "humaneval": ["h"]}
+    jobs = data.schedule(prompts, seed=0)
+    assert [j.key for j in jobs] == [j.key for j in data.schedule(prompts, seed=0)]
+    assert len({j.key for j in jobs}) == len(jobs)
+    head = collections.Counter(data.SOURCE_GROUP[j.source] for j in jobs[:200])
+    for group, weight in data.SOURCE_WEIGHTS.items():
+        assert abs(head[group] / 200 - weight) < 0.02
+    assert sum(j.greedy for j in jobs) == sum(len(v) for v in prompts.values())  # one greedy response per prompt
+    sources = data.training_prompts()
+    assert set(sources) == set(data.SAMPLES_PER_PROMPT)
+    assert all("spec_bench" not in text for texts in sources.values() for text in texts)
 
 
-def test_heldout_split_is_by_prompt():
-    records = [{"key": f"instructions/{i}/s{s}", "source": "instructions"} for i in range(50) for s in range(3)]
-    train_records, heldout = split_records(records, 0.2)
-    held_prompts = {r["key"].rsplit("/s", 1)[0] for r in heldout}
-    assert held_prompts and not held_prompts & {r["key"].rsplit("/s", 1)[0] for r in train_records}
+def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch):
+    from diversed_demo.tiny import tiny_tokenizer
+    monkeypatch.setattr(data, "training_prompts", lambda: {"instructions": ["the cat", "a dog ran"], "gsm8k": ["one two"],
+                                                           "general": [], "summarization": [], "mbpp": [],
+                                                           "humaneval": []})
+    tokenizer = tiny_tokenizer()
+    first = data.generate(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
+    records = data.load_records(tmp_path)
+    assert first["shards"] == 1 and len(records) == 4
+    data.generate(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
+    again = data.load_records(tmp_path)
+    assert again[:4] == records  # the first shard is kept, never regenerated
+    assert len({r["key"] for r in again}) == len(again) == len(data.schedule(data.training_prompts()))
 
 
-def test_measure_reports_figures_in_range(tmp_path):
-    from diversed_demo.distill import measure
-    from diversed_demo.tiny import tiny_pair
-    (tmp_path / "spec_bench").mkdir()
-    questions = [{"question_id": i, "category": c, "turns": [f"the {w} sat on the mat", "and then ?"]}
-                 for i, (c, w) in enumerate((c, w) for c in ("writing", "math") for w in ("cat", "dog", "rug"))]
-    (tmp_path / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(q) for q in questions))
-    figures = measure(tiny_pair(), tmp_path, per_category=2, max_new_tokens=8, timing_steps=2)
-    assert figures["prompts"] == 4
-    for key in ("exact_acceptance_t1", "accepted_per_drafted_t1", "greedy_agreement", "one_minus_tv_t1_on_greedy_path"):
-        assert 0.0 <= figures[key] <= 1.0
-    assert 1.0 <= figures["tau_t1"] <= 5.0 and figures["cost_ratio"] > 0
+def test_training_raises_heldout_agreement_at_every_draft_position(tmp_path, target, records):
+    config = distill.TrainConfig(ttt_steps=3, lr=3e-3, warmup_steps=5, epochs=2, batch_tokens=512, eval_every=1000,
+                                 draft_vocab_size=32, bf16=False)
+    heldout, train_records = records[:20], records[20:]
+    vocab = distill.frequent_tokens(train_records, 32, always=[2])
+    draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
+    before = distill.evaluate(draft, target, heldout, 3, config)
+    embedding_before, lm_head_before = draft.embed_tokens.weight.clone(), draft.lm_head.weight.clone()
+    state = distill.train(draft, target, train_records, heldout, 3, config, tmp_path, log=lambda m: None)
+    after = state["best"]
+    assert all(a > b + 0.1 for a, b in zip(after["agreement"], before["agreement"]))
+    assert after["score"] > distill.score(before)
+    assert torch.equal(draft.embed_tokens.weight, embedding_before)  # the target's own tensor, untouched
+    assert torch.equal(draft.lm_head.weight, lm_head_before)
+    assert (tmp_path / "best" / "model.safetensors").exists()
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, records):
+    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=3,
+                                 draft_vocab_size=32, bf16=False)
+    vocab = distill.frequent_tokens(records, 32, always=[2])
+
+    def run(work_dir, minutes=None):
+        draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
+        state = distill.train(draft, target, records[20:], records[:20], 3, config, work_dir, lambda m: None, minutes)
+        return draft, state
+    straight, done = run(tmp_path / "a")
+    _, stopped = run(tmp_path / "b", minutes=1e-9)  # stops at once, after a checkpoint
+    assert stopped["step"] == 0
+    resumed, finished = run(tmp_path / "b")
+    assert finished["step"] == done["step"] == done["total_steps"]
+    for name, tensor in straight.state_dict().items():
+        assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
+
+
+def test_frequent_tokens_and_heldout_split():
+    records = [{"key": "gsm8k/1/s0", "response_ids": [5, 5, 6, 7, 7, 7]}, {"key": "gsm8k/1/greedy", "response_ids": [8]}]
+    assert distill.frequent_tokens(records, 2) == [5, 7]
+    assert distill.frequent_tokens(records, 3, always=[2]) == [2, 5, 7]
+    # both responses to one prompt fall on the same side of the split
+    assert len({distill.is_heldout(r, 0.5) for r in records}) == 1

@@ -1,0 +1,108 @@
+"""The embedded draft's card: how it was made (data, training, learning curves) and what it measures.
+
+`export` copies the best checkpoint of a training run to assets/draft/ with the card; `measure` adds
+Spec-Bench figures of the embedded pair. Every number in the card is written by one of these.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+
+from ..models import EMBEDDED_DRAFT_DIR, atomic_write
+from . import data
+
+CARD = "card.json"
+
+
+def read_card(directory=EMBEDDED_DRAFT_DIR) -> dict:
+    path = Path(directory) / CARD
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_card(card: dict, directory=EMBEDDED_DRAFT_DIR) -> None:
+    atomic_write(Path(directory) / CARD, lambda tmp: tmp.write_text(json.dumps(card, indent=1) + "\n"))
+
+
+def data_summary(records: list[dict]) -> dict:
+    by_source = defaultdict(Counter)
+    for r in records:
+        kind = "greedy" if r["greedy"] else "sampled_t1"
+        by_source[r["source"]][f"{kind}_responses"] += 1
+        by_source[r["source"]][f"{kind}_tokens"] += len(r["response_ids"])
+    return {"responses": len(records), "response_tokens": sum(len(r["response_ids"]) for r in records),
+            "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
+            "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
+            "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
+            "command": "diversed-demo distill data --tokens 1000000 (the target in bf16, batches of 96, "
+                       "≤384 new tokens, seed 0; shards in assets/draft/data)"}
+
+
+def export(work_dir, out=None) -> Path:
+    """The best draft of a training run, with its card, into `out` (default assets/draft)."""
+    work_dir, out = Path(work_dir), Path(out or EMBEDDED_DRAFT_DIR)
+    best = work_dir / "best"
+    if not (best / "config.json").exists():
+        raise FileNotFoundError(f"{best} holds no draft yet: run `diversed-demo distill train` first")
+    checkpoint = torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    run = json.loads((work_dir / "run.json").read_text())
+    state = checkpoint["state"]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        atomic_write(out / name, lambda tmp, name=name: shutil.copyfile(best / name, tmp))
+    card = read_card(out)
+    card.update({
+        "model": "EAGLE-3 feature draft for SmolLM2-135M-Instruct (speculators format)",
+        "reads": "the target's hidden states at the inputs of layers "
+                 f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
+                 "and the next token's embedding (the target's own, not stored)",
+        "data": data_summary(data.load_records()),
+        "training": {"command": run["command"], "config": run["config"], "split": run["data"],
+                     "steps": state["step"], "total_steps": state.get("total_steps"),
+                     "wall_time_s": round(state["wall_time_s"], 1),
+                     "best": state["best"],
+                     "note": "held-out figures per draft position 1..N: teacher-forced on the target's own "
+                             "responses (an accepted chain); 1 − TV against the target's full distribution at "
+                             "T = 1; the checkpoint with the highest expected accepted length is kept",
+                     "learning_curve": [{k: h[k] for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score")}
+                                        for h in state["history"]]},
+    })
+    card.pop("spec_bench", None)  # figures of an earlier draft
+    write_card(card, out)
+    return out
+
+
+@torch.inference_mode()
+def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4) -> dict:
+    """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, and the draft's cost c."""
+    from tqdm import tqdm
+
+    from ..bench import measure_costs
+    from ..decode import encode_prompt, generate
+    from ..tasks import load_spec_bench
+    questions = load_spec_bench(per_category=per_category)
+    totals = {t: Counter() for t in ("t1", "greedy")}
+    for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
+        for name, temperature in (("t1", 1.0), ("greedy", 0.0)):
+            summary, events = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
+                                       max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
+            totals[name].update(accepted=summary.accepted, drafted=summary.drafted, new_tokens=summary.new_tokens,
+                                passes=summary.target_passes,
+                                rejected=sum(e.kind == "rejected" for e in events))
+    costs = measure_costs(pair, encode_prompt(pair.tokenizer, questions[0].prompt), n_draft)
+    figures = {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
+               "n_draft": n_draft, "threads": torch.get_num_threads(), "dtype": str(pair.target.dtype),
+               "cost_ratio_c": costs["c"], "target_ms_per_token": costs["target_ms"], "draft_ms_per_token": costs["draft_ms"],
+               "command": f"diversed-demo distill measure --per-category {per_category} "
+                          f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}"}
+    for name, t in totals.items():
+        figures[name] = {"tau": t["new_tokens"] / max(t["passes"], 1),
+                         "acceptance_per_verified_draft": t["accepted"] / max(t["accepted"] + t["rejected"], 1),
+                         "accepted_per_drafted": t["accepted"] / max(t["drafted"], 1)}
+    card = read_card()
+    card["spec_bench"] = figures
+    write_card(card)
+    return figures

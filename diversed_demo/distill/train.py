@@ -1,0 +1,295 @@
+"""Train the EAGLE-3 feature draft on the target's own responses, with EAGLE-3's training-time test.
+
+Each batch runs the target once (no gradient) for its features at the aux layers and its distribution
+at every position, then unrolls the draft `ttt_steps` times (eagle.ttt_forward): step j at position i
+sees the target's features up to i and its own outputs after, as when drafting, and learns the target's
+distribution of the token at i + 2 + j. The loss is the forward KL over the draft vocabulary (the
+target's logits renormalised over it, as in speculators), on response tokens only, weighted by
+`step_decay`**j. Held-out agreement and 1 − TV per draft position choose the checkpoint: EAGLE heads
+overfit after about an epoch, and the loss does not show it.
+
+Checkpoints (model, optimiser, schedule, data order) are written atomically and resumed automatically.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..eagle import Eagle3Draft, new_config, target_features, ttt_forward
+from ..models import atomic_torch_save
+
+
+@dataclass
+class TrainConfig:
+    ttt_steps: int = 4
+    step_decay: float = 0.8
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    epochs: float = 2.0
+    batch_tokens: int = 6144  # padded tokens per batch
+    max_length: int = 1024
+    eval_every: int = 100
+    heldout_fraction: float = 0.02
+    draft_vocab_size: int = 8192
+    seed: int = 0
+    bf16: bool = True  # autocast on CPU (AMX) and GPU
+    extra: dict = field(default_factory=dict)
+
+
+def is_heldout(record: dict, fraction: float) -> bool:
+    """Held out by a hash of the prompt (not the sample), so no held-out prompt is ever trained on."""
+    prompt_key = record["key"].rsplit("/", 1)[0]
+    return int(hashlib.sha256(prompt_key.encode()).hexdigest()[:8], 16) / 2**32 < fraction
+
+
+def frequent_tokens(records: list[dict], size: int, always=()) -> list[int]:
+    """The `size` most frequent response tokens (ties to the smaller id), sorted, with `always` included."""
+    counts = Counter(t for r in records for t in r["response_ids"])
+    chosen = set(always)
+    for token, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(chosen) >= size:
+            break
+        chosen.add(token)
+    return sorted(chosen)
+
+
+def batches(records: list[dict], batch_tokens: int, max_length: int, seed: int) -> list[list[int]]:
+    """Indices of records grouped by similar length, batch order shuffled by `seed`."""
+    order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]))
+    groups, current, width = [], [], 0
+    for i in order:
+        length = min(len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]), max_length)
+        if current and max(width, length) * (len(current) + 1) > batch_tokens:
+            groups.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, length)
+    if current:
+        groups.append(current)
+    random.Random(seed).shuffle(groups)
+    return groups
+
+
+def make_batch(records: list[dict], pad_id: int, max_length: int, device) -> dict[str, torch.Tensor]:
+    """Right-padded ids [B, T], the real-token mask and the mask of positions whose next token is a response token."""
+    seqs = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in records]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    real = torch.zeros(len(seqs), width, dtype=torch.bool)
+    predicts_response = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for row, (seq, record) in enumerate(zip(seqs, records)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        real[row, : len(seq)] = True
+        # position t predicts token t + 1: a response token from t = len(prompt) − 1 to len(seq) − 2
+        predicts_response[row, len(record["prompt_ids"]) - 1: len(seq) - 1] = True
+    return {"ids": ids.to(device), "real": real.to(device), "predicts_response": predicts_response.to(device)}
+
+
+@torch.no_grad()
+def target_pass(target, batch, aux_layer_ids, autocast: bool):
+    """The target's aux features [B, T, n_aux·H] and final hidden states [B, T, H] (normed)."""
+    with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = target.model(input_ids=batch["ids"], attention_mask=batch["real"].long(), output_hidden_states=True)
+    return target_features(out.hidden_states, aux_layer_ids).float(), out.last_hidden_state.float()
+
+
+def unroll(draft: Eagle3Draft, features, batch, steps: int, autocast: bool):
+    """The draft's hidden states per TTT step, on positions 0..T − steps − 1 (token inputs stay in range)."""
+    length = batch["ids"].shape[1] - steps
+    positions = torch.arange(length, device=features.device).expand(len(features), -1)
+    with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=autocast):
+        return ttt_forward(draft, features[:, :length], batch["ids"], positions, batch["real"][:, :length], steps)
+
+
+def label_rows(batch, steps: int, length: int):
+    """For each TTT step: the mask of roots i whose label (the token at i + 2 + step, i.e. the target's
+    distribution at i + 1 + step) is a response token, and where that label sits among all such positions."""
+    predicts = batch["predicts_response"]
+    row_of = predicts.flatten().long().cumsum(0).view_as(predicts) - 1
+    out = []
+    for step in range(steps):
+        label_pos = slice(1 + step, 1 + step + length)
+        mask = predicts[:, label_pos]
+        out.append((mask, row_of[:, label_pos][mask]))
+    return out
+
+
+def ttt_loss(draft: Eagle3Draft, target, batch, config: TrainConfig):
+    """Weighted forward KL over the TTT steps, and the per-step mean KL (for logging)."""
+    features, final = target_pass(target, batch, draft.aux_layer_ids, config.bf16)
+    outputs = unroll(draft, features, batch, config.ttt_steps, config.bf16)
+    with torch.autocast(final.device.type, dtype=torch.bfloat16, enabled=config.bf16), torch.no_grad():
+        # the target's LM-head rows of the draft vocabulary are the draft's (frozen) lm_head
+        target_logp = torch.log_softmax(draft.lm_head(final[batch["predicts_response"]]).float(), dim=-1)
+    total, per_step = 0.0, []
+    for step, (hidden, (mask, rows)) in enumerate(zip(outputs, label_rows(batch, config.ttt_steps, outputs[0].shape[1]))):
+        with torch.autocast(final.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+            draft_logp = torch.log_softmax(draft.draft_logits(hidden[mask]).float(), dim=-1)
+        labels = target_logp[rows]
+        step_loss = (labels.exp() * (labels - draft_logp)).sum(-1).mean() if len(rows) else hidden.sum() * 0
+        per_step.append(step_loss.item())
+        total = total + config.step_decay ** step * step_loss
+    return total, per_step
+
+
+@torch.no_grad()
+def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, config: TrainConfig) -> dict:
+    """Per draft position (1..ttt_steps): top-1 agreement with the target and 1 − TV against its full
+    distribution (q is 0 outside the draft vocabulary), on response tokens of held-out records.
+    Tokens are teacher-forced, as in an accepted chain."""
+    lm_head = target.get_output_embeddings().weight
+    draft_ids = draft.draft_token_ids
+    agree, overlap, count = [0.0] * config.ttt_steps, [0.0] * config.ttt_steps, [0] * config.ttt_steps
+    for group in batches(records, 1024, config.max_length, seed=0):  # small: p spans the whole vocabulary
+        batch = make_batch([records[i] for i in group], pad_id, config.max_length, lm_head.device)
+        features, final = target_pass(target, batch, draft.aux_layer_ids, config.bf16)
+        outputs = unroll(draft, features, batch, config.ttt_steps, config.bf16)
+        p_all = torch.softmax(final[batch["predicts_response"]] @ lm_head.float().T, dim=-1)
+        for step, (hidden, (mask, rows)) in enumerate(zip(outputs, label_rows(batch, config.ttt_steps,
+                                                                                outputs[0].shape[1]))):
+            p = p_all[rows]
+            q_small = torch.softmax(draft.draft_logits(hidden[mask].float()).float(), dim=-1)
+            agree[step] += float((draft_ids[q_small.argmax(-1)] == p.argmax(-1)).sum())
+            overlap[step] += float(torch.minimum(p[:, draft_ids], q_small).sum())
+            count[step] += len(rows)
+    return {"agreement": [a / max(c, 1) for a, c in zip(agree, count)],
+            "one_minus_tv": [o / max(c, 1) for o, c in zip(overlap, count)], "tokens": count[0]}
+
+
+def score(metrics: dict) -> float:
+    """Expected accepted drafts per block of ttt_steps under exact SD if position j's acceptance were its
+    held-out 1 − TV: the quantity speculative decoding pays for, and the checkpoint selector."""
+    total, running = 0.0, 1.0
+    for a in metrics["one_minus_tv"]:
+        running *= a
+        total += running
+    return total
+
+
+def init_draft(target, vocab_ids: list[int], config: TrainConfig, aux_layer_ids=None, verifier: str = "") -> Eagle3Draft:
+    torch.manual_seed(config.seed)
+    draft = Eagle3Draft(new_config(target.config, aux_layer_ids, len(vocab_ids), verifier))
+    draft.embed_tokens.weight = target.get_input_embeddings().weight
+    draft.set_vocab(torch.tensor(vocab_ids), target.get_output_embeddings().weight.detach().float())
+    with torch.no_grad():  # the draft's output goes through the target's LM head: start from its final norm
+        draft.norm.weight.copy_(target.model.norm.weight.float())
+    return draft.to(target.device)
+
+
+def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[dict], pad_id: int,
+          config: TrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
+    """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
+    `minutes` stops early (after a checkpoint); a rerun resumes."""
+    from transformers import get_cosine_schedule_with_warmup
+    work_dir = Path(work_dir)
+    checkpoint = work_dir / "checkpoint.pt"
+    epoch_batches = [batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
+                     for e in range(math.ceil(config.epochs))]
+    schedule = [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
+    # the embedding and LM head are the target's (the embedding is its very tensor): never trained
+    params = [p for name, p in draft.named_parameters() if not name.startswith(("embed_tokens", "lm_head"))]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, len(schedule))
+    state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": len(schedule)}
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, map_location=target.device, weights_only=False)
+        draft.load_state_dict(saved["model"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']} of {len(schedule)}")
+    started = time.time() - state["wall_time_s"]
+    trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("embed_tokens")}
+
+    def save_checkpoint():
+        state["wall_time_s"] = time.time() - started
+        atomic_torch_save({"model": {k: draft.state_dict()[k] for k in trainable}, "optimizer": optimizer.state_dict(),
+                           "scheduler": scheduler.state_dict(), "state": state, "config": asdict(config)}, checkpoint)
+
+    def run_eval():
+        draft.eval()
+        metrics = evaluate(draft, target, heldout, pad_id, config)
+        draft.train()
+        metrics.update(step=state["step"], train_tokens=state.get("train_tokens", 0),
+                       wall_time_s=round(time.time() - started, 1), score=score(metrics))
+        state["history"].append(metrics)
+        log(f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
+            f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}")
+        if state["best"] is None or metrics["score"] > state["best"]["score"]:
+            state["best"] = metrics
+            draft.save(work_dir / "best")
+
+    draft.train()
+    deadline = time.time() + minutes * 60 if minutes else None
+    while state["step"] < len(schedule):
+        if deadline and time.time() > deadline:
+            save_checkpoint()
+            log(f"stopped at step {state['step']} of {len(schedule)} (time limit); rerun to resume")
+            break
+        group = schedule[state["step"]]
+        batch = make_batch([train_records[i] for i in group], pad_id, config.max_length, target.device)
+        loss, per_step = ttt_loss(draft, target, batch, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        state["step"] += 1
+        state["train_tokens"] = state.get("train_tokens", 0) + int(batch["predicts_response"].sum())
+        if state["step"] % 10 == 0:
+            log(f"step {state['step']}/{len(schedule)} loss {loss.item():.3f} per step "
+                f"{[round(x, 2) for x in per_step]} lr {scheduler.get_last_lr()[0]:.2e} "
+                f"{state['train_tokens'] / (time.time() - started):.0f} tok/s")
+        if state["step"] % config.eval_every == 0 or state["step"] == len(schedule):
+            run_eval()
+            save_checkpoint()
+    return state
+
+
+def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minutes: float | None = None,
+                command: str = "") -> dict:
+    """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log."""
+    import json
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
+    train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
+    tokenizer = pair.tokenizer
+    specials = sorted({i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id)
+                       if i is not None})
+    vocab = frequent_tokens(train_records, config.draft_vocab_size, always=specials)
+    draft = init_draft(pair.target, vocab, config, verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    log_file = open(work_dir / "train.log", "a", encoding="utf-8")
+
+    def log(message):
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+    run = {"command": command, "config": asdict(config),
+           "data": {"records": len(records), "train_records": len(train_records), "heldout_records": len(heldout),
+                    "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
+                    "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
+                    "vocab_coverage": coverage(train_records, vocab)}}
+    (work_dir / "run.json").write_text(json.dumps(run, indent=2))
+    log(f"data: {run['data']}")
+    try:
+        return train(draft, pair.target, train_records, heldout, pad_id, config, work_dir, log, minutes)
+    finally:
+        log_file.close()
+
+
+def coverage(records: list[dict], token_ids: list[int]) -> float:
+    """Share of response tokens inside the draft vocabulary."""
+    inside = set(token_ids)
+    tokens = [t for r in records for t in r["response_ids"]]
+    return sum(t in inside for t in tokens) / max(len(tokens), 1)
