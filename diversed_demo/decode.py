@@ -138,7 +138,7 @@ def weight_rule(mode: str, ensemble_weight: float = 0.5, head=None):
 
 @dataclass
 class Verdict:
-    """What one verification decided, with everything the events and the accounting read."""
+    """What one verification decided, with everything the events, the accounting and training read."""
     draft_tokens: torch.Tensor  # [n]
     draft_probs: torch.Tensor  # [n, V]
     target_probs: torch.Tensor  # [n + 1, V]
@@ -146,6 +146,8 @@ class Verdict:
     n_accepted: int
     next_token: torch.Tensor  # the resampled token at the first rejection, or the bonus token
     accept_probs: torch.Tensor  # [n]
+    target_hidden: torch.Tensor  # [n + 1, H] the target's last hidden states at the scored positions
+    draft_hidden: torch.Tensor | None  # [n, Hd] what the head read beside them
     target_features: torch.Tensor | None  # aux hidden states of the verified positions, for a feature draft
 
 
@@ -162,7 +164,63 @@ def verify_step(target: CachedLM, sequence, draft_tokens, draft_probs, draft_hid
         n_accepted, next_token, accept_probs = verify_block(draft_tokens, draft_probs, target_probs, w,
                                                             sampler.generator)
     verified = None if aux is None else aux[: len(fed) + n_accepted]
-    return Verdict(draft_tokens, draft_probs, target_probs, w, n_accepted, next_token, accept_probs, verified)
+    return Verdict(draft_tokens, draft_probs, target_probs, w, n_accepted, next_token, accept_probs,
+                   target_hidden, draft_hidden, verified)
+
+
+@dataclass
+class Step:
+    """One decoding step: the sequence before it, the verdict, the tokens it emits, and its timing."""
+    index: int
+    sequence: torch.Tensor
+    verdict: Verdict
+    new_ids: list[int]  # emitted tokens, cut after an EOS
+    stopped: bool  # an EOS ended the decode
+    draft_s: float
+    verify_s: float
+
+
+def decode_steps(pair, prompt_ids: list[int], mode: str, ensemble_weight: float = 0.5, head=None,
+                 n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
+                 seed: int = 0):
+    """The decoding loop, one Step at a time (arguments already checked). Both the event stream and
+    head training's rollouts read it, so they follow one law."""
+    device = pair.target.device
+    sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed))
+    stop_ids = eos_ids(pair)
+    draft = make_draft(pair, mode)
+    target = CachedLM(pair.target, pair.vocab_size, draft.aux_layer_ids if draft else ())
+    weigh = weight_rule(mode, ensemble_weight, head)
+    sequence = torch.tensor(prompt_ids, device=device)
+    emitted, index = 0, 0
+    while emitted < max_new_tokens:
+        index += 1
+        # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
+        # the target's first pass over the prompt.
+        n = min(n_draft, max_new_tokens - emitted - 1) if draft and draft.ready(len(sequence)) else 0
+        t0 = time.perf_counter()
+        if n > 0:
+            draft_tokens, draft_probs, draft_hidden = draft.propose(sequence, n, sampler)
+        else:
+            draft_tokens, draft_hidden = sequence.new_empty(0), None
+            draft_probs = torch.empty(0, pair.vocab_size, device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        verdict = verify_step(target, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler)
+        t2 = time.perf_counter()
+        new_ids = torch.cat([draft_tokens[:verdict.n_accepted], verdict.next_token.view(1)]).tolist()
+        stop_at = next((i + 1 for i, t in enumerate(new_ids) if t in stop_ids), None)
+        new_ids = new_ids[:stop_at]
+        yield Step(index, sequence, verdict, new_ids, stop_at is not None, t1 - t0, t2 - t1)
+        emitted += len(new_ids)
+        sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
+        if stop_at is not None:
+            break
+        # Keep the caches on the new sequence minus its last token (which is fed next step).
+        target.rollback(len(sequence) - 1)
+        if draft is not None:
+            draft.observe(len(sequence), verdict.target_features)
 
 
 @torch.inference_mode()
@@ -176,66 +234,35 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
     (the bare loop). Summary.events_s is the time the events took, which prices streaming.
     """
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p)
-    tokenizer, device = pair.tokenizer, pair.target.device
+    tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     limit = getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)
     if limit and len(prompt_ids) + max_new_tokens > limit:
         raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"the model's context of {limit} tokens")
-    sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed))
-    stop_ids = eos_ids(pair)
-    draft = make_draft(pair, mode)
-    target = CachedLM(pair.target, pair.vocab_size, draft.aux_layer_ids if draft else ())
-    weigh = weight_rule(mode, ensemble_weight, head)
-    sequence = torch.tensor(prompt_ids, device=device)
     summary = Summary("", 0, 0, 0, 0, 0.0)
-    w_total, w_count = 0.0, 0
+    w_total, w_count, token_ids = 0.0, 0, []
     start = time.perf_counter()
-    step = 0
-    while summary.new_tokens < max_new_tokens:
-        step += 1
-        # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
-        # the target's first pass over the prompt.
-        n = min(n_draft, max_new_tokens - summary.new_tokens - 1) if draft and draft.ready(len(sequence)) else 0
-        t0 = time.perf_counter()
-        if n > 0:
-            draft_tokens, draft_probs, draft_hidden = draft.propose(sequence, n, sampler)
-        else:
-            draft_tokens, draft_hidden = sequence.new_empty(0), None
-            draft_probs = torch.empty(0, pair.vocab_size, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        verdict = verify_step(target, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler)
-        t2 = time.perf_counter()
-
-        n_accepted = verdict.n_accepted
-        new_ids = torch.cat([draft_tokens[:n_accepted], verdict.next_token.view(1)]).tolist()
-        stop_at = next((i + 1 for i, t in enumerate(new_ids) if t in stop_ids), None)
-        new_ids = new_ids[:stop_at]
+    for step in decode_steps(pair, prompt_ids, mode, ensemble_weight, head, n_draft, max_new_tokens, temperature,
+                             top_p, seed):
+        verdict, n = step.verdict, len(step.verdict.draft_tokens)
         summary.target_passes += 1
         summary.drafted += n
-        summary.accepted += min(n_accepted, len(new_ids))
-        verified = n_accepted + (n_accepted < n)  # positions whose w mattered
+        summary.accepted += min(verdict.n_accepted, len(step.new_ids))
+        verified = verdict.n_accepted + (verdict.n_accepted < n)  # positions whose w mattered
         w_total = w_total + verdict.w[:verified].sum()
         w_count += verified
+        summary.new_tokens += len(step.new_ids)
+        token_ids += step.new_ids
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(tokenizer, sequence, verdict, mode, step, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
-            yield from output_events(events, len(new_ids))
+            events = step_events(tokenizer, step.sequence, verdict, mode, step.index, step.draft_s * 1e3,
+                                 step.verify_s * 1e3)
+            yield from output_events(events, len(step.new_ids))
             summary.events_s += time.perf_counter() - t3
-        summary.new_tokens += len(new_ids)
-        sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
-        if stop_at is not None:
-            break
-        # Keep the caches on the new sequence minus its last token (which is fed next step).
-        target.rollback(len(sequence) - 1)
-        if draft is not None:
-            draft.observe(len(sequence), verdict.target_features)
-
     summary.wall_time_s = time.perf_counter() - start
-    summary.token_ids = sequence[len(prompt_ids):].tolist()
-    summary.text = tokenizer.decode(summary.token_ids, skip_special_tokens=True)
+    summary.token_ids = token_ids
+    summary.text = tokenizer.decode(token_ids, skip_special_tokens=True)
     summary.mean_w = float(w_total) / w_count if w_count else None
     yield summary
 

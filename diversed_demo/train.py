@@ -1,9 +1,10 @@
 """Training an ensemble head with sequence-level REINFORCE plus an acceptance term.
 
-Both language models are frozen; only the head trains. Rollouts come from the DIVERSED process: each
-emitted token follows nu_t = w_t·p_t + (1 − w_t)·q_t, so we sample from nu position by position (batched,
-both models with KV caches) and keep what the loss needs: the hidden states the head reads, p_t(y_t),
-q_t(y_t) and TV(p_t, q_t). The loss then re-evaluates only the head:
+Both language models are frozen; only the head trains. Rollouts come from the speculative decoder itself
+(blocks of N drafts verified against nu_t = w_t·p_t + (1 − w_t)·q_t, with the serving N), so they follow
+the law the head serves under for either kind of draft. At every position where w_t decided the token we
+keep what the loss needs: the hidden states the head reads, p_t(y_t), q_t(y_t) and TV(p_t, q_t). The loss
+then re-evaluates only the head:
 
     log π(y) = Σ_t log nu_t(y_t)
     loss = −mean_tokens(A · log nu_t(y_t)) − λ · mean_t(1 − w_t·TV_t)
@@ -27,11 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from .head import new_head, save_head, user_heads_dir
-from .models import atomic_torch_save
-from .verify import ensemble_probs, sample, sampling_probs, total_variation
+from .models import atomic_torch_save, text_config
+from .verify import total_variation
 
 
 
@@ -43,6 +43,7 @@ class TrainConfig:
     prompts_per_step: int = 2
     rollouts_per_prompt: int = 4
     max_new_tokens: int = 48
+    n_draft: int = 4  # the draft length of the rollouts: the N the head will serve with
     temperature: float = 1.0
     lam: float | None = None  # weight of the acceptance term; None: the task's default (TASK_DEFAULTS)
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
@@ -89,8 +90,9 @@ class TrainResult:
 
 @dataclass
 class Rollouts:
-    tokens: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T] 1 for emitted tokens (EOS included), 0 after
+    """Per rollout, the positions where w_t decided the emitted token, left-aligned and padded."""
+    tokens: torch.Tensor  # [B, T] the emitted token at each such position
+    mask: torch.Tensor  # [B, T] 1 where a position is recorded, 0 in the padding
     target_hidden: torch.Tensor  # [B, T, Ht] at the position that predicts each token
     draft_hidden: torch.Tensor  # [B, T, Hd]
     target_prob: torch.Tensor  # [B, T] p_t(y_t)
@@ -98,6 +100,7 @@ class Rollouts:
     tv: torch.Tensor  # [B, T] TV(p_t, q_t)
     target_entropy: torch.Tensor  # [B, T] H(p_t) = −Σ p log p
     cross_entropy: torch.Tensor  # [B, T] CE(q_t, p_t) = −Σ q log p
+    outputs: list = field(default_factory=list)  # each rollout's whole output ids (bonus tokens too)
 
 
 def check_config(config: TrainConfig) -> None:
@@ -131,38 +134,54 @@ def training_examples(config: TrainConfig):
 
 @torch.no_grad()
 def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: int, temperature: float,
-                    generator: torch.Generator, stop_ids: set[int]) -> Rollouts:
-    """n samples from the DIVERSED process for one prompt, decoded together as a batch."""
+                    generator: torch.Generator, n_draft: int = 4) -> Rollouts:
+    """n decodes of one prompt by the speculative decoder itself, with the head choosing w_t.
+
+    With a feature draft, q at a position depends on how far it is from the last verification, so only
+    the real decoding process has the law the head will serve under. Each verified position (where w_t
+    decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
+    not, but they are part of each output (`outputs`) that the reward scores.
+    """
+    from .decode import decode_steps
+    rows, outputs = [], []
+    for _ in range(n):
+        seed = int(torch.randint(2**31 - 1, (), generator=generator))
+        fields = {k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")}
+        output = []
+        for step in decode_steps(pair, prompt_ids, "dynamic", head=head, n_draft=n_draft,
+                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed):
+            v = step.verdict
+            # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
+            k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
+            if k:
+                tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
+                rows_k = torch.arange(k, device=tokens.device)
+                p, q = v.target_probs[:k], v.draft_probs[:k]
+                log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
+                for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
+                                   ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
+                                   ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
+                                   ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1))):
+                    fields[key].append(value)
+            output += step.new_ids
+        rows.append({k: torch.cat(v) if v else None for k, v in fields.items()})
+        outputs.append(output)
+    length = max(1, max(len(r["tokens"]) if r["tokens"] is not None else 0 for r in rows))
     device = pair.target.device
-    caches = [DynamicCache(config=m.config) for m in (pair.target, pair.draft)]
-    feed = torch.tensor([prompt_ids], device=device)  # the prompt is prefilled once, then the cache is copied
-    alive = torch.ones(n, dtype=torch.bool, device=device)
-    steps = {k: [] for k in Rollouts.__dataclass_fields__}
-    for position in range(max_new_tokens):
-        hidden, probs = [], []
-        for model, cache in zip((pair.target, pair.draft), caches):
-            h = model.get_decoder()(input_ids=feed, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
-            if position == 0:
-                cache.batch_repeat_interleave(n)
-                h = h.expand(n, -1)
-            logits = model.get_output_embeddings()(h)[:, : pair.vocab_size]
-            hidden.append(h.float())
-            probs.append(sampling_probs(logits, temperature))
-        w = head(hidden[0], hidden[1])
-        token = sample(ensemble_probs(probs[0], probs[1], w), generator)
-        rows = torch.arange(n, device=device)
-        target_logp = probs[0].clamp_min(torch.finfo(probs[0].dtype).tiny).log()
-        for key, value in (("tokens", token), ("mask", alive.float()), ("target_hidden", hidden[0]),
-                           ("draft_hidden", hidden[1]), ("target_prob", probs[0][rows, token]),
-                           ("draft_prob", probs[1][rows, token]), ("tv", total_variation(probs[0], probs[1])),
-                           ("target_entropy", -(probs[0] * target_logp).sum(-1)),
-                           ("cross_entropy", -(probs[1] * target_logp).sum(-1))):
-            steps[key].append(value)
-        alive = alive & ~torch.isin(token, torch.tensor(sorted(stop_ids), device=device))
-        if not alive.any():
-            break
-        feed = token[:, None]
-    return Rollouts(**{k: torch.stack(v, dim=1) for k, v in steps.items()})
+    batch = {"mask": torch.zeros(n, length, device=device)}
+    for i, r in enumerate(rows):
+        count = 0 if r["tokens"] is None else len(r["tokens"])
+        batch["mask"][i, :count] = 1
+        for key, value in r.items():
+            if key not in batch:
+                width = {"target_hidden": text_config(pair.target).hidden_size,
+                         "draft_hidden": text_config(pair.draft).hidden_size}.get(key)
+                shape = (n, length, width) if width else (n, length)
+                batch[key] = torch.zeros(shape, device=device,
+                                         dtype=torch.long if key == "tokens" else torch.float32)
+            if count:
+                batch[key][i, :count] = value
+    return Rollouts(**batch, outputs=outputs)
 
 
 def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float, dense_fidelity: float = 0.0):
@@ -196,7 +215,7 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from .decode import encode_prompt, eos_ids
+    from .decode import encode_prompt
     from .rewards import task_reward
 
     check_config(config)
@@ -230,7 +249,6 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
                                 "generator": generator.get_state(), "step": step, "history": history},
                                checkpoint_path)
 
-    stop_ids = eos_ids(pair)
     started = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {name}", disable=not progress)
     for step in range(start_step, config.steps):
@@ -246,10 +264,9 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         for example in batch:
             prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
             r = sample_rollouts(pair, head_model, prompt_ids, config.rollouts_per_prompt, config.max_new_tokens,
-                                config.temperature, generator, stop_ids)
+                                config.temperature, generator, config.n_draft)
             rollouts.append(r)
-            for tokens, mask in zip(r.tokens, r.mask):
-                output_ids = tokens[mask.bool()].tolist()
+            for output_ids in r.outputs:
                 text = pair.tokenizer.decode(output_ids, skip_special_tokens=True)
                 rewards.append(task_reward(config.task, example, text, pair=pair, prompt_ids=prompt_ids,
                                            output_ids=output_ids))

@@ -79,9 +79,27 @@ def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
     assert w[:, ::2].min() > 0.7 and w[:, 1::2].max() < 0.3
 
 
+def test_rollouts_are_the_decoders_own_outputs(any_pair):
+    # Rollouts come from the decoding process the head serves in, for either kind of draft.
+    prompt, head = [1, 5, 6, 7], new_head(any_pair, hidden_size=8)
+    rollouts = sample_rollouts(any_pair, head, prompt, 3, 12, 1.0, torch.Generator().manual_seed(0), n_draft=3)
+    g = torch.Generator().manual_seed(0)
+    seeds = [int(torch.randint(2**31 - 1, (), generator=g)) for _ in range(3)]
+    for output, mask, seed in zip(rollouts.outputs, rollouts.mask, seeds):
+        summary, events = generate(any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12, seed=seed)
+        assert output == summary.token_ids
+        decided = [e for e in events if e.kind in ("accepted", "resampled")]
+        assert int(mask.sum()) == len(decided)
+    with torch.no_grad():
+        w = head(rollouts.target_hidden, rollouts.draft_hidden)
+    recorded = [e.w for e in generate(any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12,
+                                      seed=seeds[0])[1] if e.kind in ("accepted", "resampled")]
+    assert w[0, :len(recorded)].tolist() == pytest.approx(recorded, abs=1e-5)
+
+
 def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
     prompt = [1, 5, 6, 7]
-    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), prompt, 2, 3, 1.0, torch.Generator().manual_seed(0), {2})
+    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), prompt, 2, 3, 1.0, torch.Generator().manual_seed(0))
     with torch.no_grad():
         p = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1], -1)
         q = torch.softmax(pair.draft(torch.tensor([prompt])).logits[0, -1], -1)
