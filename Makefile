@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install chromium clean
+.PHONY: demo test install chromium clean screenshots
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ demo: install
 
 test: install chromium
 	$(BIN)/python -m pytest -q
+
+# Refresh the README's screenshots (the test run itself writes them to a temporary folder).
+screenshots: install chromium
+	DIVERSED_SCREENSHOTS=assets/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
 
 clean:
 	rm -rf $(VENV)

@@ -45,7 +45,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> int:
-    from .decode import speculative_generate
+    from .decode import check_args, speculative_generate
+    # Bad values fail before the models load (seconds), not after.
+    check_args(args.mode, args.w, args.head, args.n_draft, args.max_new_tokens, args.temperature, args.top_p,
+               args.seed)
     pair = pair_from_args(args)
     head = None
     if args.mode == "dynamic":

@@ -102,7 +102,12 @@ def eos_ids(pair) -> set[int]:
     return ids
 
 
-def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p):
+MAX_SEED = 2**32 - 1
+
+
+def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed=0):
+    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "static" and not (isinstance(ensemble_weight, (int, float)) and 0.0 <= ensemble_weight <= 1.0):
@@ -233,7 +238,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
     or "dynamic" (w_t from `head`). temperature 0 is greedy. emit_events=False yields only the Summary
     (the bare loop). Summary.events_s is the time the events took, which prices streaming.
     """
-    check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p)
+    check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed)
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     limit = getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)

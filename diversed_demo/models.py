@@ -170,7 +170,32 @@ def resolve_source(name_or_path: str) -> str:
         return str(_converted_gguf_dir(path))
     if path.exists() and not (path / "config.json").exists():
         raise PairError(f"{path} is not a model directory (no config.json)")
-    return str(path) if path.exists() else name_or_path
+    if path.exists():
+        return str(path)
+    check_hub_model(name_or_path)
+    return name_or_path
+
+
+def check_hub_model(name: str) -> None:
+    """Fail at once, in one line, for a hub id that cannot load: transformers would retry the hub for
+    about a minute when offline and end in a traceback."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # in the local cache: loads offline
+    if constants.HF_HUB_OFFLINE:
+        raise PairError(f"cannot load model {name!r}: not a local directory and not in the Hugging Face cache "
+                        f"(HF_HUB_OFFLINE is set)")
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        raise PairError(f"cannot load model {name!r}: it is gated; accept its licence on the hub and log in "
+                        f"(hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise PairError(f"cannot load model {name!r}: no such model on the Hugging Face hub (or it is private)") from None
+    except Exception as err:  # connection errors vary by library version; the advice does not
+        raise PairError(f"cannot load model {name!r}: not a local directory, and the Hugging Face hub cannot "
+                        f"be reached ({type(err).__name__}: {err})") from None
 
 
 def _load_model(source: str, device: torch.device, dtype: torch.dtype):

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 
 from . import train
 from .bench import alpha_from_acceptance, analytic_speedup
-from .decode import MAX_N_DRAFT, Summary, encode_prompt, speculative_generate
+from .decode import MAX_N_DRAFT, MAX_SEED, Summary, encode_prompt, speculative_generate
 from .head import list_heads, load_head
 from .models import ASSETS, EMBEDDED_DRAFT_DIR
 from .rewards import fidelity, task_reward
@@ -750,7 +750,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             n_draft = gr.Slider(1, min(MAX_N_DRAFT, 12), value=4, step=1, label="draft tokens per step N")
             max_new_tokens = gr.Slider(8, 512, value=64, step=8, label="max new tokens")
             temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature", info="0 = greedy")
-            seed = gr.Number(0, precision=0, label="seed", elem_id="seed")
+            seed = gr.Number(0, precision=0, minimum=0, maximum=MAX_SEED, label="seed", elem_id="seed")
 
         with gr.Tabs():
             with gr.Tab("Decode", id="decode"):

@@ -1,7 +1,8 @@
 """End-to-end: the app served on localhost with a tiny pair, driven in headless Chromium.
 
 Needs Debian's chromium at /usr/bin/chromium (or $CHROMIUM) and the playwright Python package; without
-the browser it is skipped locally and fails in CI. Saves a screenshot of each tab to assets/screenshots/.
+the browser it is skipped locally and fails in CI. Saves a screenshot of each tab to a temporary folder, or
+to $DIVERSED_SCREENSHOTS: `make screenshots` refreshes the README's (assets/screenshots/) that way.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ pytestmark = pytest.mark.browser
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
 PROMPT = "the cat sat on the mat and"
 TIMEOUT_MS = 60_000
 
@@ -59,6 +59,16 @@ def server(tmp_path_factory):
         log.close()
 
 
+README_SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+TRACKED_MTIMES = {p.name: p.stat().st_mtime_ns for p in README_SCREENSHOTS.glob("*.png")}
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    folder = os.environ.get("DIVERSED_SCREENSHOTS")
+    return Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+
+
 @pytest.fixture(scope="module")
 def page(server, tmp_path_factory):
     if not os.path.exists(CHROMIUM):
@@ -66,7 +76,6 @@ def page(server, tmp_path_factory):
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
             f"no Chromium at {CHROMIUM} (make chromium, i.e. apt-get install chromium, or set $CHROMIUM)")
     from playwright import sync_api
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
@@ -102,7 +111,7 @@ def acceptance_shown(page) -> str:
     return page.locator("#stats .dd-stat-value").first.inner_text()
 
 
-def test_generate_shows_coloured_tokens_with_w_in_tooltips(page):
+def test_generate_shows_coloured_tokens_with_w_in_tooltips(page, screenshots):
     set_slider(page, "w-slider", 0.5)
     generate(page, 0.5, seed=1)
     tokens = page.locator("#tokens .dd-tok")
@@ -113,7 +122,7 @@ def test_generate_shows_coloured_tokens_with_w_in_tooltips(page):
     assert all(title and "w_t = " in title and "p(x)" in title for title in titles)
     assert any(re.search(r"w_t = 0\.500", title) for title in titles)  # the static weight reached the decoder
     page.locator("#w-chart .js-plotly-plot").wait_for()
-    page.screenshot(path=str(SCREENSHOTS / "decode.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "decode.png"), full_page=True)
 
 
 def test_moving_the_slider_changes_acceptance(page):
@@ -128,7 +137,7 @@ def test_moving_the_slider_changes_acceptance(page):
     assert exact != relaxed
 
 
-def test_train_a_head_then_decode_with_it_and_cancel_a_run(page):
+def test_train_a_head_then_decode_with_it_and_cancel_a_run(page, screenshots):
     open_tab(page, "Train")
     status = page.locator("#train-status")
     # A short run to the end: its head appears at once in the sidebar's dropdown.
@@ -155,10 +164,10 @@ def test_train_a_head_then_decode_with_it_and_cancel_a_run(page):
     status.get_by_text(re.compile("Training…")).wait_for()
     page.locator("#train-cancel").click()
     status.get_by_text(re.compile("Cancelled at")).wait_for()
-    page.screenshot(path=str(SCREENSHOTS / "train.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "train.png"), full_page=True)
 
 
-def test_compare_shows_runs_charts_and_table(page):
+def test_compare_shows_runs_charts_and_table(page, screenshots):
     """After the training test, DIVERSED has a head and runs too; without one it is skipped with a note."""
     set_slider(page, "w-slider", 0.5)
     open_tab(page, "Compare")
@@ -172,15 +181,15 @@ def test_compare_shows_runs_charts_and_table(page):
     page.locator("#compare-acceptance .js-plotly-plot").wait_for()
     page.locator("#compare-elapsed .js-plotly-plot").wait_for()
     assert page.locator(".dd-panel .dd-tok").count() > 0
-    page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "compare.png"), full_page=True)
 
 
-def test_dial_sweep_draws_charts(page):
+def test_dial_sweep_draws_charts(page, screenshots):
     open_tab(page, "Speed–quality dial")
     page.get_by_role("button", name="Run sweep").click()
     page.locator("#dial-quality .js-plotly-plot").wait_for()
     page.locator("#dial-speed .js-plotly-plot").wait_for()
-    page.screenshot(path=str(SCREENSHOTS / "dial.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "dial.png"), full_page=True)
 
 
 def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
@@ -199,7 +208,12 @@ def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
     page.get_by_text(re.compile("line 2: not valid JSON")).first.wait_for()
 
 
-def test_about_tab(page):
+def test_about_tab(page, screenshots):
     open_tab(page, "About")
     page.get_by_text("Leviathan").first.wait_for()
-    page.screenshot(path=str(SCREENSHOTS / "about.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "about.png"), full_page=True)
+
+
+@pytest.mark.skipif(bool(os.environ.get("DIVERSED_SCREENSHOTS")), reason="refreshing the README's screenshots")
+def test_a_test_run_leaves_the_readme_screenshots_alone(page):
+    assert {p.name: p.stat().st_mtime_ns for p in README_SCREENSHOTS.glob("*.png")} == TRACKED_MTIMES

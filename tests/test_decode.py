@@ -305,6 +305,8 @@ def test_ar_mode_is_target_sampling(pair):
     ({"temperature": -1}, "temperature"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 10_000}, "context"),
+    ({"seed": 10**30}, "seed"),  # once "Overflow when unpacking long long" from torch
+    ({"seed": -1}, "seed"),
 ])
 def test_bad_inputs_get_clear_errors(pair, kwargs, message):
     args = {"prompt": "the cat", "mode": "static", "ensemble_weight": 0.5, "n_draft": 4, **kwargs}
@@ -319,13 +321,17 @@ def test_pair_with_different_tokenizers_is_refused(tmp_path):
     other.save_pretrained(draft_dir)
     with pytest.raises(PairError, match="vocabulary size"):
         load_pair(target_dir, draft_dir, "cpu")
-    swapped = tiny_tokenizer()
-    vocab = swapped.get_vocab()
+    swapped_eos = tiny_tokenizer()
+    swapped_eos.eos_token = "<pad>"
     with pytest.raises(PairError, match="eos_token_id"):
-        swapped_eos = tiny_tokenizer()
-        swapped_eos.eos_token = "<pad>"
-        check_tokenizers(swapped, swapped_eos)
-    assert len(vocab) == len(swapped)
+        check_tokenizers(tiny_tokenizer(), swapped_eos)
+    renumbered = tiny_tokenizer()  # same tokens and size, two ids exchanged
+    vocab = renumbered.get_vocab()
+    vocab["cat"], vocab["dog"] = vocab["dog"], vocab["cat"]
+    from tokenizers import Tokenizer, models
+    renumbered.backend_tokenizer.model = models.WordLevel(vocab=vocab, unk_token="<unk>")
+    with pytest.raises(PairError, match="token 'cat' has id"):
+        check_tokenizers(tiny_tokenizer(), renumbered)
 
 
 def test_local_directories_load_as_a_pair(tmp_path):
