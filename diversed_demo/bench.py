@@ -7,13 +7,13 @@ cost per token c and the verify pass's cost v, both relative to one target token
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
+
+from .theory import alpha_from_acceptance, analytic_speedup
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
@@ -102,33 +102,6 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens
     return chosen
 
 
-def analytic_speedup(alpha: float, n_draft: int, c: float, v: float = 1.0) -> float:
-    """Expected speedup over target-only decoding (Leviathan et al., 2023): expected tokens per step,
-    (1 − α^{N+1}) / (1 − α) with limit N + 1 at α = 1, over the step's cost N·c + v in target-token units."""
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"α must be in [0, 1], not {alpha}")
-    tokens = n_draft + 1 if alpha == 1 else (1 - alpha ** (n_draft + 1)) / (1 - alpha)
-    return tokens / (n_draft * c + v)
-
-
-def alpha_from_acceptance(rate: float, n_draft: int) -> float:
-    """Per-token acceptance α from the measured accepted/drafted rate of blocks of N drafts.
-
-    With i.i.d. acceptance a block keeps α + α² + … + α^N drafts on average, so accepted/drafted is
-    α(1 − α^N) / (N(1 − α)), which rises monotonically in α: invert it by bisection.
-    """
-    if not 0 <= rate <= 1:
-        raise ValueError(f"an acceptance rate must be in [0, 1], not {rate}")
-    low, high = 0.0, 1.0
-    for _ in range(50):
-        mid = (low + high) / 2
-        if sum(mid ** k for k in range(1, n_draft + 1)) / n_draft < rate:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
 def transformers_kwargs(mode_kwargs: dict) -> dict | None:
     """generate() arguments for transformers' equivalent of a mode, or None where it has none: it accepts
     only 0 < w < 1 as an ensemble weight (w = 1 is its plain assisted generation, w = 0 has no
@@ -149,7 +122,7 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     The draft's generation config is set for the call and restored after it."""
     import copy
 
-    from .models import stock_linear
+    from .linear import stock_linear
     extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
@@ -339,8 +312,8 @@ def markdown_table(report: dict) -> str:
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     s = report["settings"]
     c = report["costs"]
-    lines += ["", f"Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
-              f"(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
+    lines += ["", "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
+              "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
               f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
               f"{s['dtype']}, {s['threads']} threads on {s['device']}; n_draft "
               + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
@@ -383,48 +356,3 @@ def bench_figure(report: dict):
     fig.update_layout(barmode="group", title="Spec-Bench speedup over target-only", yaxis_title="speedup (×)",
                       template="plotly_white")
     return fig
-
-
-def add_arguments(parser) -> None:
-    from .cli import add_pair_arguments
-    parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
-    parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
-    parser.add_argument("--categories", default=None,
-                        help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
-    parser.add_argument("--n-draft", default="auto",
-                        help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
-                             "acceptance of a calibration run on the project's own prompts (default)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vs-transformers", action="store_true", help="also time transformers' generate (greedy)")
-    parser.add_argument("--json", default=None, help="write the machine-readable report here")
-    parser.add_argument("--markdown", default=None, help="write the Markdown table here")
-    parser.add_argument("--plot", default=None, help="write a plotly HTML chart here")
-    add_pair_arguments(parser)
-
-
-def run(args) -> int:
-    from tqdm.auto import tqdm
-
-    from .cli import pair_from_args
-    from .tasks import load_spec_bench
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)  # before the models load
-    pair = pair_from_args(args)
-    modes = parse_modes(args.modes, pair)
-    bar = tqdm(total=len(examples) * len(modes), desc="bench")
-    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
-    report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
-                       args.vs_transformers, progress=lambda: bar.update(1))
-    bar.close()
-    table = markdown_table(report)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
-    if args.plot:
-        bench_figure(report).write_html(args.plot)
-    return 0

@@ -1,21 +1,13 @@
-"""`diversed-demo` command line: generate, and the subcommands other modules register.
+"""`diversed-demo` command line: every subcommand's arguments, and the plain functions each one calls.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args)`; this file only wires them.
+This module is the top layer: nothing in the package imports it. Heavy modules load inside the
+subcommand that needs them, so `--help` and argument errors are instant.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-
-SUBCOMMANDS = {  # name -> (module, help)
-    "train": ("diversed_demo.train", "train an ensemble head with sequence-level RL"),
-    "frontier": ("diversed_demo.frontier", "static-w frontier vs heads on a held-out set"),
-    "bench": ("diversed_demo.bench", "Spec-Bench speed and quality table"),
-    "app": ("diversed_demo.ui", "launch the Gradio app"),
-}
-
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target: hub id, directory or .gguf (default: embedded smollm2-135m)")
@@ -42,6 +34,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object with text, summary and events")
     add_pair_arguments(parser)
+    parser.set_defaults(func=run_generate)
 
 
 def run_generate(args) -> int:
@@ -123,7 +116,7 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_distill_train(args) -> int:
-    from .distill import card, data
+    from .distill import data
     from .distill.train import TrainConfig, train_draft
     from .models import EMBEDDED, load_pair
     config = TrainConfig(epochs=args.epochs, ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr,
@@ -175,27 +168,169 @@ def run_distill_data(args) -> int:
     return 0
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """All subcommands are listed; only the chosen one's module is imported (they pull in heavy deps)."""
+def add_train_arguments(parser) -> None:
+    from .train import TASK_DEFAULTS, TrainConfig
+    defaults = TrainConfig()
+    parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
+    parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "n_draft", "epochs",
+                 "hidden_size", "warmup_steps", "checkpoint_every", "seed"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    helps = {"lam": "weight of the acceptance term (default per task: 3 for general, 5 for summarization, else 0.15)",
+             "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
+                               "summarization, else 0)",
+             "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)"}
+    for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
+                            help=helps.get(name))
+    for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
+        parser.set_defaults(**{name: None})
+    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
+    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
+    add_pair_arguments(parser)
+    parser.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    from .train import TrainConfig, check_config, train_head
+    fields = TrainConfig.__dataclass_fields__
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    check_config(config)
+    result = train_head(pair_from_args(args), config)
+    print(f"head saved to {result.path}" if result.path else "cancelled")
+    return 0
+
+
+def add_frontier_arguments(parser) -> None:
+    from .frontier import DEFAULT_WEIGHTS, HELD_OUT
+    parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
+    parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
+    parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
+    parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--plot", default=None, help="HTML plot path (default runs/frontier/<task>.html)")
+    parser.add_argument("--json", default=None, help="write all points and margins as JSON")
+    parser.add_argument("--write-card", action="store_true",
+                        help="store each head's figures in heads/<name>.json and in its safetensors metadata")
+    add_pair_arguments(parser)
+    parser.set_defaults(func=run_frontier)
+
+
+def run_frontier(args) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .frontier import evaluate_heads, frontier_figure
+    try:
+        weights = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
+    pair = pair_from_args(args)
+    bar = tqdm(desc=f"frontier {args.task}")
+    command = " ".join(["diversed-demo"] + sys.argv[1:])
+    report, points = evaluate_heads(pair, args.task, args.head, weights, args.limit, args.data, args.n_draft,
+                                    args.max_new_tokens, args.temperature, args.write_card, command,
+                                    progress=lambda *_: bar.update(1))
+    bar.close()
+    print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for name, m in report["heads"].items():
+        print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
+              f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
+              f"beyond frontier: {m['beyond_frontier']}")
+    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}.html")
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    frontier_figure(points, f"Frontier on {args.task} ({report['examples']} held-out examples)").write_html(plot)
+    print(f"plot: {plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def add_bench_arguments(parser) -> None:
+    from .bench import DEFAULT_MODES
+    parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
+    parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
+    parser.add_argument("--categories", default=None,
+                        help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--n-draft", default="auto",
+                        help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
+                             "acceptance of a calibration run on the project's own prompts (default)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vs-transformers", action="store_true", help="also time transformers' generate (greedy)")
+    parser.add_argument("--json", default=None, help="write the machine-readable report here")
+    parser.add_argument("--markdown", default=None, help="write the Markdown table here")
+    parser.add_argument("--plot", default=None, help="write a plotly HTML chart here")
+    add_pair_arguments(parser)
+    parser.set_defaults(func=run_bench_command)
+
+
+def run_bench_command(args) -> int:
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from .bench import bench_figure, markdown_table, parse_modes, run_bench
+    from .tasks import load_spec_bench
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)  # before the models load
+    pair = pair_from_args(args)
+    modes = parse_modes(args.modes, pair)
+    bar = tqdm(total=len(examples) * len(modes), desc="bench")
+    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
+    report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
+                       args.vs_transformers, progress=lambda: bar.update(1))
+    bar.close()
+    table = markdown_table(report)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    if args.plot:
+        bench_figure(report).write_html(args.plot)
+    return 0
+
+
+def add_app_arguments(parser) -> None:
+    add_pair_arguments(parser)
+    parser.add_argument("--host", default=None,
+                        help="interface to listen on (default 127.0.0.1; 0.0.0.0 to share on a LAN)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 7860 or $GRADIO_SERVER_PORT)")
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    parser.set_defaults(func=run_app)
+
+
+def run_app(args) -> int:
+    from .ui import build_app, launch
+    launch(build_app(pair_from_args(args)), server_name=args.host, server_port=args.port, share=args.share)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diversed-demo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="decode one prompt and print text and summary")
-    add_generate_arguments(gen)
-    gen.set_defaults(func=run_generate)
+    add_generate_arguments(sub.add_parser("generate", help="decode one prompt and print text and summary"))
     add_distill_arguments(sub.add_parser("distill", help="train the embedded feature draft from the target"))
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        cmd = sub.add_parser(name, help=help_text)
-        if name == command:
-            module = importlib.import_module(module_name)
-            module.add_arguments(cmd)
-            cmd.set_defaults(func=module.run)
+    add_train_arguments(sub.add_parser("train", help="train an ensemble head with sequence-level RL"))
+    add_frontier_arguments(sub.add_parser("frontier", help="static-w frontier vs heads on a held-out set"))
+    add_bench_arguments(sub.add_parser("bench", help="Spec-Bench speed and quality table"))
+    add_app_arguments(sub.add_parser("app", help="launch the Gradio app"))
     return parser
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as err:  # bad input: a message, not a traceback

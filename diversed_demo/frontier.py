@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -159,71 +158,33 @@ def held_out_examples(task: str, limit: int | None, data: str | None = None):
     return load_spec_bench(data, categories=categories)[:limit]
 
 
-def add_arguments(parser) -> None:
-    from .cli import add_pair_arguments
-    parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
-    parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
-    parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
-    parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
-    parser.add_argument("--n-draft", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--plot", default=None, help="HTML plot path (default runs/frontier/<task>.html)")
-    parser.add_argument("--json", default=None, help="write all points and margins as JSON")
-    parser.add_argument("--write-card", action="store_true",
-                        help="store each head's figures in heads/<name>.json and in its safetensors metadata")
-    add_pair_arguments(parser)
-
-
-def run(args) -> int:
-    from tqdm.auto import tqdm
-
-    from .cli import pair_from_args
+def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float], limit: int | None, data=None,
+                   n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, write_card: bool = False,
+                   command: str = "", progress=None) -> tuple[dict, list[Point]]:
+    """The static frontier and each head (a name or path) on the task's held-out set: (report, points).
+    With write_card, each head's figures go to <head>.json beside its file and into its metadata."""
     from .head import load_head, resolve_head_path, save_head
-    try:
-        weights = [float(w) for w in args.weights.split(",")]
-    except ValueError:
-        raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
-    pair = pair_from_args(args)
-    paths = {resolve_head_path(h).stem: (h, resolve_head_path(h)) for h in args.head}
-    heads = {name: load_head(str(path), pair) for name, (_, path) in paths.items()}
-    examples = held_out_examples(args.task, args.limit, args.data)
-    bar = tqdm(total=len(examples) * (len(weights) + len(heads)), desc=f"frontier {args.task}")
-    points = sweep(pair, examples, args.task, weights, heads, progress=lambda *_: bar.update(1),
-                   n_draft=args.n_draft, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    bar.close()
-    import pandas as pd
-    print(pd.DataFrame([p.row() for p in points]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    paths = {resolve_head_path(h).stem: resolve_head_path(h) for h in head_specs}
+    heads = {name: load_head(str(path), pair) for name, path in paths.items()}
+    examples = held_out_examples(task, limit, data)
+    points = sweep(pair, examples, task, weights, heads, progress=progress, n_draft=n_draft,
+                   max_new_tokens=max_new_tokens, temperature=temperature)
     static = [p for p in points if p.w is not None]
-    report = {"task": args.task, "examples": len(examples), "settings": {
-        "n_draft": args.n_draft, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "held_out": f"Spec-Bench first turns, categories {HELD_OUT[args.task] or 'all (stratified)'}"},
+    report = {"task": task, "examples": len(examples), "settings": {
+        "n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature,
+        "held_out": f"Spec-Bench first turns, categories {HELD_OUT[task] or 'all (stratified)'}"},
         "points": [p.row() for p in points], "heads": {}}
     for name, head in heads.items():
         point = next(p for p in points if p.label == f"dynamic:{name}")
         report["heads"][name] = frontier_margin(static, point)
-        m = report["heads"][name]
-        print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
-              f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
-              f"beyond frontier: {m['beyond_frontier']}")
-        if args.write_card:
+        if write_card:
             card = {"head": name, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
                     "training": head.meta.get("training"), "train_figures": head.meta.get("train_figures"),
                     "frontier": {**report["heads"][name], "head_point": point.row(),
                                  "static_points": [p.row() for p in static], "examples": len(examples),
-                                 "settings": report["settings"],
-                                 "command": f"diversed-demo frontier --task {args.task} --head {paths[name][0]} "
-                                            f"--weights {args.weights} --limit {args.limit} "
-                                            f"--max-new-tokens {args.max_new_tokens} --write-card"}}
-            path = paths[name][1]  # the card goes next to the head file that was evaluated
+                                 "settings": report["settings"], "command": command}}
+            path = paths[name]  # the card goes next to the head file that was evaluated
             path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
             head.meta["evaluation"] = card["frontier"]
             save_head(head, path)
-    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}.html")
-    plot.parent.mkdir(parents=True, exist_ok=True)
-    frontier_figure(points, f"Frontier on {args.task} ({len(examples)} held-out examples)").write_html(plot)
-    print(f"plot: {plot}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return report, points

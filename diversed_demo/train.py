@@ -21,8 +21,6 @@ CE − H > λ·TV, which a static w cannot do.
 """
 from __future__ import annotations
 
-import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -304,37 +302,3 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     final.meta["train_figures"] = {k: sum(h[k] for h in tail) / len(tail) for k in ("reward", "acceptance", "mean_w")}
     path = save_head(final, out) if accelerator.is_main_process else None
     return TrainResult(path, history, checkpoint=checkpoint_path)
-
-
-def add_arguments(parser) -> None:
-    from .cli import add_pair_arguments
-    defaults = TrainConfig()
-    parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
-    parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
-    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs", "hidden_size",
-                 "warmup_steps", "checkpoint_every", "seed"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    helps = {"lam": "weight of the acceptance term (default per task: 3 for general, 5 for summarization, else 0.15)",
-             "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
-                               "summarization, else 0)",
-             "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)"}
-    for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
-                            help=helps.get(name))
-    for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
-        parser.set_defaults(**{name: None})
-    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
-    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
-    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)")
-    parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
-    add_pair_arguments(parser)
-
-
-def run(args) -> int:
-    from .cli import pair_from_args
-    fields = TrainConfig.__dataclass_fields__
-    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    pair = pair_from_args(args)
-    result = train_head(pair, config)
-    print(f"head saved to {result.path}" if result.path else "cancelled")
-    return 0

@@ -6,7 +6,6 @@ Gradio handlers only convert inputs, call them and turn ValueErrors into gr.Erro
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import html
 import json
@@ -22,7 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import train
-from .bench import alpha_from_acceptance, analytic_speedup
+from .theory import alpha_from_acceptance, analytic_speedup
 from .decode import MAX_N_DRAFT, MAX_SEED, Summary, encode_prompt, speculative_generate
 from .head import list_heads, load_head
 from .models import ASSETS, EMBEDDED_DRAFT_DIR
@@ -879,19 +878,3 @@ def launch(app, **kwargs):
     """Launch with the app's stylesheet and theme (Gradio 6 takes them at launch, not in Blocks)."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
     return app.launch(css_paths=[CSS_PATH], theme=theme, **kwargs)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli import add_pair_arguments
-    add_pair_arguments(parser)
-    parser.add_argument("--host", default=None,
-                        help="interface to listen on (default 127.0.0.1; 0.0.0.0 to share on a LAN)")
-    parser.add_argument("--port", type=int, default=None, help="port (default 7860 or $GRADIO_SERVER_PORT)")
-    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
-
-
-def run(args) -> int:
-    from .cli import pair_from_args
-    pair = pair_from_args(args)
-    launch(build_app(pair), server_name=args.host, server_port=args.port, share=args.share)
-    return 0

@@ -3,7 +3,8 @@ import statistics
 
 import pytest
 
-from diversed_demo.bench import alpha_from_acceptance, analytic_speedup, markdown_table, parse_modes, run_bench
+from diversed_demo.bench import markdown_table, parse_modes, run_bench
+from diversed_demo.theory import alpha_from_acceptance, analytic_speedup
 from diversed_demo.tasks import Example
 
 

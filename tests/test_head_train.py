@@ -197,9 +197,9 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
     import json
     from pathlib import Path
 
-    from diversed_demo import train as train_module
+    from diversed_demo.cli import add_train_arguments
     parser = argparse.ArgumentParser()
-    train_module.add_arguments(parser)
+    add_train_arguments(parser)
     fields = TrainConfig.__dataclass_fields__
 
     def config(*argv):

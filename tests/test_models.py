@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diversed_demo.models import FastLinear, project, stock_linear
+from diversed_demo.linear import FastLinear, linear_product, stock_linear
 from diversed_demo.tiny import tiny_pair
 
 
@@ -16,7 +16,7 @@ def test_project_is_the_linear_product(rows, with_bias):
     bias = torch.randn(48, generator=generator) if with_bias else None
     hidden = torch.randn(1, rows, 24, generator=generator)
     expected = torch.nn.functional.linear(hidden, weight, bias)
-    out = project(weight, hidden, bias)
+    out = linear_product(weight, hidden, bias)
     assert out.shape == expected.shape and out.is_contiguous()
     torch.testing.assert_close(out, expected)
 
@@ -25,7 +25,7 @@ def test_project_trains_like_linear():
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(8, 6, generator=generator, requires_grad=True)
     hidden = torch.randn(3, 6, generator=generator)
-    project(weight, hidden).square().sum().backward()
+    linear_product(weight, hidden).square().sum().backward()
     fast_grad, weight.grad = weight.grad, None
     torch.nn.functional.linear(hidden, weight).square().sum().backward()
     torch.testing.assert_close(fast_grad, weight.grad)

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..eagle import Eagle3Draft, new_config, target_features, ttt_forward
 from ..models import atomic_torch_save
