@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import torch
 
+from .tasks import REFERENCE_TASKS
 from .theory import alpha_from_acceptance, analytic_speedup
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
@@ -179,7 +180,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
             summary, _ = generate(pair, prompt_ids, n_draft=n_of[name] or 1, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed + i, **modes[name])
             output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
-            scores = quality(example.task, example, summary.text) if example.task in ("summarization", "math") else {}
+            scores = quality(example.task, example, summary.text) if example.task in REFERENCE_TASKS else {}
             fields = {"new_tokens": summary.new_tokens, "seconds": summary.wall_time_s, "events_s": summary.events_s,
                       "passes": summary.target_passes, "accepted": summary.accepted, "drafted": summary.drafted,
                       "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}

@@ -23,7 +23,7 @@ HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used fo
 
 @dataclass
 class Point:
-    label: str  # "static:0.5", "exact" (= static:1.0) or "dynamic:<head>"
+    label: str  # "static:<w>" or "dynamic:<head>"
     w: float | None  # the static weight; None for a head
     accepted: list[int] = field(default_factory=list)  # per example
     drafted: list[int] = field(default_factory=list)

@@ -17,6 +17,7 @@ TASKS = {
     "code": "write a Python function; reward: 1 if it passes the tests in a sandbox (pass@1)",
     "general": "any prompt; reward: the output's mean log-probability under the target (fidelity)",
 }
+REFERENCE_TASKS = ("summarization", "math")  # tasks whose reward compares the output with a reference
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 EXAMPLES_FILE = PROMPTS_DIR / "examples.json"  # the app's example prompts, a list per task
@@ -168,7 +169,7 @@ def example_from_record(record: dict, task: str, id: str, category: str) -> Exam
             raise ValueError(f'"{key}" must be a string, not {type(record[key]).__name__}')
     if not record.get("prompt", "").strip():
         raise ValueError('"prompt" is missing or empty')
-    if task in ("summarization", "math") and not record.get("reference"):
+    if task in REFERENCE_TASKS and not record.get("reference"):
         raise ValueError(f'a {task} prompt needs a "reference"')
     if task == "code" and not record.get("test_code"):
         raise ValueError('a code prompt needs "test_code" (asserts that fail on a wrong solution)')

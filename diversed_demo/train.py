@@ -9,8 +9,10 @@ then re-evaluates only the head:
     log π(y) = Σ_t log nu_t(y_t)
     loss = −mean_tokens(A · log nu_t(y_t)) − λ · mean_t(1 − w_t·TV_t)
 
-with A = reward − group mean (several rollouts per prompt, RLOO / REINFORCE++ style), normalised over
-the batch. Minimising −λ·(1 − w·TV) lowers w where TV > 0, which raises acceptance.
+with A = reward − the mean reward of the prompt's group of rollouts (the sample itself included, so
+not leave-one-out), divided by the standard deviation of A over the batch: REINFORCE with a group
+baseline and batch normalisation of the advantage, the two ingredients REINFORCE++ adds to plain
+REINFORCE (no critic, no ratio clipping). Minimising −λ·(1 − w·TV) lowers w where TV > 0, which raises acceptance.
 
 The fidelity reward is a sum of per-token terms log p_t(y_t), and the part each w_t decides directly
 has a closed form: E_{y~nu_t}[log p_t(y)] = −w_t·H(p_t) − (1 − w_t)·CE(q_t, p_t). Its
@@ -46,7 +48,7 @@ class TrainConfig:
     lam: float | None = None  # weight of the acceptance term; None: the task's default (TASK_DEFAULTS)
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
     lr: float | None = None
-    epochs: int | None = None  # optimizer steps per batch of rollouts (> 1 reuses them, PPO-style; the dense term stays exact)
+    epochs: int | None = None  # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or clip; the dense term stays exact)
     warmup_steps: int = 2
     grad_clip: float = 1.0
     hidden_size: int = 64  # 0: the paper's linear head
@@ -117,12 +119,12 @@ def check_config(config: TrainConfig) -> None:
 
 
 def training_examples(config: TrainConfig):
-    from .tasks import builtin_examples, load_jsonl_prompts
+    from .tasks import REFERENCE_TASKS, builtin_examples, load_jsonl_prompts
     if config.prompts_path:
         examples = load_jsonl_prompts(config.prompts_path, config.task)
     else:
         examples = builtin_examples(config.task, "train")
-    if config.task in ("summarization", "math") and any(e.reference is None for e in examples):
+    if config.task in REFERENCE_TASKS and any(e.reference is None for e in examples):
         missing = next(e for e in examples if e.reference is None)
         raise ValueError(f"the {config.task} reward needs a reference for every prompt; {missing.id or 'one'} has none")
     if not examples:

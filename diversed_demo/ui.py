@@ -26,7 +26,7 @@ from .decode import MAX_N_DRAFT, MAX_SEED, Summary, encode_prompt, speculative_g
 from .head import list_heads, load_head
 from .models import ASSETS, EMBEDDED_DRAFT_DIR
 from .rewards import fidelity, task_reward
-from .tasks import TASKS, Example, app_examples
+from .tasks import REFERENCE_TASKS, TASKS, Example, app_examples
 
 CSS_PATH = ASSETS / "app.css"
 PAPER_URL = "https://arxiv.org/abs/2604.07622"
@@ -322,7 +322,7 @@ def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tu
     """
     if run.summary is None or not run.summary.token_ids:
         return None, "n/a"
-    if example is not None and example.reference is not None and example.task in ("summarization", "math"):
+    if example is not None and example.reference is not None and example.task in REFERENCE_TASKS:
         value = task_reward(example.task, example, run.summary.text)
         return float(value), "ROUGE-2" if example.task == "summarization" else "correct"
     return float(fidelity(pair, encode_prompt(pair.tokenizer, prompt), run.summary.token_ids)), "fidelity"
