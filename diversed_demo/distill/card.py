@@ -95,7 +95,7 @@ def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int 
     costs = measure_costs(pair, encode_prompt(pair.tokenizer, questions[0].prompt), n_draft)
     figures = {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
                "n_draft": n_draft, "threads": torch.get_num_threads(), "dtype": str(pair.target.dtype),
-               "cost_ratio_c": costs["c"], "target_ms_per_token": costs["target_ms"], "draft_ms_per_token": costs["draft_ms"],
+               "cost_ratio": costs["c"], "target_ms_per_token": costs["target_ms"], "draft_ms_per_token": costs["draft_ms"],
                "command": f"diversed-demo distill measure --per-category {per_category} "
                           f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}"}
     for name, t in totals.items():
