@@ -98,6 +98,8 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--ttt-steps", type=int, default=defaults.ttt_steps, help="draft positions trained by unrolling")
     train.add_argument("--step-decay", type=float, default=defaults.step_decay, help="loss weight decay per position")
     train.add_argument("--lr", type=float, default=defaults.lr)
+    train.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    train.add_argument("--bf16", action="store_true", help="bf16 autocast (GPUs, CPUs with AMX)")
     train.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens)
     train.add_argument("--eval-every", type=int, default=defaults.eval_every)
     train.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab_size)
@@ -120,8 +122,8 @@ def run_distill_train(args) -> int:
     from .distill.train import TrainConfig, train_draft
     from .models import EMBEDDED, load_pair
     config = TrainConfig(epochs=args.epochs, ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr,
-                         batch_tokens=args.batch_tokens, eval_every=args.eval_every,
-                         draft_vocab_size=args.draft_vocab, seed=args.seed)
+                         warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens, eval_every=args.eval_every,
+                         draft_vocab_size=args.draft_vocab, seed=args.seed, bf16=args.bf16)
     for name, value in (("--epochs", config.epochs), ("--lr", config.lr), ("--batch-tokens", config.batch_tokens),
                         ("--ttt-steps", config.ttt_steps), ("--eval-every", config.eval_every)):
         if not value > 0:

@@ -1,4 +1,4 @@
-"""A few checks on the real embedded pair (SmolLM2-135M-Instruct target and the shipped draft)."""
+"""A few checks on the real embedded pair (SmolLM2-135M-Instruct target and its shipped EAGLE-3 draft)."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,8 @@ import pytest
 
 from diversed_demo.decode import generate
 from diversed_demo.head import load_head
-from diversed_demo.models import ASSETS, load_pair
+from diversed_demo.eagle import Eagle3Draft
+from diversed_demo.models import load_pair
 
 pytestmark = pytest.mark.embedded
 
@@ -17,14 +18,16 @@ def embedded():
     return load_pair()
 
 
-def test_embedded_pair_shares_the_target_embedding(embedded):
-    assert embedded.draft.get_input_embeddings().weight is embedded.target.get_input_embeddings().weight
-    assert embedded.draft.config.num_hidden_layers < embedded.target.config.num_hidden_layers
+def test_embedded_draft_is_a_feature_draft_on_the_target_embedding(embedded):
+    assert isinstance(embedded.draft, Eagle3Draft)
+    assert embedded.draft.embed_tokens.weight is embedded.target.get_input_embeddings().weight
+    assert max(embedded.draft.aux_layer_ids) < embedded.target.config.num_hidden_layers
     assert embedded.tokenizer.chat_template  # chat prompts go through the template
 
 
 def test_embedded_draft_proposes_only_its_vocabulary(embedded):
-    vocab = json.loads((ASSETS / "draft" / "vocab.json").read_text())["token_ids"]
+    vocab = embedded.draft.draft_token_ids.tolist()
+    assert len(vocab) < embedded.vocab_size
     summary, events = generate(embedded, "Write a haiku about the sea.", mode="static", ensemble_weight=0.5,
                                n_draft=3, max_new_tokens=24, seed=0)
     drafted = {e.token_id for e in events if e.kind in ("accepted", "rejected")}
