@@ -118,3 +118,31 @@ def test_frequent_tokens_and_heldout_split():
     assert distill.frequent_tokens(records, 3, always=[2]) == [2, 5, 7]
     # both responses to one prompt fall on the same side of the split
     assert len({distill.is_heldout(r, 0.5) for r in records}) == 1
+
+
+def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, records):
+    import json
+
+    from diversed_demo.distill import card
+    from diversed_demo.eagle import load_eagle3
+    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=2,
+                                 draft_vocab_size=32, bf16=False)
+    vocab = distill.frequent_tokens(records, 32, always=[2])
+    draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
+    work = tmp_path / "run"
+    state = distill.train(draft, target, records[20:], records[:20], 3, config, work, lambda m: None)
+    (work / "run.json").write_text(json.dumps({"command": "test", "config": {}, "data": {}}))
+    data.write_shard(tmp_path / "data" / "shard_00000.jsonl.gz", records)
+    out = tmp_path / "draft"
+    out.mkdir()
+    (out / "card.json").write_text(json.dumps({"layers": 4, "spec_bench": {"tau": 9}}))  # an earlier draft's
+    (out / "vocab.json").write_text("{}")
+    card.export(work, out, data_dir=tmp_path / "data")
+    written = card.read_card(out)
+    assert "layers" not in written and "spec_bench" not in written and not (out / "vocab.json").exists()
+    assert written["training"]["best"]["score"] == max(h["score"] for h in state["history"])
+    assert written["data"]["responses"] == len(records)
+    exported = load_eagle3(out, target)
+    best = load_eagle3(work / "best", target)
+    for name, tensor in best.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], tensor), name

@@ -41,8 +41,12 @@ def data_summary(records: list[dict]) -> dict:
                        "≤384 new tokens, seed 0; shards in assets/draft/data)"}
 
 
-def export(work_dir, out=None) -> Path:
-    """The best draft of a training run, with its card, into `out` (default assets/draft)."""
+def export(work_dir, out=None, data_dir=data.DATA_DIR) -> Path:
+    """The best draft of a training run, with a new card, into `out` (default assets/draft).
+
+    The card is written from scratch: nothing of an earlier draft's card (or its files) may describe
+    this one. `distill measure` adds the Spec-Bench figures afterwards.
+    """
     work_dir, out = Path(work_dir), Path(out or EMBEDDED_DRAFT_DIR)
     best = work_dir / "best"
     if not (best / "config.json").exists():
@@ -53,13 +57,13 @@ def export(work_dir, out=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         atomic_write(out / name, lambda tmp, name=name: shutil.copyfile(best / name, tmp))
-    card = read_card(out)
-    card.update({
+    (out / "vocab.json").unlink(missing_ok=True)  # a standalone draft's vocabulary file; d2t holds this one's
+    card = {
         "model": "EAGLE-3 feature draft for SmolLM2-135M-Instruct (speculators format)",
         "reads": "the target's hidden states at the inputs of layers "
                  f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
                  "and the next token's embedding (the target's own, not stored)",
-        "data": data_summary(data.load_records()),
+        "data": data_summary(data.load_records(data_dir)),
         "training": {"command": run["command"], "config": run["config"], "split": run["data"],
                      "steps": state["step"], "total_steps": state.get("total_steps"),
                      "wall_time_s": round(state["wall_time_s"], 1),
@@ -69,8 +73,7 @@ def export(work_dir, out=None) -> Path:
                              "T = 1; the checkpoint with the highest expected accepted length is kept",
                      "learning_curve": [{k: h[k] for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score")}
                                         for h in state["history"]]},
-    })
-    card.pop("spec_bench", None)  # figures of an earlier draft
+    }
     write_card(card, out)
     return out
 
