@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import torch
 
+from .decode import Counts, encode_prompt, generate
 from .tasks import REFERENCE_TASKS
 from .theory import alpha_from_acceptance, analytic_speedup
 
@@ -61,7 +62,6 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
     it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
     the target's features, sampling), which is what the analytic bound's N·c must price."""
-    from .decode import generate
     _, events = generate(pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens,
                          temperature=0)
     steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
@@ -87,17 +87,16 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens
                    seed: int = 0, probe_n_draft: int = 4) -> dict[str, dict]:
     """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
     calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
-    from .decode import generate
     chosen = {}
     for name, kwargs in modes.items():
         if kwargs["mode"] == "ar":
             continue
-        accepted = drafted = 0
+        counts = Counts()
         for i, prompt in enumerate(prompts):
             summary, _ = generate(pair, prompt, n_draft=probe_n_draft, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed + i, **kwargs)
-            accepted, drafted = accepted + summary.accepted, drafted + summary.drafted
-        alpha = alpha_from_acceptance(accepted / max(drafted, 1), probe_n_draft)
+            counts += summary.counts
+        alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
         chosen[name] = {"n_draft": max(bounds, key=bounds.get), "calibration_alpha": alpha, "bounds": bounds}
     return chosen
@@ -150,7 +149,6 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
 def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_tokens: int = 128,
               temperature: float = 0.0, seed: int = 0, vs_transformers: bool = False, progress=None, candidates=range(1, 7)) -> dict:
     """n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement."""
-    from .decode import encode_prompt, generate
     from .rewards import fidelity, quality
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
@@ -168,7 +166,8 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
     # transformers has no EAGLE path: with a feature draft only target-only decoding is compared
     comparable = {name: transformers_kwargs(kw) is not None and (kw["mode"] == "ar" or not isinstance(pair.draft, Eagle3Draft))
                   for name, kw in modes.items()}
-    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
+    counts = defaultdict(lambda: defaultdict(Counts))  # category -> mode -> summed over its questions
+    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> quality sums
     hf = defaultdict(lambda: defaultdict(float))
     greedy_identical = defaultdict(list)
     scores_of = defaultdict(lambda: defaultdict(list))  # category -> mode -> quality per question, in order
@@ -181,14 +180,13 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                                   temperature=temperature, seed=seed + i, **modes[name])
             output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
             scores = quality(example.task, example, summary.text) if example.task in REFERENCE_TASKS else {}
-            fields = {"new_tokens": summary.new_tokens, "seconds": summary.wall_time_s, "events_s": summary.events_s,
-                      "passes": summary.target_passes, "accepted": summary.accepted, "drafted": summary.drafted,
-                      "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}
+            fields = {"events_s": summary.events_s, "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}
             if scores:
                 fields["quality"] = scores.get("rouge2", scores.get("exact_match"))
                 fields["quality_examples"] = 1
                 scores_of[example.category][name].append(fields["quality"])
             for category in (example.category, "overall"):
+                counts[category][name] += summary.counts
                 for key, value in fields.items():
                     totals[category][name][key] += value
             if vs_transformers and comparable[name] and temperature == 0:
@@ -207,13 +205,12 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                            "dtype": str(pair.target.dtype).removeprefix("torch.")},
               "costs": costs, "per_category": {}, "overall": {}}
     for category, by_mode in totals.items():
-        ar_speed = by_mode["ar"]["new_tokens"] / by_mode["ar"]["seconds"]
+        ar_speed = counts[category]["ar"].tokens_per_second
         table = {}
         for name, t in by_mode.items():
-            speed = t["new_tokens"] / t["seconds"]
-            table[name] = {"speedup": speed / ar_speed, "tau": t["new_tokens"] / t["passes"],
-                           "acceptance_rate": t["accepted"] / t["drafted"] if t["drafted"] else None,
-                           "tokens_per_second": speed,
+            c = counts[category][name]
+            table[name] = {"speedup": c.tokens_per_second / ar_speed, "tau": c.tau, "acceptance_rate": c.acceptance_rate,
+                           "tokens_per_second": c.tokens_per_second,
                            "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
                            "fidelity": t["fidelity"] / t["examples"]}
             if scores_of[category][name]:
@@ -238,7 +235,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
     # the rest of the loop (the bare loop). Timed inside the loop: an A/B of whole runs drowns a fraction of
     # a percent in this machine's ±10% run-to-run noise.
     events_s = sum(t["events_s"] for t in totals["overall"].values())
-    seconds = sum(t["seconds"] for t in totals["overall"].values())
+    seconds = sum(c.wall_time_s for c in counts["overall"].values())
     report["streaming_overhead"] = events_s / (seconds - events_s)
     report["goals"] = goals(report)
     return report

@@ -60,11 +60,10 @@ def run_generate(args) -> int:
         else:
             summary = item
     if args.json:
-        keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
-        print(json.dumps({"text": summary.text,
-                          "summary": {k: summary.to_dict()[k] for k in
-                                      ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")},
-                          "events": [{k: getattr(e, k) for k in keys} for e in events]}, ensure_ascii=False))
+        summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
+        event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
+        print(json.dumps({"text": summary.text, "summary": {k: getattr(summary, k) for k in summary_keys},
+                          "events": [{k: getattr(e, k) for k in event_keys} for e in events]}, ensure_ascii=False))
     else:
         print("\n")
         print(format_summary(summary))

@@ -268,6 +268,12 @@ def test_events_and_summary_are_consistent(pair):
     assert summary.accepted == sum(e.kind == "accepted" for e in events)
     assert summary.accepted <= drafted_decided <= summary.drafted
     assert summary.tau == pytest.approx(summary.new_tokens / summary.target_passes)
+    # A live tally of the event stream counts what the Summary counts: one accounting for both.
+    tally = decode.Counts(wall_time_s=summary.wall_time_s)
+    for e in events:
+        tally.add_event(e)
+    assert tally == summary.counts and tally.rejected == sum(e.kind == "rejected" for e in events)
+    assert (tally + tally).acceptance_rate == summary.acceptance_rate and (tally + tally).tau == summary.tau
     for e in events:
         assert e.kind in decode.KINDS
         if e.kind in ("accepted", "rejected"):
