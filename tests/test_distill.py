@@ -108,6 +108,10 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
     assert stopped["step"] == 0
     resumed, finished = run(tmp_path / "b")
     assert finished["step"] == done["step"] == done["total_steps"]
+    # The keys a running draft training resumes from (its checkpoint must stay readable across refactors).
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert set(saved) == {"model", "optimizer", "scheduler", "state", "config"}
+    assert not any(k.startswith("embed_tokens") for k in saved["model"])  # the target's own tensor is not stored
     for name, tensor in straight.state_dict().items():
         assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..eagle import Eagle3Draft, new_config, target_features, ttt_forward
-from ..models import atomic_torch_save
+from ..optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -187,7 +187,6 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
           config: TrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
     `minutes` stops early (after a checkpoint); a rerun resumes."""
-    from transformers import get_cosine_schedule_with_warmup
     work_dir = Path(work_dir)
     checkpoint = work_dir / "checkpoint.pt"
     epoch_batches = [batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
@@ -195,23 +194,21 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
     schedule = [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
     # the embedding and LM head are the target's (the embedding is its very tensor): never trained
     params = [p for name, p in draft.named_parameters() if not name.startswith(("embed_tokens", "lm_head"))]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, len(schedule))
+    optimizer, scheduler = adamw_with_schedule(params, config.lr, config.warmup_steps, len(schedule),
+                                               weight_decay=0.0, betas=(0.9, 0.95))
     state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": len(schedule)}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=target.device, weights_only=False)
+    saved = load_checkpoint(checkpoint, optimizer, scheduler, map_location=target.device, weights_only=False)
+    if saved is not None:
         draft.load_state_dict(saved["model"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         log(f"resumed at step {state['step']} of {len(schedule)}")
     started = time.time() - state["wall_time_s"]
     trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("embed_tokens")}
 
-    def save_checkpoint():
+    def write_checkpoint():
         state["wall_time_s"] = time.time() - started
-        atomic_torch_save({"model": {k: draft.state_dict()[k] for k in trainable}, "optimizer": optimizer.state_dict(),
-                           "scheduler": scheduler.state_dict(), "state": state, "config": asdict(config)}, checkpoint)
+        save_checkpoint(checkpoint, optimizer, scheduler, model={k: draft.state_dict()[k] for k in trainable},
+                        state=state, config=asdict(config))
 
     def run_eval():
         draft.eval()
@@ -230,7 +227,7 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
     deadline = time.time() + minutes * 60 if minutes else None
     while state["step"] < len(schedule):
         if deadline and time.time() > deadline:
-            save_checkpoint()
+            write_checkpoint()
             log(f"stopped at step {state['step']} of {len(schedule)} (time limit); rerun to resume")
             break
         group = schedule[state["step"]]
@@ -249,7 +246,7 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
                 f"{state['train_tokens'] / (time.time() - started):.0f} tok/s")
         if state["step"] % config.eval_every == 0 or state["step"] == len(schedule):
             run_eval()
-            save_checkpoint()
+            write_checkpoint()
     return state
 
 
