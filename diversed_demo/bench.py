@@ -14,6 +14,7 @@ from collections import defaultdict
 import torch
 
 from .decode import Counts, encode_prompt, generate
+from .formatting import fmt
 from .tasks import REFERENCE_TASKS
 from .theory import alpha_from_acceptance, analytic_speedup
 
@@ -295,8 +296,8 @@ def goals(report: dict) -> dict:
 
 
 def markdown_table(report: dict) -> str:
-    def fmt(v, spec=".2f"):
-        return "–" if v is None else format(v, spec)
+    def cell(value, spec=".2f"):
+        return fmt(value, spec, missing="–")
     modes = list(report["overall"])
     lines = ["| category | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for category, table in [*sorted(report["per_category"].items()), ("**overall**", report["overall"])]:
@@ -304,9 +305,9 @@ def markdown_table(report: dict) -> str:
         for m in modes:
             r = table.get(m)
             cells.append("–" if r is None else
-                         f"{fmt(r['speedup'])}× · τ {fmt(r['tau'])} · α {fmt(r['acceptance_rate'])}"
-                         + (f" · q {fmt(r['quality'], '.3f')}" if r["quality"] is not None else "")
-                         + f" · fid {fmt(r['fidelity'])}")
+                         f"{cell(r['speedup'])}× · τ {cell(r['tau'])} · α {cell(r['acceptance_rate'])}"
+                         + (f" · q {cell(r['quality'], '.3f')}" if r["quality"] is not None else "")
+                         + f" · fid {cell(r['fidelity'])}")
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     s = report["settings"]
     c = report["costs"]
@@ -321,8 +322,8 @@ def markdown_table(report: dict) -> str:
               "|---|---|---|---|---|"]
     for m in modes:
         row = report["overall"][m]
-        lines.append(f"| {m} | {fmt(row.get('analytic_bound'))} | {fmt(report['bound_efficiency'].get(m))} | "
-                     f"{fmt(report['vs_transformers'].get(m))} | "
+        lines.append(f"| {m} | {cell(row.get('analytic_bound'))} | {cell(report['bound_efficiency'].get(m))} | "
+                     f"{cell(report['vs_transformers'].get(m))} | "
                      f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |")
     if "streaming_overhead" in report:
         lines.append(f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare loop "
@@ -331,12 +332,12 @@ def markdown_table(report: dict) -> str:
     if g.get("diversed"):
         lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
                   "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |", "|---|---|---|---|---|"]
-        pct = (lambda v: "–" if v is None else f"{100 * v:+.1f}%")
         for m, row in g["diversed"].items():
-            quality = ", ".join(f"{c} {pct(v)}" + (f" ± {100 * se:.0f}%" if se else "")
+            quality = ", ".join(f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "")
                                 for (c, v), se in zip(row["quality_vs_exact"].items(),
                                                       row["quality_vs_exact_se"].values())) or "–"
-            lines.append(f"| {m} | {fmt(row['speedup'])}× | {quality} | {pct(row['fidelity_vs_exact'])} | {row['met']} |")
+            lines.append(f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
+                         f"{row['met']} |")
     return "\n".join(lines)
 
 

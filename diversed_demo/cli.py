@@ -1,13 +1,14 @@
 """`diversed-demo` command line: every subcommand's arguments, and the plain functions each one calls.
 
-This module is the top layer: nothing in the package imports it. Heavy modules load inside the
-subcommand that needs them, so `--help` and argument errors are instant.
+This module is the top layer: nothing in the package imports it. Models load only inside the subcommand
+that needs them, after its values are checked, so bad input fails in a second rather than after loading.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target: hub id, directory or .gguf (default: embedded smollm2-135m)")
@@ -23,7 +24,8 @@ def pair_from_args(args):
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--mode", choices=["ar", "exact", "static", "dynamic"], default="static")
+    from .decode import MODES
+    parser.add_argument("--mode", choices=MODES, default="static")
     parser.add_argument("--w", type=float, default=0.5, help="static ensemble weight in [0, 1] (1 = exact)")
     parser.add_argument("--head", default=None, help="head file (.safetensors) or name in heads/, for --mode dynamic")
     parser.add_argument("--n-draft", type=int, default=4)
@@ -71,9 +73,9 @@ def run_generate(args) -> int:
 
 
 def format_summary(summary) -> str:
-    acc = "n/a" if summary.acceptance_rate is None else f"{summary.acceptance_rate:.3f}"
+    from .formatting import fmt
     mean_w = "" if summary.mean_w is None else f"  mean w {summary.mean_w:.3f}"
-    return (f"acceptance {acc}  tau {summary.tau:.2f}  new tokens {summary.new_tokens}  "
+    return (f"acceptance {fmt(summary.acceptance_rate)}  tau {fmt(summary.tau, '.2f')}  new tokens {summary.new_tokens}  "
             f"{summary.tokens_per_second:.1f} tok/s  wall {summary.wall_time_s:.2f} s{mean_w}")
 
 
@@ -208,7 +210,7 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
     parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in $DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -258,7 +260,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
     parser.add_argument("--categories", default=None,
                         help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in $DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", default="auto",
                         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
                              "acceptance of a calibration run on the project's own prompts (default)")
