@@ -7,6 +7,7 @@ cost per token c and the verify pass's cost v, both relative to one target token
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections import defaultdict
@@ -14,8 +15,13 @@ from collections import defaultdict
 import torch
 
 from .decode import Counts, encode_prompt, generate
+from .draft import CachedLM
+from .eagle import Eagle3Draft
 from .formatting import fmt
-from .tasks import REFERENCE_TASKS
+from .head import load_head
+from .linear import stock_linear
+from .rewards import fidelity, quality
+from .tasks import REFERENCE_TASKS, builtin_examples
 from .theory import alpha_from_acceptance, analytic_speedup
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
@@ -23,7 +29,6 @@ DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
 def parse_modes(spec: str, pair) -> dict[str, dict]:
     """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}."""
-    from .head import load_head
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
         kind, _, arg = name.partition(":")
@@ -46,7 +51,6 @@ def parse_modes(spec: str, pair) -> dict[str, dict]:
 @torch.inference_mode()
 def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 16) -> float:
     """Median time of a cached forward of `tokens_per_call` new tokens (with the LM head on all of them)."""
-    from .draft import CachedLM
     lm = CachedLM(model, model.config.get_text_config().vocab_size)
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
     feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
@@ -121,9 +125,6 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
     on the pair's models with their stock nn.Linear layers (as a transformers user runs them).
     The draft's generation config is set for the call and restored after it."""
-    import copy
-
-    from .linear import stock_linear
     extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
@@ -150,10 +151,8 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
 def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_tokens: int = 128,
               temperature: float = 0.0, seed: int = 0, vs_transformers: bool = False, progress=None, candidates=range(1, 7)) -> dict:
     """n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement."""
-    from .rewards import fidelity, quality
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
-        from .tasks import builtin_examples
         costs = measure_costs(pair, timing_prompt, list(candidates))  # once: the choice and the report share it
         calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
         choice = choose_n_draft(pair, modes, costs, calibration, max_new_tokens, temperature, seed)
@@ -163,7 +162,6 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
         costs = measure_costs(pair, timing_prompt, n_draft)
     else:
         raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
-    from .eagle import Eagle3Draft
     # transformers has no EAGLE path: with a feature draft only target-only decoding is compared
     comparable = {name: transformers_kwargs(kw) is not None and (kw["mode"] == "ar" or not isinstance(pair.draft, Eagle3Draft))
                   for name, kw in modes.items()}

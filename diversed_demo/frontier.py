@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .decode import Counts, encode_prompt, generate
+from .head import load_head, resolve_head_path, save_head
+from .rewards import task_reward
+from .tasks import load_spec_bench
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used for training)
@@ -56,7 +59,6 @@ class Point:
 def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = None, head=None, n_draft: int = 4,
                    max_new_tokens: int = 64, temperature: float = 1.0, progress=None) -> Point:
     """Decode every example once (seed = its index) at one static w or with one head."""
-    from .rewards import task_reward
     point = Point(label, w)
     mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
     for i, example in enumerate(examples):
@@ -148,7 +150,6 @@ def frontier_figure(points: list[Point], title: str = "Speed–quality frontier"
 
 
 def held_out_examples(task: str, limit: int | None, data: str | None = None):
-    from .tasks import load_spec_bench
     categories = HELD_OUT.get(task)
     if task not in HELD_OUT:
         raise ValueError(f"no held-out set for task {task!r}; choose one of {', '.join(HELD_OUT)}")
@@ -163,7 +164,6 @@ def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float],
                    command: str = "", progress=None) -> tuple[dict, list[Point]]:
     """The static frontier and each head (a name or path) on the task's held-out set: (report, points).
     With write_card, each head's figures go to <head>.json beside its file and into its metadata."""
-    from .head import load_head, resolve_head_path, save_head
     paths = {resolve_head_path(h).stem: resolve_head_path(h) for h in head_specs}
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data)

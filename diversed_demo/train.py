@@ -29,11 +29,13 @@ from pathlib import Path
 
 import torch
 
+from .decode import decode_steps, encode_prompt
 from .head import new_head, save_head, user_heads_dir
 from .models import text_config
 from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from .rewards import task_reward
+from .tasks import REFERENCE_TASKS, TASKS, builtin_examples, load_jsonl_prompts
 from .verify import total_variation
-
 
 
 @dataclass
@@ -105,7 +107,6 @@ class Rollouts:
 
 
 def check_config(config: TrainConfig) -> None:
-    from .tasks import TASKS
     if config.task not in TASKS:
         raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
     for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs"):
@@ -120,7 +121,6 @@ def check_config(config: TrainConfig) -> None:
 
 
 def training_examples(config: TrainConfig):
-    from .tasks import REFERENCE_TASKS, builtin_examples, load_jsonl_prompts
     if config.prompts_path:
         examples = load_jsonl_prompts(config.prompts_path, config.task)
     else:
@@ -143,7 +143,6 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
     decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
     not, but they are part of each output (`outputs`) that the reward scores.
     """
-    from .decode import decode_steps
     rows, outputs = [], []
     for _ in range(n):
         seed = int(torch.randint(2**31 - 1, (), generator=generator))
@@ -214,8 +213,6 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     mean_w, loss, elapsed_s} after each step; `should_stop()` returning True cancels (a checkpoint is kept)."""
     from accelerate import Accelerator
     from tqdm.auto import tqdm
-    from .decode import encode_prompt
-    from .rewards import task_reward
 
     check_config(config)
     examples = training_examples(config)

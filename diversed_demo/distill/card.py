@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..models import EMBEDDED_DRAFT_DIR, atomic_write
+from ..files import atomic_write
+from ..models import EMBEDDED_DRAFT_DIR
 from . import data
 
 CARD = "card.json"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..models import ASSETS, atomic_write
+from ..files import atomic_write
+from ..models import ASSETS
 from .. import tasks
 
 DATA_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
-OPEN_SOURCES = ("instructions", "general", "summarization")  # closest to Spec-Bench's open-ended categories
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
 # are sampled often; GSM8K is large, so once.
 SAMPLES_PER_PROMPT = {"instructions": 12, "general": 12, "summarization": 8, "mbpp": 3, "humaneval": 3, "gsm8k": 1}

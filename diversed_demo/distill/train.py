@@ -8,16 +8,18 @@ target's logits renormalised over it, as in speculators), on response tokens onl
 `step_decay`**j. Held-out agreement and 1 − TV per draft position choose the checkpoint: EAGLE heads
 overfit after about an epoch, and the loss does not show it.
 
-Checkpoints (model, optimiser, schedule, data order) are written atomically and resumed automatically.
+Checkpoints (model, optimiser, schedule, step and history; the data order is a function of the seed) are
+written atomically and resumed automatically.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -40,7 +42,6 @@ class TrainConfig:
     draft_vocab_size: int = 8192
     seed: int = 0
     bf16: bool = True  # autocast on CPU (AMX) and GPU
-    extra: dict = field(default_factory=dict)
 
 
 def is_heldout(record: dict, fraction: float) -> bool:
@@ -253,7 +254,6 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
 def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minutes: float | None = None,
                 command: str = "") -> dict:
     """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log."""
-    import json
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
