@@ -40,7 +40,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> int:
-    from .decode import check_args, speculative_generate
+    from .decode import Summary, check_args, speculative_generate
     # Bad values fail before the models load (seconds), not after.
     check_args(args.mode, args.w, args.head, args.n_draft, args.max_new_tokens, args.temperature, args.top_p,
                args.seed)
@@ -55,12 +55,12 @@ def run_generate(args) -> int:
                                   chat=not args.no_chat)
     events = []
     for item in stream:
-        if hasattr(item, "kind"):
+        if isinstance(item, Summary):
+            summary = item
+        else:
             events.append(item)
             if not args.json and item.kind != "rejected":
                 print(item.text, end="", flush=True)
-        else:
-            summary = item
     if args.json:
         summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
         event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")

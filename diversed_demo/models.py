@@ -1,4 +1,5 @@
-"""Loading a (target, draft) pair that shares a tokenizer, and the embedded SmolLM2 pair."""
+"""Loading a (target, draft) pair that shares a tokenizer, with a standalone or an EAGLE-3 draft, and the
+embedded SmolLM2 pair."""
 from __future__ import annotations
 
 import functools
@@ -294,7 +295,7 @@ def load_eagle3(directory, target) -> Eagle3Draft:
 
 
 def truncated_draft(target, num_layers: int):
-    """A draft cut from the target's first layers (placeholder and distillation starting point)."""
+    """A draft cut from the target's first layers: the placeholder where no embedded draft is shipped."""
     import copy
     from transformers import AutoModelForCausalLM
     config = copy.deepcopy(target.config)

@@ -35,3 +35,19 @@ def test_a_missing_hub_model_ends_in_one_line_at_once(env):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no/such-model" in lines[0] and "Traceback" not in out.stderr
     assert seconds < 20  # transformers alone retries the hub for about a minute
+
+
+def test_generate_prints_the_documented_json_and_summary_line(tmp_path, capsys):
+    import json
+
+    from diversed_demo import cli
+    from diversed_demo.tiny import save_tiny_pair
+    target, draft = save_tiny_pair(tmp_path)
+    pair_args = ["--target", target, "--draft", draft, "--device", "cpu", "--no-chat", "--max-new-tokens", "8"]
+    assert cli.main(["generate", "--prompt", "the cat", "--json", *pair_args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s"}
+    assert set(out["events"][0]) == {"token_id", "text", "kind", "w", "p", "q", "accept_prob"}
+    assert out["summary"]["new_tokens"] == sum(e["kind"] != "rejected" for e in out["events"])
+    assert cli.main(["generate", "--prompt", "the cat", "--mode", "ar", *pair_args]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("acceptance n/a  tau 1.00  new tokens ")
