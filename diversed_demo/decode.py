@@ -40,14 +40,9 @@ class TokenEvent:
 
 
 class Rates:
-    """Acceptance rate, τ and speed, defined once for whatever counts a decode's tokens (a Summary, summed
-    Counts of many decodes, a live tally): every report of them in the project reads these."""
-
-    new_tokens: int
-    target_passes: int
-    drafted: int
-    accepted: int
-    wall_time_s: float
+    """Acceptance rate, τ and speed, defined once for whatever counts a decode's tokens in `new_tokens`,
+    `target_passes`, `drafted`, `accepted` and `wall_time_s` (a Summary, the Counts of many decodes, a live
+    tally): every report of them in the project reads these."""
 
     @property
     def acceptance_rate(self) -> float | None:
