@@ -9,7 +9,8 @@ The weights and config.json follow speculators' Eagle3DraftModel (keys `fc`, `la
 `lm_head`, `d2t`, `t2d`; `eagle_aux_hidden_state_layer_ids`, `draft_vocab_size`), so vLLM can serve the
 draft. `eagle_aux_hidden_state_layer_ids` = k means the input of target layer k, which is Hugging Face's
 `hidden_states[k]`. The token embedding is the target's own (frozen, not stored); `lm_head` covers the
-draft vocabulary, target ids `arange(draft_vocab_size) + d2t`, and is stored.
+draft vocabulary, target ids `arange(draft_vocab_size) + d2t`, and is stored. `Eagle3Draft.save` writes
+a draft; `models.load_eagle3` loads one for a target, checking that it fits.
 """
 from __future__ import annotations
 
