@@ -167,7 +167,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                   for name, kw in modes.items()}
     counts = defaultdict(lambda: defaultdict(Counts))  # category -> mode -> summed over its questions
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> quality sums
-    hf = defaultdict(lambda: defaultdict(float))
+    theirs, ours = defaultdict(Counts), defaultdict(Counts)  # mode -> transformers' runs and ours, where compared
     greedy_identical = defaultdict(list)
     scores_of = defaultdict(lambda: defaultdict(list))  # category -> mode -> quality per question, in order
     names = list(modes)
@@ -190,10 +190,8 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                     totals[category][name][key] += value
             if vs_transformers and comparable[name] and temperature == 0:
                 their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens)
-                hf[name]["new_tokens"] += len(their_ids)
-                hf[name]["seconds"] += seconds
-                hf[name]["ours_tokens"] += summary.new_tokens
-                hf[name]["ours_seconds"] += summary.wall_time_s
+                theirs[name] += Counts(new_tokens=len(their_ids), wall_time_s=seconds)
+                ours[name] += summary.counts
                 greedy_identical[name].append(their_ids[:len(summary.token_ids)] == summary.token_ids)
             if progress is not None:
                 progress()
@@ -227,8 +225,7 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
             bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
             report["bound_efficiency"][name] = row["speedup"] / bound
             row["analytic_bound"] = bound
-    report["vs_transformers"] = {name: (h["ours_tokens"] / h["ours_seconds"]) / (h["new_tokens"] / h["seconds"])
-                                 for name, h in hf.items()}
+    report["vs_transformers"] = {name: ours[name].tokens_per_second / theirs[name].tokens_per_second for name in theirs}
     report["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in greedy_identical.items()}
     # Streaming's price: the time the loop spent building and yielding token events, over all runs, against
     # the rest of the loop (the bare loop). Timed inside the loop: an A/B of whole runs drowns a fraction of
