@@ -20,7 +20,7 @@ from .verify import verify_block, verify_block_greedy
 
 MODES = ("ar", "exact", "static", "dynamic")
 MAX_N_DRAFT = 32
-MAX_SEED = 2**32 - 1  # torch overflows past 64 bits; 32 bits are plenty, and a browser's number box holds them exactly
+MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 KINDS = ("accepted", "rejected", "resampled", "bonus", "ar")
 
 
@@ -130,6 +130,7 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
 
 
 def eos_ids(pair) -> set[int]:
+    """The tokens that end a decode: the tokenizer's EOS and those of the target's generation config."""
     ids = set()
     for source in (pair.tokenizer.eos_token_id, getattr(pair.target.generation_config, "eos_token_id", None)):
         if isinstance(source, int):
@@ -140,6 +141,7 @@ def eos_ids(pair) -> set[int]:
 
 
 def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed=0):
+    """A ValueError saying which argument is wrong and why; cheap, so callers check before loading models."""
     if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
     if mode not in MODES:

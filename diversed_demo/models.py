@@ -199,21 +199,28 @@ def load_embedded_draft(target, device: torch.device, dtype: torch.dtype, draft_
     Its safetensors file holds only the transformer layers and final norm; the tied embedding is
     borrowed from the target at load time, so it is neither stored nor held in memory twice.
     """
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(draft_dir)
     draft = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {k: v.to(dtype) for k, v in load_file(str(draft_dir / "model.safetensors")).items()}
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
-    if missing or unexpected:
-        raise PairError(f"draft weights in {draft_dir} do not match its config: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    load_draft_weights(draft, Path(draft_dir) / "model.safetensors", borrowed=("embed_tokens", "lm_head"))
     share_embeddings(draft, target)
     token_ids = load_draft_vocab(draft_vocab_path(draft_dir))
     if token_ids is not None:
         restrict_draft_vocab(draft, token_ids)
     return draft.to(device).eval().requires_grad_(False)
+
+
+def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
+    """Load a draft's safetensors file, which must hold every weight but the `borrowed` ones (the target's own
+    tensors, shared at load time), converted to the draft's dtype."""
+    from safetensors.torch import load_file
+    dtype = next(draft.parameters()).dtype
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not any(name in k for name in borrowed)]
+    if missing or unexpected:
+        raise PairError(f"draft weights in {path.parent} do not match its config: "
+                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def share_embeddings(draft, target) -> None:
@@ -276,7 +283,6 @@ def is_eagle3_dir(directory) -> bool:
 
 def load_eagle3(directory, target) -> Eagle3Draft:
     """A saved EAGLE-3 draft for `target`, whose token embedding it borrows."""
-    from safetensors.torch import load_file
     directory = Path(directory)
     draft = Eagle3Draft(json.loads((directory / "config.json").read_text()))
     target_hidden = target.config.get_text_config().hidden_size
@@ -284,12 +290,7 @@ def load_eagle3(directory, target) -> Eagle3Draft:
     if draft.hidden_size != target_hidden or max(draft.aux_layer_ids) > n_layers:
         raise PairError(f"the EAGLE-3 draft in {directory} reads hidden size {draft.hidden_size} at layers "
                         f"{draft.aux_layer_ids}; the target has {target_hidden} and {n_layers} layers")
-    state = load_file(str(directory / WEIGHTS_FILE))
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("embed_tokens")]
-    if missing or unexpected:
-        raise PairError(f"draft weights in {directory} do not match its config: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    load_draft_weights(draft, directory / WEIGHTS_FILE, borrowed=("embed_tokens",))
     draft.embed_tokens.weight = target.get_input_embeddings().weight
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
