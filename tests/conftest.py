@@ -41,6 +41,13 @@ def restricted_pair():
     return pair
 
 
+@pytest.fixture
+def heads_dir(tmp_path, monkeypatch):
+    """A fresh user heads folder for one test."""
+    monkeypatch.setenv("DIVERSED_HEADS_DIR", str(tmp_path / "heads"))
+    return tmp_path / "heads"
+
+
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13], [1, 20], [1, 4, 4, 8, 30, 31, 32, 33, 5]]
 
 

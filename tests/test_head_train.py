@@ -10,12 +10,6 @@ from diversed_demo.tiny import tiny_model, tiny_pair
 from diversed_demo.train import Rollouts, TrainConfig, group_advantages, head_loss, sample_rollouts, train_head
 
 
-@pytest.fixture
-def heads_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIVERSED_HEADS_DIR", str(tmp_path / "heads"))
-    return tmp_path / "heads"
-
-
 def test_head_round_trip_and_use_in_decoding(pair, tmp_path):
     head = new_head(pair, hidden_size=8)
     head.meta["task"] = "general"

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import torch
 
+from ..bench import measure_costs
+from ..decode import Counts, encode_prompt, generate
 from ..files import atomic_write
 from ..models import EMBEDDED_DRAFT_DIR
+from ..tasks import load_spec_bench
 from . import data
 
 CARD = "card.json"
@@ -80,10 +83,6 @@ def export(work_dir, out=None) -> Path:
 def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4) -> dict:
     """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, and the draft's cost c."""
     from tqdm import tqdm
-
-    from ..bench import measure_costs
-    from ..decode import Counts, encode_prompt, generate
-    from ..tasks import load_spec_bench
     questions = load_spec_bench(per_category=per_category)
     totals = {"t1": Counts(), "greedy": Counts()}
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):

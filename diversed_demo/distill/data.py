@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
+from .. import tasks
+from ..decode import encode_prompt
 from ..files import atomic_write
 from ..models import ASSETS
-from .. import tasks
 
 DATA_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
@@ -158,7 +159,6 @@ def write_shard(path: Path, records: list[dict]) -> None:
 def generate(target, tokenizer, data_dir: Path = DATA_DIR, target_tokens: int = 1_200_000, batch_size: int = 96,
              max_new_tokens: int = 384, seed: int = 0, minutes: float | None = None, progress=None) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass). Resumes."""
-    from ..decode import encode_prompt
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     done = load_records(data_dir)
