@@ -18,7 +18,7 @@ from .decode import Counts, encode_prompt, generate
 from .draft import CachedLM
 from .eagle import Eagle3Draft
 from .formatting import fmt
-from .head import load_head
+from .head import load_head, resolve_head_path
 from .linear import stock_linear
 from .rewards import fidelity, quality
 from .tasks import REFERENCE_TASKS, builtin_examples
@@ -27,8 +27,9 @@ from .theory import alpha_from_acceptance, analytic_speedup
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
 
-def parse_modes(spec: str, pair) -> dict[str, dict]:
-    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}."""
+def parse_modes(spec: str, pair=None) -> dict[str, dict]:
+    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}. Without a pair it only checks the
+    spec (weights in [0, 1], heads that exist), which needs no model, and leaves each head as its path."""
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
         kind, _, arg = name.partition(":")
@@ -36,11 +37,14 @@ def parse_modes(spec: str, pair) -> dict[str, dict]:
             modes[name] = {"mode": kind}
         elif kind == "static" and arg:
             try:
-                modes[name] = {"mode": "static", "ensemble_weight": float(arg)}
+                w = float(arg)
             except ValueError:
                 raise ValueError(f"mode {name!r}: the weight must be a number") from None
+            if not 0 <= w <= 1:
+                raise ValueError(f"mode {name!r}: the weight must be in [0, 1]")
+            modes[name] = {"mode": "static", "ensemble_weight": w}
         elif kind == "dynamic" and arg:
-            modes[name] = {"mode": "dynamic", "head": load_head(arg, pair)}
+            modes[name] = {"mode": "dynamic", "head": load_head(arg, pair) if pair is not None else resolve_head_path(arg)}
         else:
             raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
     if "ar" not in modes:

@@ -44,11 +44,11 @@ def run_generate(args) -> int:
     # Bad values fail before the models load (seconds), not after.
     check_args(args.mode, args.w, args.head, args.n_draft, args.max_new_tokens, args.temperature, args.top_p,
                args.seed)
-    pair = pair_from_args(args)
-    head = None
     if args.mode == "dynamic":
-        from .head import load_head
-        head = load_head(args.head, pair) if args.head else None
+        from .head import load_head, resolve_head_path
+        resolve_head_path(args.head)  # a missing head fails here too, not after the models load
+    pair = pair_from_args(args)
+    head = load_head(args.head, pair) if args.mode == "dynamic" else None
     stream = speculative_generate(pair, args.prompt, mode=args.mode, ensemble_weight=args.w, head=head,
                                   n_draft=args.n_draft, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -210,7 +210,8 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
     parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in $DIVERSED_DATA or ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
+                        "$DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -228,11 +229,17 @@ def run_frontier(args) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .frontier import evaluate_heads, frontier_figure
+    from .frontier import evaluate_heads, frontier_figure, held_out_examples
+    from .head import resolve_head_path
     try:
         weights = [float(w) for w in args.weights.split(",")]
     except ValueError:
         raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
+    if not all(0 <= w <= 1 for w in weights):
+        raise ValueError(f"--weights must be in [0, 1], not {args.weights!r}")
+    for head in args.head:  # before the models load: the heads and the held-out set exist
+        resolve_head_path(head)
+    held_out_examples(args.task, args.limit, args.data)
     pair = pair_from_args(args)
     bar = tqdm(desc=f"frontier {args.task}")
     command = " ".join(["diversed-demo"] + sys.argv[1:])
@@ -260,7 +267,8 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
     parser.add_argument("--categories", default=None,
                         help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in $DIVERSED_DATA or ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
+                        "$DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", default="auto",
                         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
                              "acceptance of a calibration run on the project's own prompts (default)")
@@ -283,11 +291,15 @@ def run_bench_command(args) -> int:
     from .bench import bench_figure, markdown_table, parse_modes, run_bench
     from .tasks import load_spec_bench
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)  # before the models load
+    # Everything that can be checked without the models is checked before they load.
+    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
+    parse_modes(args.modes)
+    if args.n_draft != "auto" and not (args.n_draft.isdigit() and int(args.n_draft) >= 1):
+        raise ValueError(f"--n-draft must be a positive integer or auto, not {args.n_draft!r}")
+    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft)
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
-    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
                        args.vs_transformers, progress=lambda: bar.update(1))
     bar.close()

@@ -14,15 +14,24 @@ def run_cli(*args, env=None):
     return out, time.perf_counter() - start
 
 
-@pytest.mark.parametrize("args, message", [(["--w", "2"], "ensemble weight"), (["--n-draft", "0"], "n_draft"),
-                                           (["--seed", str(10**30)], "seed"), (["--mode", "dynamic"], "head")])
-def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys):
+GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*GENERATE, "--w", "2"], "ensemble weight"), ([*GENERATE, "--n-draft", "0"], "n_draft"),
+    ([*GENERATE, "--seed", str(10**30)], "seed"), ([*GENERATE, "--mode", "dynamic"], "head"),
+    ([*GENERATE, "--mode", "dynamic", "--head", "no-such-head"], "no head 'no-such-head'"),
+    (["bench", "--modes", "ar,static:2"], "[0, 1]"), (["bench", "--modes", "exact"], "must include ar"),
+    (["bench", "--modes", "ar,dynamic:no-such-head"], "no head"), (["bench", "--n-draft", "0"], "--n-draft"),
+    (["frontier", "--weights", "0,2"], "[0, 1]"), (["frontier", "--head", "no-such-head"], "no head"),
+])
+def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):
     from diversed_demo import cli
 
     def load_pair(_args):
         raise AssertionError("the pair was loaded before the values were checked")
     monkeypatch.setattr(cli, "pair_from_args", load_pair)
-    assert cli.main(["generate", "--prompt", "Hi", "--mode", "static", *args]) == 2
+    assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
