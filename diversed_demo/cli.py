@@ -162,7 +162,7 @@ def run_distill_data(args) -> int:
     def progress(done, total):
         bar.n = min(done, total)
         bar.refresh()
-    result = data.generate(pair.target, pair.tokenizer, args.out or data.DATA_DIR, args.tokens, args.batch_size,
+    result = data.generate_shards(pair.target, pair.tokenizer, args.out or data.DATA_DIR, args.tokens, args.batch_size,
                            args.max_new_tokens, args.seed, args.minutes, progress)
     bar.close()
     print(json.dumps(result))

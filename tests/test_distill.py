@@ -69,10 +69,10 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
                                                            "general": [], "summarization": [], "mbpp": [],
                                                            "humaneval": []})
     tokenizer = tiny_tokenizer()
-    first = data.generate(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
+    first = data.generate_shards(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
     records = data.load_records(tmp_path)
     assert first["shards"] == 1 and len(records) == 4
-    data.generate(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
+    data.generate_shards(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
     again = data.load_records(tmp_path)
     assert again[:4] == records  # the first shard is kept, never regenerated
     assert len({r["key"] for r in again}) == len(again) == len(data.schedule(data.training_prompts()))

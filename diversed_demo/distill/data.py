@@ -156,7 +156,7 @@ def write_shard(path: Path, records: list[dict]) -> None:
     atomic_write(path, write)
 
 
-def generate(target, tokenizer, data_dir: Path = DATA_DIR, target_tokens: int = 1_200_000, batch_size: int = 96,
+def generate_shards(target, tokenizer, data_dir: Path = DATA_DIR, target_tokens: int = 1_200_000, batch_size: int = 96,
              max_new_tokens: int = 384, seed: int = 0, minutes: float | None = None, progress=None) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass). Resumes."""
     data_dir = Path(data_dir)
