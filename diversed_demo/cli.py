@@ -127,9 +127,9 @@ def run_distill_train(args) -> int:
                         ("--ttt-steps", config.ttt_steps), ("--eval-every", config.eval_every)):
         if not value > 0:
             raise ValueError(f"{name} must be positive, not {value}")
-    records = data.load_records(args.data or data.DATA_DIR)
+    records = data.load_records(args.data or data.SHARDS_DIR)
     if not records:
-        raise FileNotFoundError(f"no generated data in {args.data or data.DATA_DIR}: run `diversed-demo distill data` first")
+        raise FileNotFoundError(f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first")
     pair = load_pair(EMBEDDED, None, "auto", "auto")
     state = train_draft(pair, records, config, args.work_dir, args.minutes, " ".join(["diversed-demo"] + sys.argv[1:]))
     print(json.dumps(state["best"]))
@@ -162,7 +162,7 @@ def run_distill_data(args) -> int:
     def progress(done, total):
         bar.n = min(done, total)
         bar.refresh()
-    result = data.generate_shards(pair.target, pair.tokenizer, args.out or data.DATA_DIR, args.tokens, args.batch_size,
+    result = data.generate_shards(pair.target, pair.tokenizer, args.out or data.SHARDS_DIR, args.tokens, args.batch_size,
                            args.max_new_tokens, args.seed, args.minutes, progress)
     bar.close()
     print(json.dumps(result))
