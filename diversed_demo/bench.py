@@ -7,21 +7,29 @@ cost per token c and the verify pass's cost v, both relative to one target token
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections import defaultdict
 
 import torch
 
-from .tasks import REFERENCE_TASKS
+from .decode import Counts, encode_prompt, generate
+from .draft import CachedLM
+from .eagle import Eagle3Draft
+from .formatting import fmt
+from .head import load_head, resolve_head_path
+from .linear import stock_linear
+from .rewards import fidelity, quality
+from .tasks import REFERENCE_TASKS, builtin_examples
 from .theory import alpha_from_acceptance, analytic_speedup
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
 
-def parse_modes(spec: str, pair) -> dict[str, dict]:
-    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}."""
-    from .head import load_head
+def parse_modes(spec: str, pair=None) -> dict[str, dict]:
+    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}. Without a pair it only checks the
+    spec (weights in [0, 1], heads that exist), which needs no model, and leaves each head as its path."""
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
         kind, _, arg = name.partition(":")
@@ -29,11 +37,14 @@ def parse_modes(spec: str, pair) -> dict[str, dict]:
             modes[name] = {"mode": kind}
         elif kind == "static" and arg:
             try:
-                modes[name] = {"mode": "static", "ensemble_weight": float(arg)}
+                w = float(arg)
             except ValueError:
                 raise ValueError(f"mode {name!r}: the weight must be a number") from None
+            if not 0 <= w <= 1:
+                raise ValueError(f"mode {name!r}: the weight must be in [0, 1]")
+            modes[name] = {"mode": "static", "ensemble_weight": w}
         elif kind == "dynamic" and arg:
-            modes[name] = {"mode": "dynamic", "head": load_head(arg, pair)}
+            modes[name] = {"mode": "dynamic", "head": load_head(arg, pair) if pair is not None else resolve_head_path(arg)}
         else:
             raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
     if "ar" not in modes:
@@ -44,7 +55,6 @@ def parse_modes(spec: str, pair) -> dict[str, dict]:
 @torch.inference_mode()
 def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 16) -> float:
     """Median time of a cached forward of `tokens_per_call` new tokens (with the LM head on all of them)."""
-    from .draft import CachedLM
     lm = CachedLM(model, model.config.get_text_config().vocab_size)
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
     feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
@@ -61,7 +71,6 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
     it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
     the target's features, sampling), which is what the analytic bound's N·c must price."""
-    from .decode import generate
     _, events = generate(pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens,
                          temperature=0)
     steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
@@ -87,17 +96,16 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens
                    seed: int = 0, probe_n_draft: int = 4) -> dict[str, dict]:
     """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
     calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
-    from .decode import generate
     chosen = {}
     for name, kwargs in modes.items():
         if kwargs["mode"] == "ar":
             continue
-        accepted = drafted = 0
+        counts = Counts()
         for i, prompt in enumerate(prompts):
             summary, _ = generate(pair, prompt, n_draft=probe_n_draft, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed + i, **kwargs)
-            accepted, drafted = accepted + summary.accepted, drafted + summary.drafted
-        alpha = alpha_from_acceptance(accepted / max(drafted, 1), probe_n_draft)
+            counts += summary.counts
+        alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
         chosen[name] = {"n_draft": max(bounds, key=bounds.get), "calibration_alpha": alpha, "bounds": bounds}
     return chosen
@@ -121,9 +129,6 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
     on the pair's models with their stock nn.Linear layers (as a transformers user runs them).
     The draft's generation config is set for the call and restored after it."""
-    import copy
-
-    from .linear import stock_linear
     extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
@@ -150,11 +155,8 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
 def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_tokens: int = 128,
               temperature: float = 0.0, seed: int = 0, vs_transformers: bool = False, progress=None, candidates=range(1, 7)) -> dict:
     """n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement."""
-    from .decode import encode_prompt, generate
-    from .rewards import fidelity, quality
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
-        from .tasks import builtin_examples
         costs = measure_costs(pair, timing_prompt, list(candidates))  # once: the choice and the report share it
         calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
         choice = choose_n_draft(pair, modes, costs, calibration, max_new_tokens, temperature, seed)
@@ -164,12 +166,12 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
         costs = measure_costs(pair, timing_prompt, n_draft)
     else:
         raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
-    from .eagle import Eagle3Draft
     # transformers has no EAGLE path: with a feature draft only target-only decoding is compared
     comparable = {name: transformers_kwargs(kw) is not None and (kw["mode"] == "ar" or not isinstance(pair.draft, Eagle3Draft))
                   for name, kw in modes.items()}
-    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> field
-    hf = defaultdict(lambda: defaultdict(float))
+    counts = defaultdict(lambda: defaultdict(Counts))  # category -> mode -> summed over its questions
+    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))  # category -> mode -> quality sums
+    theirs, ours = defaultdict(Counts), defaultdict(Counts)  # mode -> transformers' runs and ours, where compared
     greedy_identical = defaultdict(list)
     scores_of = defaultdict(lambda: defaultdict(list))  # category -> mode -> quality per question, in order
     names = list(modes)
@@ -181,22 +183,19 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                                   temperature=temperature, seed=seed + i, **modes[name])
             output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
             scores = quality(example.task, example, summary.text) if example.task in REFERENCE_TASKS else {}
-            fields = {"new_tokens": summary.new_tokens, "seconds": summary.wall_time_s, "events_s": summary.events_s,
-                      "passes": summary.target_passes, "accepted": summary.accepted, "drafted": summary.drafted,
-                      "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}
+            fields = {"events_s": summary.events_s, "fidelity": fidelity(pair, prompt_ids, output_ids), "examples": 1}
             if scores:
                 fields["quality"] = scores.get("rouge2", scores.get("exact_match"))
                 fields["quality_examples"] = 1
                 scores_of[example.category][name].append(fields["quality"])
             for category in (example.category, "overall"):
+                counts[category][name] += summary.counts
                 for key, value in fields.items():
                     totals[category][name][key] += value
             if vs_transformers and comparable[name] and temperature == 0:
                 their_ids, seconds = hf_generate(pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens)
-                hf[name]["new_tokens"] += len(their_ids)
-                hf[name]["seconds"] += seconds
-                hf[name]["ours_tokens"] += summary.new_tokens
-                hf[name]["ours_seconds"] += summary.wall_time_s
+                theirs[name] += Counts(new_tokens=len(their_ids), wall_time_s=seconds)
+                ours[name] += summary.counts
                 greedy_identical[name].append(their_ids[:len(summary.token_ids)] == summary.token_ids)
             if progress is not None:
                 progress()
@@ -207,13 +206,12 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
                            "dtype": str(pair.target.dtype).removeprefix("torch.")},
               "costs": costs, "per_category": {}, "overall": {}}
     for category, by_mode in totals.items():
-        ar_speed = by_mode["ar"]["new_tokens"] / by_mode["ar"]["seconds"]
+        ar_speed = counts[category]["ar"].tokens_per_second
         table = {}
         for name, t in by_mode.items():
-            speed = t["new_tokens"] / t["seconds"]
-            table[name] = {"speedup": speed / ar_speed, "tau": t["new_tokens"] / t["passes"],
-                           "acceptance_rate": t["accepted"] / t["drafted"] if t["drafted"] else None,
-                           "tokens_per_second": speed,
+            c = counts[category][name]
+            table[name] = {"speedup": c.tokens_per_second / ar_speed, "tau": c.tau, "acceptance_rate": c.acceptance_rate,
+                           "tokens_per_second": c.tokens_per_second,
                            "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
                            "fidelity": t["fidelity"] / t["examples"]}
             if scores_of[category][name]:
@@ -231,14 +229,13 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
             bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
             report["bound_efficiency"][name] = row["speedup"] / bound
             row["analytic_bound"] = bound
-    report["vs_transformers"] = {name: (h["ours_tokens"] / h["ours_seconds"]) / (h["new_tokens"] / h["seconds"])
-                                 for name, h in hf.items()}
+    report["vs_transformers"] = {name: ours[name].tokens_per_second / theirs[name].tokens_per_second for name in theirs}
     report["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in greedy_identical.items()}
     # Streaming's price: the time the loop spent building and yielding token events, over all runs, against
     # the rest of the loop (the bare loop). Timed inside the loop: an A/B of whole runs drowns a fraction of
     # a percent in this machine's ±10% run-to-run noise.
     events_s = sum(t["events_s"] for t in totals["overall"].values())
-    seconds = sum(t["seconds"] for t in totals["overall"].values())
+    seconds = sum(c.wall_time_s for c in counts["overall"].values())
     report["streaming_overhead"] = events_s / (seconds - events_s)
     report["goals"] = goals(report)
     return report
@@ -298,8 +295,8 @@ def goals(report: dict) -> dict:
 
 
 def markdown_table(report: dict) -> str:
-    def fmt(v, spec=".2f"):
-        return "–" if v is None else format(v, spec)
+    def cell(value, spec=".2f"):
+        return fmt(value, spec, missing="–")
     modes = list(report["overall"])
     lines = ["| category | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for category, table in [*sorted(report["per_category"].items()), ("**overall**", report["overall"])]:
@@ -307,9 +304,9 @@ def markdown_table(report: dict) -> str:
         for m in modes:
             r = table.get(m)
             cells.append("–" if r is None else
-                         f"{fmt(r['speedup'])}× · τ {fmt(r['tau'])} · α {fmt(r['acceptance_rate'])}"
-                         + (f" · q {fmt(r['quality'], '.3f')}" if r["quality"] is not None else "")
-                         + f" · fid {fmt(r['fidelity'])}")
+                         f"{cell(r['speedup'])}× · τ {cell(r['tau'])} · α {cell(r['acceptance_rate'])}"
+                         + (f" · q {cell(r['quality'], '.3f')}" if r["quality"] is not None else "")
+                         + f" · fid {cell(r['fidelity'])}")
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     s = report["settings"]
     c = report["costs"]
@@ -324,8 +321,8 @@ def markdown_table(report: dict) -> str:
               "|---|---|---|---|---|"]
     for m in modes:
         row = report["overall"][m]
-        lines.append(f"| {m} | {fmt(row.get('analytic_bound'))} | {fmt(report['bound_efficiency'].get(m))} | "
-                     f"{fmt(report['vs_transformers'].get(m))} | "
+        lines.append(f"| {m} | {cell(row.get('analytic_bound'))} | {cell(report['bound_efficiency'].get(m))} | "
+                     f"{cell(report['vs_transformers'].get(m))} | "
                      f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |")
     if "streaming_overhead" in report:
         lines.append(f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare loop "
@@ -334,12 +331,12 @@ def markdown_table(report: dict) -> str:
     if g.get("diversed"):
         lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
                   "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |", "|---|---|---|---|---|"]
-        pct = (lambda v: "–" if v is None else f"{100 * v:+.1f}%")
         for m, row in g["diversed"].items():
-            quality = ", ".join(f"{c} {pct(v)}" + (f" ± {100 * se:.0f}%" if se else "")
+            quality = ", ".join(f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "")
                                 for (c, v), se in zip(row["quality_vs_exact"].items(),
                                                       row["quality_vs_exact_se"].values())) or "–"
-            lines.append(f"| {m} | {fmt(row['speedup'])}× | {quality} | {pct(row['fidelity_vs_exact'])} | {row['met']} |")
+            lines.append(f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
+                         f"{row['met']} |")
     return "\n".join(lines)
 
 

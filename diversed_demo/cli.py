@@ -1,13 +1,14 @@
 """`diversed-demo` command line: every subcommand's arguments, and the plain functions each one calls.
 
-This module is the top layer: nothing in the package imports it. Heavy modules load inside the
-subcommand that needs them, so `--help` and argument errors are instant.
+This module is the top layer: nothing in the package imports it. Models load only inside the subcommand
+that needs them, after its values are checked, so bad input fails in a second rather than after loading.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target: hub id, directory or .gguf (default: embedded smollm2-135m)")
@@ -23,7 +24,8 @@ def pair_from_args(args):
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--mode", choices=["ar", "exact", "static", "dynamic"], default="static")
+    from .decode import MODES
+    parser.add_argument("--mode", choices=MODES, default="static")
     parser.add_argument("--w", type=float, default=0.5, help="static ensemble weight in [0, 1] (1 = exact)")
     parser.add_argument("--head", default=None, help="head file (.safetensors) or name in heads/, for --mode dynamic")
     parser.add_argument("--n-draft", type=int, default=4)
@@ -38,33 +40,32 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> int:
-    from .decode import check_args, speculative_generate
+    from .decode import Summary, check_args, speculative_generate
     # Bad values fail before the models load (seconds), not after.
     check_args(args.mode, args.w, args.head, args.n_draft, args.max_new_tokens, args.temperature, args.top_p,
                args.seed)
-    pair = pair_from_args(args)
-    head = None
     if args.mode == "dynamic":
-        from .head import load_head
-        head = load_head(args.head, pair) if args.head else None
+        from .head import load_head, resolve_head_path
+        resolve_head_path(args.head)  # a missing head fails here too, not after the models load
+    pair = pair_from_args(args)
+    head = load_head(args.head, pair) if args.mode == "dynamic" else None
     stream = speculative_generate(pair, args.prompt, mode=args.mode, ensemble_weight=args.w, head=head,
                                   n_draft=args.n_draft, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                   chat=not args.no_chat)
     events = []
     for item in stream:
-        if hasattr(item, "kind"):
+        if isinstance(item, Summary):
+            summary = item
+        else:
             events.append(item)
             if not args.json and item.kind != "rejected":
                 print(item.text, end="", flush=True)
-        else:
-            summary = item
     if args.json:
-        keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
-        print(json.dumps({"text": summary.text,
-                          "summary": {k: summary.to_dict()[k] for k in
-                                      ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")},
-                          "events": [{k: getattr(e, k) for k in keys} for e in events]}, ensure_ascii=False))
+        summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
+        event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
+        print(json.dumps({"text": summary.text, "summary": {k: getattr(summary, k) for k in summary_keys},
+                          "events": [{k: getattr(e, k) for k in event_keys} for e in events]}, ensure_ascii=False))
     else:
         print("\n")
         print(format_summary(summary))
@@ -72,9 +73,9 @@ def run_generate(args) -> int:
 
 
 def format_summary(summary) -> str:
-    acc = "n/a" if summary.acceptance_rate is None else f"{summary.acceptance_rate:.3f}"
+    from .formatting import fmt
     mean_w = "" if summary.mean_w is None else f"  mean w {summary.mean_w:.3f}"
-    return (f"acceptance {acc}  tau {summary.tau:.2f}  new tokens {summary.new_tokens}  "
+    return (f"acceptance {fmt(summary.acceptance_rate)}  tau {fmt(summary.tau, '.2f')}  new tokens {summary.new_tokens}  "
             f"{summary.tokens_per_second:.1f} tok/s  wall {summary.wall_time_s:.2f} s{mean_w}")
 
 
@@ -128,9 +129,9 @@ def run_distill_train(args) -> int:
                         ("--ttt-steps", config.ttt_steps), ("--eval-every", config.eval_every)):
         if not value > 0:
             raise ValueError(f"{name} must be positive, not {value}")
-    records = data.load_records(args.data or data.DATA_DIR)
+    records = data.load_records(args.data or data.SHARDS_DIR)
     if not records:
-        raise FileNotFoundError(f"no generated data in {args.data or data.DATA_DIR}: run `diversed-demo distill data` first")
+        raise FileNotFoundError(f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first")
     pair = load_pair(EMBEDDED, None, "auto", "auto")
     state = train_draft(pair, records, config, args.work_dir, args.minutes, " ".join(["diversed-demo"] + sys.argv[1:]))
     print(json.dumps(state["best"]))
@@ -163,7 +164,7 @@ def run_distill_data(args) -> int:
     def progress(done, total):
         bar.n = min(done, total)
         bar.refresh()
-    result = data.generate(pair.target, pair.tokenizer, args.out or data.DATA_DIR, args.tokens, args.batch_size,
+    result = data.generate_shards(pair.target, pair.tokenizer, args.out or data.SHARDS_DIR, args.tokens, args.batch_size,
                            args.max_new_tokens, args.seed, args.minutes, progress)
     bar.close()
     print(json.dumps(result))
@@ -211,7 +212,8 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
     parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
+                        "$DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -229,11 +231,17 @@ def run_frontier(args) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .frontier import evaluate_heads, frontier_figure
+    from .frontier import evaluate_heads, frontier_figure, held_out_examples
+    from .head import resolve_head_path
     try:
         weights = [float(w) for w in args.weights.split(",")]
     except ValueError:
         raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
+    if not all(0 <= w <= 1 for w in weights):
+        raise ValueError(f"--weights must be in [0, 1], not {args.weights!r}")
+    for head in args.head:  # before the models load: the heads and the held-out set exist
+        resolve_head_path(head)
+    held_out_examples(args.task, args.limit, args.data)
     pair = pair_from_args(args)
     bar = tqdm(desc=f"frontier {args.task}")
     command = " ".join(["diversed-demo"] + sys.argv[1:])
@@ -261,7 +269,8 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
     parser.add_argument("--categories", default=None,
                         help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default ../shared/data)")
+    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
+                        "$DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", default="auto",
                         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
                              "acceptance of a calibration run on the project's own prompts (default)")
@@ -284,11 +293,15 @@ def run_bench_command(args) -> int:
     from .bench import bench_figure, markdown_table, parse_modes, run_bench
     from .tasks import load_spec_bench
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)  # before the models load
+    # Everything that can be checked without the models is checked before they load.
+    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
+    parse_modes(args.modes)
+    if args.n_draft != "auto" and not (args.n_draft.isdigit() and int(args.n_draft) >= 1):
+        raise ValueError(f"--n-draft must be a positive integer or auto, not {args.n_draft!r}")
+    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft)
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
-    n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft) if args.n_draft.isdigit() else args.n_draft
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
                        args.vs_transformers, progress=lambda: bar.update(1))
     bar.close()

@@ -9,7 +9,7 @@ Target-only decoding is the same loop with N = 0: every step then emits the targ
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ from .verify import verify_block, verify_block_greedy
 
 MODES = ("ar", "exact", "static", "dynamic")
 MAX_N_DRAFT = 32
+MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 KINDS = ("accepted", "rejected", "resampled", "bonus", "ar")
 
 
@@ -28,7 +29,7 @@ class TokenEvent:
     token_id: int
     text: str
     kind: str  # one of KINDS; "rejected" is a draft token turned down, not part of the output
-    step: int
+    step: int  # the decoding step (target pass) that decided it, from 1
     w: float | None = None  # ensemble weight w_t at this position (None where no draft competed)
     p: float | None = None  # target probability of the token
     q: float | None = None  # draft probability of the token
@@ -37,40 +38,76 @@ class TokenEvent:
     draft_ms: float = 0.0  # the step's drafting time
     verify_ms: float = 0.0  # the step's target pass and verification time
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+class Rates:
+    """Acceptance rate, τ and speed, defined once for whatever counts a decode's tokens in `new_tokens`,
+    `target_passes`, `drafted`, `accepted` and `wall_time_s` (a Summary, the Counts of many decodes, a live
+    tally): every report of them in the project reads these."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafted tokens ÷ drafted tokens (None where nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens emitted per target pass."""
+        return self.new_tokens / self.target_passes if self.target_passes else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
 
 @dataclass
-class Summary:
+class Counts(Rates):
+    """Token counts of one decode or a sum of many (`+`), or a live tally of an event stream (`add_event`)."""
+    new_tokens: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0  # drafted tokens kept in the output
+    rejected: int = 0  # drafted tokens verified and turned down (at most one per step)
+    wall_time_s: float = 0.0
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(*(getattr(self, f) + getattr(other, f) for f in Counts.__dataclass_fields__))
+
+    @property
+    def verified_acceptance(self) -> float | None:
+        """Accepted ÷ verified drafts: the per-token acceptance α, where accepted ÷ drafted also counts the
+        drafts after a rejection, which are never verified."""
+        verified = self.accepted + self.rejected
+        return self.accepted / verified if verified else None
+
+    def add_event(self, event: TokenEvent) -> None:
+        """Count one event of the stream (events arrive in step order); wall time is the caller's."""
+        if event.step > self.target_passes:
+            self.target_passes = event.step
+            self.drafted += event.drafted
+        if event.kind == "rejected":
+            self.rejected += 1
+        else:
+            self.new_tokens += 1
+            self.accepted += event.kind == "accepted"
+
+
+@dataclass
+class Summary(Rates):
     text: str
     new_tokens: int
     target_passes: int
     drafted: int
     accepted: int
     wall_time_s: float
-    mean_w: float | None = None
+    mean_w: float | None = None  # mean w_t over the positions where it decided a token
     token_ids: list[int] = field(default_factory=list)
     events_s: float = 0.0  # of wall_time_s, the time spent building and yielding token events
+    rejected: int = 0
 
     @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tau(self) -> float:
-        """Tokens emitted per target pass."""
-        return self.new_tokens / max(self.target_passes, 1)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {"acceptance_rate": self.acceptance_rate, "tau": self.tau, "new_tokens": self.new_tokens,
-                "tokens_per_second": self.tokens_per_second, "wall_time_s": self.wall_time_s,
-                "target_passes": self.target_passes, "drafted": self.drafted, "accepted": self.accepted,
-                "mean_w": self.mean_w}
+    def counts(self) -> Counts:
+        return Counts(self.new_tokens, self.target_passes, self.drafted, self.accepted, self.rejected,
+                      self.wall_time_s)
 
 
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
@@ -93,6 +130,7 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
 
 
 def eos_ids(pair) -> set[int]:
+    """The tokens that end a decode: the tokenizer's EOS and those of the target's generation config."""
     ids = set()
     for source in (pair.tokenizer.eos_token_id, getattr(pair.target.generation_config, "eos_token_id", None)):
         if isinstance(source, int):
@@ -102,10 +140,8 @@ def eos_ids(pair) -> set[int]:
     return ids
 
 
-MAX_SEED = 2**32 - 1
-
-
 def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed=0):
+    """A ValueError saying which argument is wrong and why; cheap, so callers check before loading models."""
     if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
     if mode not in MODES:
@@ -254,6 +290,7 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
         summary.target_passes += 1
         summary.drafted += n
         summary.accepted += min(verdict.n_accepted, len(step.new_ids))
+        summary.rejected += verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted  # not cut by an EOS
         verified = verdict.n_accepted + (verdict.n_accepted < n)  # positions whose w mattered
         w_total = w_total + verdict.w[:verified].sum()
         w_count += verified

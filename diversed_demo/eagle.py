@@ -9,7 +9,8 @@ The weights and config.json follow speculators' Eagle3DraftModel (keys `fc`, `la
 `lm_head`, `d2t`, `t2d`; `eagle_aux_hidden_state_layer_ids`, `draft_vocab_size`), so vLLM can serve the
 draft. `eagle_aux_hidden_state_layer_ids` = k means the input of target layer k, which is Hugging Face's
 `hidden_states[k]`. The token embedding is the target's own (frozen, not stored); `lm_head` covers the
-draft vocabulary, target ids `arange(draft_vocab_size) + d2t`, and is stored.
+draft vocabulary, target ids `arange(draft_vocab_size) + d2t`, and is stored. `Eagle3Draft.save` writes
+a draft; `models.load_eagle3` loads one for a target, checking that it fits.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .files import atomic_write
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -173,45 +176,11 @@ class Eagle3Draft(nn.Module):
     def save(self, directory, dtype: torch.dtype = torch.float16) -> None:
         """config.json + model.safetensors (without the target's embedding), written atomically."""
         from safetensors.torch import save_file
-
-        from .models import atomic_write
         directory = Path(directory)
         state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
                  for k, v in self.state_dict().items() if not k.startswith("embed_tokens")}
         atomic_write(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(self.config, indent=2) + "\n"))
         atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
-
-
-def load_config(directory) -> dict:
-    return json.loads((Path(directory) / "config.json").read_text())
-
-
-def is_eagle3_dir(directory) -> bool:
-    path = Path(directory) / "config.json"
-    return path.exists() and json.loads(path.read_text()).get("speculators_model_type") == "eagle3"
-
-
-def load_eagle3(directory, target) -> Eagle3Draft:
-    """A saved EAGLE-3 draft for `target`, whose token embedding it borrows."""
-    from safetensors.torch import load_file
-
-    from .models import PairError
-    directory = Path(directory)
-    config = load_config(directory)
-    draft = Eagle3Draft(config)
-    target_hidden = target.config.get_text_config().hidden_size
-    n_layers = target.config.get_text_config().num_hidden_layers
-    if draft.hidden_size != target_hidden or max(draft.aux_layer_ids) > n_layers:
-        raise PairError(f"the EAGLE-3 draft in {directory} reads hidden size {draft.hidden_size} at layers "
-                        f"{draft.aux_layer_ids}; the target has {target_hidden} and {n_layers} layers")
-    state = load_file(str(directory / WEIGHTS_FILE))
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("embed_tokens")]
-    if missing or unexpected:
-        raise PairError(f"draft weights in {directory} do not match its config: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-    draft.embed_tokens.weight = target.get_input_embeddings().weight
-    return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
 def new_config(target_config, aux_layer_ids=None, draft_vocab_size: int = 8192, verifier: str = "") -> dict:

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .decode import Counts, encode_prompt, generate
+from .head import load_head, resolve_head_path, save_head
+from .rewards import task_reward
+from .tasks import load_spec_bench
+
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used for training)
     "summarization": ["summarization"],
@@ -25,16 +30,17 @@ HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used fo
 class Point:
     label: str  # "static:<w>" or "dynamic:<head>"
     w: float | None  # the static weight; None for a head
-    accepted: list[int] = field(default_factory=list)  # per example
-    drafted: list[int] = field(default_factory=list)
+    counts: list[Counts] = field(default_factory=list)  # per example
     quality: list[float] = field(default_factory=list)
-    new_tokens: list[int] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
     mean_w: list[float] = field(default_factory=list)
 
     @property
+    def total(self) -> Counts:
+        return sum(self.counts, Counts())
+
+    @property
     def acceptance(self) -> float:
-        return sum(self.accepted) / max(sum(self.drafted), 1)
+        return self.total.acceptance_rate or 0.0
 
     @property
     def mean_quality(self) -> float:
@@ -42,7 +48,7 @@ class Point:
 
     @property
     def tokens_per_second(self) -> float:
-        return sum(self.new_tokens) / max(sum(self.seconds), 1e-9)
+        return self.total.tokens_per_second
 
     def row(self) -> dict:
         return {"point": self.label, "w": self.w, "acceptance": self.acceptance, "quality": self.mean_quality,
@@ -53,8 +59,6 @@ class Point:
 def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = None, head=None, n_draft: int = 4,
                    max_new_tokens: int = 64, temperature: float = 1.0, progress=None) -> Point:
     """Decode every example once (seed = its index) at one static w or with one head."""
-    from .decode import encode_prompt, generate
-    from .rewards import task_reward
     point = Point(label, w)
     mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
     for i, example in enumerate(examples):
@@ -63,10 +67,7 @@ def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = N
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         point.quality.append(task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
                                          output_ids=summary.token_ids or [pair.tokenizer.eos_token_id]))
-        point.accepted.append(summary.accepted)
-        point.drafted.append(summary.drafted)
-        point.new_tokens.append(summary.new_tokens)
-        point.seconds.append(summary.wall_time_s)
+        point.counts.append(summary.counts)
         if summary.mean_w is not None:
             point.mean_w.append(summary.mean_w)
         if progress is not None:
@@ -103,8 +104,9 @@ def margins(static: list[tuple[float, float]], head: tuple[float, float]) -> dic
 
 
 def _resampled(point: Point, idx) -> tuple[float, float]:
-    accepted, drafted = np.asarray(point.accepted)[idx].sum(), np.asarray(point.drafted)[idx].sum()
-    return accepted / max(drafted, 1), float(np.asarray(point.quality)[idx].mean())
+    """(acceptance, quality) of a bootstrap sample of the point's examples."""
+    acceptance = sum((point.counts[i] for i in idx), Counts()).acceptance_rate or 0.0
+    return acceptance, float(np.asarray(point.quality)[idx].mean())
 
 
 def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -148,7 +150,6 @@ def frontier_figure(points: list[Point], title: str = "Speed–quality frontier"
 
 
 def held_out_examples(task: str, limit: int | None, data: str | None = None):
-    from .tasks import load_spec_bench
     categories = HELD_OUT.get(task)
     if task not in HELD_OUT:
         raise ValueError(f"no held-out set for task {task!r}; choose one of {', '.join(HELD_OUT)}")
@@ -163,7 +164,6 @@ def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float],
                    command: str = "", progress=None) -> tuple[dict, list[Point]]:
     """The static frontier and each head (a name or path) on the task's held-out set: (report, points).
     With write_card, each head's figures go to <head>.json beside its file and into its metadata."""
-    from .head import load_head, resolve_head_path, save_head
     paths = {resolve_head_path(h).stem: resolve_head_path(h) for h in head_specs}
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .files import atomic_write, cache_dir
 from .models import text_config
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped with the project
@@ -105,7 +106,6 @@ def new_head(pair, **kwargs) -> EnsembleHead:
 def save_head(head: EnsembleHead, path) -> Path:
     """Write weights and metadata atomically (a crash never leaves a half-written head)."""
     from safetensors.torch import save_file
-    from .models import atomic_write
     path = Path(path)
     metadata = {"format": FORMAT, "config": json.dumps(head.config), "meta": json.dumps(head.meta)}
     state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
@@ -136,7 +136,6 @@ def check_head_pair(head_pair: dict, identity: dict, where: str) -> None:
 
 
 def user_heads_dir() -> Path:
-    from .models import cache_dir
     return Path(os.environ.get("DIVERSED_HEADS_DIR") or cache_dir() / "heads")
 
 

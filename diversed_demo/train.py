@@ -29,10 +29,13 @@ from pathlib import Path
 
 import torch
 
+from .decode import decode_steps, encode_prompt
 from .head import new_head, save_head, user_heads_dir
-from .models import atomic_torch_save, text_config
+from .models import text_config
+from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from .rewards import task_reward
+from .tasks import REFERENCE_TASKS, TASKS, builtin_examples, load_jsonl_prompts
 from .verify import total_variation
-
 
 
 @dataclass
@@ -104,7 +107,6 @@ class Rollouts:
 
 
 def check_config(config: TrainConfig) -> None:
-    from .tasks import TASKS
     if config.task not in TASKS:
         raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
     for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs"):
@@ -119,7 +121,6 @@ def check_config(config: TrainConfig) -> None:
 
 
 def training_examples(config: TrainConfig):
-    from .tasks import REFERENCE_TASKS, builtin_examples, load_jsonl_prompts
     if config.prompts_path:
         examples = load_jsonl_prompts(config.prompts_path, config.task)
     else:
@@ -142,7 +143,6 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
     decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
     not, but they are part of each output (`outputs`) that the reward scores.
     """
-    from .decode import decode_steps
     rows, outputs = [], []
     for _ in range(n):
         seed = int(torch.randint(2**31 - 1, (), generator=generator))
@@ -213,10 +213,6 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     mean_w, loss, elapsed_s} after each step; `should_stop()` returning True cancels (a checkpoint is kept)."""
     from accelerate import Accelerator
     from tqdm.auto import tqdm
-    from transformers import get_cosine_schedule_with_warmup
-
-    from .decode import encode_prompt
-    from .rewards import task_reward
 
     check_config(config)
     examples = training_examples(config)
@@ -229,31 +225,27 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     torch.manual_seed(config.seed)
     head = new_head(pair, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init)
     head.meta.update(task=config.task, training=asdict(config))
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.01)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.steps)
+    optimizer, scheduler = adamw_with_schedule(head.parameters(), config.lr, config.warmup_steps, config.steps,
+                                               weight_decay=0.01)
     generator = torch.Generator(device=pair.target.device).manual_seed(config.seed + accelerator.process_index)
     start_step, history = 0, []
-    if config.resume and checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=True, map_location="cpu")
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["generator"])
-        start_step, history = state["step"], state["history"]
+    saved = load_checkpoint(checkpoint_path, optimizer, scheduler) if config.resume else None
+    if saved is not None:
+        head.load_state_dict(saved["head"])
+        generator.set_state(saved["generator"])
+        start_step, history = saved["step"], saved["history"]
     head_model, optimizer, scheduler = accelerator.prepare(head, optimizer, scheduler)
 
-    def save_checkpoint(step):
+    def write_checkpoint(step):
         if accelerator.is_main_process:
-            atomic_torch_save({"head": accelerator.unwrap_model(head_model).state_dict(),
-                                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                "generator": generator.get_state(), "step": step, "history": history},
-                               checkpoint_path)
+            save_checkpoint(checkpoint_path, optimizer, scheduler, step=step, history=history,
+                            head=accelerator.unwrap_model(head_model).state_dict(), generator=generator.get_state())
 
     started = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {name}", disable=not progress)
     for step in range(start_step, config.steps):
         if should_stop is not None and should_stop():
-            save_checkpoint(step)
+            write_checkpoint(step)
             bar.close()
             return TrainResult(None, history, cancelled=True, checkpoint=checkpoint_path)
         # Each process takes its own prompts: data parallel over examples.
@@ -296,9 +288,9 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         if callback is not None:
             callback(record)
         if (step + 1) % config.checkpoint_every == 0:
-            save_checkpoint(step + 1)
+            write_checkpoint(step + 1)
     bar.close()
-    save_checkpoint(config.steps)
+    write_checkpoint(config.steps)
     final = accelerator.unwrap_model(head_model)
     tail = history[-max(1, len(history) // 4):]
     final.meta["train_figures"] = {k: sum(h[k] for h in tail) / len(tail) for k in ("reward", "acceptance", "mean_w")}

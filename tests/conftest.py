@@ -32,6 +32,22 @@ def any_pair(request, pair, feature_pair):
     return pair if request.param == "standalone" else feature_pair
 
 
+@pytest.fixture(scope="session")
+def restricted_pair():
+    """A tiny pair whose draft proposes only 20 of the 45 tokens (logits −inf elsewhere)."""
+    from diversed_demo.models import restrict_draft_vocab
+    pair = tiny_pair()
+    restrict_draft_vocab(pair.draft, list(range(0, 40, 2)))
+    return pair
+
+
+@pytest.fixture
+def heads_dir(tmp_path, monkeypatch):
+    """A fresh user heads folder for one test."""
+    monkeypatch.setenv("DIVERSED_HEADS_DIR", str(tmp_path / "heads"))
+    return tmp_path / "heads"
+
+
 PROMPTS = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13], [1, 20], [1, 4, 4, 8, 30, 31, 32, 33, 5]]
 
 

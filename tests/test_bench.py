@@ -56,6 +56,7 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert 0 < report["streaming_overhead"] < 1
     table = markdown_table(report)
     assert "math_reasoning" in table and "**overall**" in table
+    assert "| writing | 1.00× · τ 1.00 · α – · fid " in table  # target-only drafts nothing: no acceptance
     goal = report["goals"]["diversed"]["static:0.5"]
     assert goal["speedup"] == overall["static:0.5"]["speedup"]
     # Quality is judged per referenced category, never on the pooled mean of different metrics.

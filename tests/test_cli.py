@@ -14,13 +14,26 @@ def run_cli(*args, env=None):
     return out, time.perf_counter() - start
 
 
-@pytest.mark.parametrize("args, message", [(["--w", "2"], "ensemble weight"), (["--n-draft", "0"], "n_draft"),
-                                           (["--seed", str(10**30)], "seed"), (["--mode", "dynamic"], "head")])
-def test_bad_values_fail_before_the_models_load(args, message):
-    out, seconds = run_cli("generate", "--prompt", "Hi", "--mode", "static", *args,
-                           env={"DIVERSED_CACHE": "/nonexistent/never-created"})
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
-    assert seconds < 15  # loading the embedded pair alone takes longer
+GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*GENERATE, "--w", "2"], "ensemble weight"), ([*GENERATE, "--n-draft", "0"], "n_draft"),
+    ([*GENERATE, "--seed", str(10**30)], "seed"), ([*GENERATE, "--mode", "dynamic"], "head"),
+    ([*GENERATE, "--mode", "dynamic", "--head", "no-such-head"], "no head 'no-such-head'"),
+    (["bench", "--modes", "ar,static:2"], "[0, 1]"), (["bench", "--modes", "exact"], "must include ar"),
+    (["bench", "--modes", "ar,dynamic:no-such-head"], "no head"), (["bench", "--n-draft", "0"], "--n-draft"),
+    (["frontier", "--weights", "0,2"], "[0, 1]"), (["frontier", "--head", "no-such-head"], "no head"),
+])
+def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):
+    from diversed_demo import cli
+
+    def load_pair(_args):
+        raise AssertionError("the pair was loaded before the values were checked")
+    monkeypatch.setattr(cli, "pair_from_args", load_pair)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {}])
@@ -31,3 +44,19 @@ def test_a_missing_hub_model_ends_in_one_line_at_once(env):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no/such-model" in lines[0] and "Traceback" not in out.stderr
     assert seconds < 20  # transformers alone retries the hub for about a minute
+
+
+def test_generate_prints_the_documented_json_and_summary_line(tmp_path, capsys):
+    import json
+
+    from diversed_demo import cli
+    from diversed_demo.tiny import save_tiny_pair
+    target, draft = save_tiny_pair(tmp_path)
+    pair_args = ["--target", target, "--draft", draft, "--device", "cpu", "--no-chat", "--max-new-tokens", "8"]
+    assert cli.main(["generate", "--prompt", "the cat", "--json", *pair_args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s"}
+    assert set(out["events"][0]) == {"token_id", "text", "kind", "w", "p", "q", "accept_prob"}
+    assert out["summary"]["new_tokens"] == sum(e["kind"] != "rejected" for e in out["events"])
+    assert cli.main(["generate", "--prompt", "the cat", "--mode", "ar", *pair_args]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("acceptance n/a  tau 1.00  new tokens ")

@@ -9,7 +9,7 @@ from diversed_demo import decode
 from diversed_demo.decode import generate, speculative_generate
 from diversed_demo.eagle import Eagle3Draft, target_features, ttt_forward
 from diversed_demo.head import ConstantHead
-from diversed_demo.models import PairError, check_tokenizers, load_pair, restrict_draft_vocab
+from diversed_demo.models import PairError, check_tokenizers, load_pair
 from diversed_demo.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 from diversed_demo.verify import ensemble_probs, total_variation
 from stats import chi_square_pvalue
@@ -146,14 +146,6 @@ def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair
     assert abs(first_accepted / samples - alpha) < 4 * se
 
 
-@pytest.fixture(scope="module")
-def restricted_pair():
-    """A tiny pair whose draft proposes only 20 of the 45 tokens (logits −inf elsewhere)."""
-    pair = tiny_pair()
-    restrict_draft_vocab(pair.draft, list(range(0, 40, 2)))
-    return pair
-
-
 def test_restricted_draft_has_zero_mass_outside_and_same_logits_inside(restricted_pair):
     full = tiny_pair().draft
     ids = torch.tensor([PROMPTS[1]])
@@ -268,6 +260,12 @@ def test_events_and_summary_are_consistent(pair):
     assert summary.accepted == sum(e.kind == "accepted" for e in events)
     assert summary.accepted <= drafted_decided <= summary.drafted
     assert summary.tau == pytest.approx(summary.new_tokens / summary.target_passes)
+    # A live tally of the event stream counts what the Summary counts: one accounting for both.
+    tally = decode.Counts(wall_time_s=summary.wall_time_s)
+    for e in events:
+        tally.add_event(e)
+    assert tally == summary.counts and tally.rejected == sum(e.kind == "rejected" for e in events)
+    assert (tally + tally).acceptance_rate == summary.acceptance_rate and (tally + tally).tau == summary.tau
     for e in events:
         assert e.kind in decode.KINDS
         if e.kind in ("accepted", "rejected"):
@@ -277,6 +275,16 @@ def test_events_and_summary_are_consistent(pair):
     *_, bare = speculative_generate(pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3,
                                     max_new_tokens=50, emit_events=False)
     assert bare.events_s == 0 and bare.token_ids == summary.token_ids
+
+
+def test_an_eos_among_accepted_drafts_ends_the_events():
+    # [accepted EOS, rejected, resampled] with one output token: the rejection after the EOS is no event.
+    def event(kind):
+        return decode.TokenEvent(2, "</s>", kind, step=1)
+    events = [event("accepted"), event("rejected"), event("resampled")]
+    assert decode.output_events(events, 1) == events[:1]
+    assert decode.output_events(events, 2) == events
+    assert decode.output_events(events[1:], 1) == events[1:]
 
 
 def test_stops_at_eos_and_max_new_tokens(pair):

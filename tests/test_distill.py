@@ -1,5 +1,6 @@
 """Making the feature draft: on-policy data, training with the training-time test, resumable checkpoints."""
 import collections
+import math
 
 import pytest
 import torch
@@ -68,10 +69,10 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
                                                            "general": [], "summarization": [], "mbpp": [],
                                                            "humaneval": []})
     tokenizer = tiny_tokenizer()
-    first = data.generate(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
+    first = data.generate_shards(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
     records = data.load_records(tmp_path)
     assert first["shards"] == 1 and len(records) == 4
-    data.generate(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
+    data.generate_shards(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
     again = data.load_records(tmp_path)
     assert again[:4] == records  # the first shard is kept, never regenerated
     assert len({r["key"] for r in again}) == len(again) == len(data.schedule(data.training_prompts()))
@@ -108,8 +109,28 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
     assert stopped["step"] == 0
     resumed, finished = run(tmp_path / "b")
     assert finished["step"] == done["step"] == done["total_steps"]
+    # The keys a running draft training resumes from (its checkpoint must stay readable across refactors).
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert set(saved) == {"model", "optimizer", "scheduler", "state", "config"}
+    assert not any(k.startswith("embed_tokens") for k in saved["model"])  # the target's own tensor is not stored
     for name, tensor in straight.state_dict().items():
         assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
+
+
+def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target, records):
+    # q is 0 outside the draft vocabulary (once `distill --loss rkl` turned that into 0·(−inf) = NaN): the KL is
+    # taken over the draft vocabulary and 1 − TV needs no logarithm.
+    config = distill.TrainConfig(ttt_steps=2, batch_tokens=512, bf16=False)
+    vocab = distill.frequent_tokens(records, 8, always=[2])
+    draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
+    batch = distill.make_batch(records[:8], 3, config.max_length, target.device)
+    assert not torch.isin(batch["ids"][batch["predicts_response"]], torch.tensor(vocab)).all()  # tokens outside
+    loss, per_step = distill.ttt_loss(draft, target, batch, config)
+    loss.backward()
+    assert torch.isfinite(loss) and all(math.isfinite(x) for x in per_step)
+    assert all(torch.isfinite(p.grad).all() for p in draft.parameters() if p.grad is not None)
+    metrics = distill.evaluate(draft, target, records[:8], 3, config)
+    assert all(0 <= x <= 1 for x in metrics["one_minus_tv"] + metrics["agreement"])
 
 
 def test_frequent_tokens_and_heldout_split():

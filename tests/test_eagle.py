@@ -7,8 +7,8 @@ import torch
 from conftest import PROMPTS, tiny_feature_pair
 from diversed_demo import decode
 from diversed_demo.draft import FeatureDraft, Sampler
-from diversed_demo.eagle import load_eagle3, target_features, ttt_forward
-from diversed_demo.models import PairError
+from diversed_demo.eagle import target_features, ttt_forward
+from diversed_demo.models import PairError, load_eagle3
 
 
 def test_decoding_chain_equals_the_training_unroll(feature_pair):

@@ -1,6 +1,7 @@
 """The frontier: interpolated margins, bootstrap, and a sweep on a tiny pair."""
 import pytest
 
+from diversed_demo.decode import Counts
 from diversed_demo.frontier import Point, frontier_margin, margins, sweep
 from diversed_demo.head import ConstantHead
 from diversed_demo.tasks import Example
@@ -16,8 +17,8 @@ def test_margins_against_an_interpolated_frontier():
 
 
 def point(label, w, acc, quality, n=20):
-    return Point(label, w, accepted=[acc] * n, drafted=[10] * n, quality=[quality + 0.01 * (i % 3) for i in range(n)],
-                 new_tokens=[5] * n, seconds=[1.0] * n)
+    counts = [Counts(new_tokens=5, target_passes=2, drafted=10, accepted=acc, wall_time_s=1.0)] * n
+    return Point(label, w, counts, quality=[quality + 0.01 * (i % 3) for i in range(n)])
 
 
 def test_bootstrap_reports_a_clear_win_with_small_uncertainty():
@@ -26,6 +27,7 @@ def test_bootstrap_reports_a_clear_win_with_small_uncertainty():
     assert result["beyond_frontier"]
     assert result["quality_margin"]["estimate"] == pytest.approx(0.1, abs=1e-6)
     assert result["quality_margin"]["p_positive"] == 1.0 and result["quality_margin"]["stderr"] < 0.02
+    assert static[0].acceptance == 0.2 and static[0].tokens_per_second == 5.0
 
 
 def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ..models import EMBEDDED_DRAFT_DIR, atomic_write
+from ..bench import measure_costs
+from ..decode import Counts, encode_prompt, generate
+from ..files import atomic_write
+from ..models import EMBEDDED_DRAFT_DIR
+from ..tasks import load_spec_bench
 from . import data
 
 CARD = "card.json"
@@ -82,29 +86,22 @@ def export(work_dir, out=None, data_dir=data.DATA_DIR) -> Path:
 def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4) -> dict:
     """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, and the draft's cost c."""
     from tqdm import tqdm
-
-    from ..bench import measure_costs
-    from ..decode import encode_prompt, generate
-    from ..tasks import load_spec_bench
     questions = load_spec_bench(per_category=per_category)
-    totals = {t: Counter() for t in ("t1", "greedy")}
+    totals = {"t1": Counts(), "greedy": Counts()}
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
         for name, temperature in (("t1", 1.0), ("greedy", 0.0)):
-            summary, events = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
-                                       max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
-            totals[name].update(accepted=summary.accepted, drafted=summary.drafted, new_tokens=summary.new_tokens,
-                                passes=summary.target_passes,
-                                rejected=sum(e.kind == "rejected" for e in events))
+            summary, _ = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
+                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
+            totals[name] += summary.counts
     costs = measure_costs(pair, encode_prompt(pair.tokenizer, questions[0].prompt), n_draft)
     figures = {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
                "n_draft": n_draft, "threads": torch.get_num_threads(), "dtype": str(pair.target.dtype),
                "cost_ratio": costs["c"], "target_ms_per_token": costs["target_ms"], "draft_ms_per_token": costs["draft_ms"],
                "command": f"diversed-demo distill measure --per-category {per_category} "
                           f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}"}
-    for name, t in totals.items():
-        figures[name] = {"tau": t["new_tokens"] / max(t["passes"], 1),
-                         "acceptance_per_verified_draft": t["accepted"] / max(t["accepted"] + t["rejected"], 1),
-                         "accepted_per_drafted": t["accepted"] / max(t["drafted"], 1)}
+    for name, counts in totals.items():
+        figures[name] = {"tau": counts.tau, "acceptance_per_verified_draft": counts.verified_acceptance,
+                         "accepted_per_drafted": counts.acceptance_rate}
     card = read_card()
     card["spec_bench"] = figures
     write_card(card)

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from ..models import ASSETS, atomic_write
 from .. import tasks
+from ..decode import encode_prompt
+from ..files import atomic_write
+from ..models import ASSETS
 
-DATA_DIR = ASSETS / "draft" / "data"
+SHARDS_DIR = ASSETS / "draft" / "data"  # the generated responses (committed), not tasks.data_dir()'s data sets
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
-OPEN_SOURCES = ("instructions", "general", "summarization")  # closest to Spec-Bench's open-ended categories
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
 # are sampled often; GSM8K is large, so once.
 SAMPLES_PER_PROMPT = {"instructions": 12, "general": 12, "summarization": 8, "mbpp": 3, "humaneval": 3, "gsm8k": 1}
@@ -134,14 +135,14 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     return torch.searchsorted(cdf, u).squeeze(1).clamp_max(probs.shape[-1] - 1)
 
 
-def shard_paths(data_dir: Path = DATA_DIR) -> list[Path]:
-    return sorted(Path(data_dir).glob("shard_*.jsonl.gz"))
+def shard_paths(shards_dir: Path = SHARDS_DIR) -> list[Path]:
+    return sorted(Path(shards_dir).glob("shard_*.jsonl.gz"))
 
 
-def load_records(data_dir: Path = DATA_DIR) -> list[dict]:
+def load_records(shards_dir: Path = SHARDS_DIR) -> list[dict]:
     """Every generated response, in generation order: {key, source, greedy, prompt_ids, response_ids, ended}."""
     records = []
-    for path in shard_paths(data_dir):
+    for path in shard_paths(shards_dir):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             records.extend(json.loads(line) for line in f if line.strip())
     return records
@@ -155,17 +156,17 @@ def write_shard(path: Path, records: list[dict]) -> None:
     atomic_write(path, write)
 
 
-def generate(target, tokenizer, data_dir: Path = DATA_DIR, target_tokens: int = 1_200_000, batch_size: int = 96,
-             max_new_tokens: int = 384, seed: int = 0, minutes: float | None = None, progress=None) -> dict:
+def generate_shards(target, tokenizer, shards_dir: Path = SHARDS_DIR, target_tokens: int = 1_200_000,
+                    batch_size: int = 96, max_new_tokens: int = 384, seed: int = 0, minutes: float | None = None,
+                    progress=None) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass). Resumes."""
-    from ..decode import encode_prompt
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    done = load_records(data_dir)
+    shards_dir = Path(shards_dir)
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    done = load_records(shards_dir)
     have = {r["key"] for r in done}
     n_tokens = sum(len(r["response_ids"]) for r in done)
     todo = [job for job in schedule(training_prompts(), seed) if job.key not in have]
-    n_shard = len(shard_paths(data_dir))
+    n_shard = len(shard_paths(shards_dir))
     deadline = time.time() + minutes * 60 if minutes else None
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if pad_id is None:
@@ -184,7 +185,7 @@ def generate(target, tokenizer, data_dir: Path = DATA_DIR, target_tokens: int = 
         records = [{"key": job.key, "source": job.source, "greedy": job.greedy, "prompt_ids": ids,
                     "response_ids": response, "ended": ended}
                    for job, ids, (response, ended) in zip(jobs, prompt_ids, results)]
-        write_shard(data_dir / f"shard_{n_shard:05d}.jsonl.gz", records)
+        write_shard(shards_dir / f"shard_{n_shard:05d}.jsonl.gz", records)
         n_shard += 1
         n_tokens += sum(len(r["response_ids"]) for r in records)
         if progress:

@@ -8,22 +8,24 @@ target's logits renormalised over it, as in speculators), on response tokens onl
 `step_decay`**j. Held-out agreement and 1 − TV per draft position choose the checkpoint: EAGLE heads
 overfit after about an epoch, and the loss does not show it.
 
-Checkpoints (model, optimiser, schedule, data order) are written atomically and resumed automatically.
+Checkpoints (model, optimiser, schedule, step and history; the data order is a function of the seed) are
+written atomically and resumed automatically.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ..eagle import Eagle3Draft, new_config, target_features, ttt_forward
-from ..models import atomic_torch_save
+from ..optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -42,7 +44,6 @@ class TrainConfig:
     # bf16 autocast pays on GPUs and on CPUs with AMX; on AVX-512 CPUs without bf16 (this project's
     # machines) a training step is 2.5x slower than in fp32.
     bf16: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def is_heldout(record: dict, fraction: float) -> bool:
@@ -189,7 +190,6 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
           config: TrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
     `minutes` stops early (after a checkpoint); a rerun resumes."""
-    from transformers import get_cosine_schedule_with_warmup
     work_dir = Path(work_dir)
     checkpoint = work_dir / "checkpoint.pt"
     epoch_batches = [batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
@@ -197,23 +197,21 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
     schedule = [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
     # the embedding and LM head are the target's (the embedding is its very tensor): never trained
     params = [p for name, p in draft.named_parameters() if not name.startswith(("embed_tokens", "lm_head"))]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, len(schedule))
+    optimizer, scheduler = adamw_with_schedule(params, config.lr, config.warmup_steps, len(schedule),
+                                               weight_decay=0.0, betas=(0.9, 0.95))
     state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": len(schedule)}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=target.device, weights_only=False)
+    saved = load_checkpoint(checkpoint, optimizer, scheduler, map_location=target.device, weights_only=False)
+    if saved is not None:
         draft.load_state_dict(saved["model"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         log(f"resumed at step {state['step']} of {len(schedule)}")
     started = time.time() - state["wall_time_s"]
     trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("embed_tokens")}
 
-    def save_checkpoint():
+    def write_checkpoint():
         state["wall_time_s"] = time.time() - started
-        atomic_torch_save({"model": {k: draft.state_dict()[k] for k in trainable}, "optimizer": optimizer.state_dict(),
-                           "scheduler": scheduler.state_dict(), "state": state, "config": asdict(config)}, checkpoint)
+        save_checkpoint(checkpoint, optimizer, scheduler, model={k: draft.state_dict()[k] for k in trainable},
+                        state=state, config=asdict(config))
 
     def run_eval():
         draft.eval()
@@ -232,7 +230,7 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
     deadline = time.time() + minutes * 60 if minutes else None
     while state["step"] < len(schedule):
         if deadline and time.time() > deadline:
-            save_checkpoint()
+            write_checkpoint()
             log(f"stopped at step {state['step']} of {len(schedule)} (time limit); rerun to resume")
             break
         group = schedule[state["step"]]
@@ -251,14 +249,13 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
                 f"{state['train_tokens'] / (time.time() - started):.0f} tok/s")
         if state["step"] % config.eval_every == 0 or state["step"] == len(schedule):
             run_eval()
-            save_checkpoint()
+            write_checkpoint()
     return state
 
 
 def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minutes: float | None = None,
                 command: str = "") -> dict:
     """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log."""
-    import json
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]

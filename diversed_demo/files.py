@@ -1,0 +1,30 @@
+"""Files: the user cache folder, and the one atomic writer (an interrupt leaves the old file or the new one)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+def cache_dir() -> Path:
+    """The user cache folder: $DIVERSED_CACHE, else diversed-demo in $XDG_CACHE_HOME (~/.cache)."""
+    root = os.environ.get("DIVERSED_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo")
+    return Path(root)
+
+
+def atomic_write(path, write) -> None:
+    """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_torch_save(obj, path) -> None:
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
