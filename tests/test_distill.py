@@ -145,7 +145,7 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
     import json
 
     from diversed_demo.distill import card
-    from diversed_demo.eagle import load_eagle3
+    from diversed_demo.models import load_eagle3
     config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=2,
                                  draft_vocab_size=32, bf16=False)
     vocab = distill.frequent_tokens(records, 32, always=[2])

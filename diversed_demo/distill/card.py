@@ -45,7 +45,7 @@ def data_summary(records: list[dict]) -> dict:
                        "≤384 new tokens, seed 0; shards in assets/draft/data)"}
 
 
-def export(work_dir, out=None, data_dir=data.DATA_DIR) -> Path:
+def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
     """The best draft of a training run, with a new card, into `out` (default assets/draft).
 
     The card is written from scratch: nothing of an earlier draft's card (or its files) may describe
