@@ -1,6 +1,7 @@
 """Loading a (target, draft) pair that shares a tokenizer, and the embedded SmolLM2 pair."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -131,16 +132,33 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """transformers parses a GGUF's metadata three times (tokenizer, config, weights) and rebuilds gguf's
+    tensor-name map for each of ~400 submodules; for the embedded target that was 26 of the 30 s of a
+    first start. Within one conversion, memoise both: the reader is read-only and the map a pure table."""
+    import gguf
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)  # transformers imports both from gguf at call time
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def _converted_gguf_dir(gguf_path: Path) -> Path:
-    """Dequantising a GGUF takes ~20 s: do it once and keep a safetensors copy in the user cache."""
+    """Dequantising a GGUF takes seconds: do it once and keep a safetensors copy in the user cache."""
     with open(gguf_path, "rb") as f:  # keyed by content, so every virtualenv shares one conversion
         key = hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
     out = cache_dir() / f"{gguf_path.stem}-{key}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                          dtype=torch.float32)
     # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
     config = gguf_model.config
     del config.quantization_config
