@@ -418,7 +418,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
         gr.HTML('<div class="dd-header"><h1>DIVERSED</h1><p>Relaxed speculative decoding with dynamic ensemble '
                 f'verification. Target <code>{html.escape(short_name(pair.target_name))}</code>, draft '
                 f'<code>{html.escape(short_name(pair.draft_name))}</code>, '
-                f'on {html.escape(str(pair.device))}.</p></div>')
+                f'on {html.escape(str(pair.device))}.</p>'
+                f'<p class="dd-headline">{results.headline(heads_now)}</p></div>')
 
         with gr.Sidebar(label="Decoding settings", open=True, elem_id="sidebar"):
             gr.Markdown(f"### Decoding settings\nShared by Decode, Compare and the dial. They start at the "
@@ -485,7 +486,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                 compare_prompt = gr.Textbox(first_prompt, label="prompt", lines=2, max_lines=8,
                                             elem_id="compare-prompt")
                 with gr.Row(elem_classes="dd-verdict-row"):
-                    verdict = gr.HTML(compare_verdict(Comparison()), elem_id="compare-verdict")
+                    verdict = gr.HTML(compare_verdict(Comparison()), elem_id="compare-verdict", min_width=260)
                     results_link = gr.Button("Measured results →", size="sm", scale=0, min_width=160,
                                              elem_id="results-link")
                 gr.HTML(legend_html())
@@ -632,7 +633,22 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
     return app
 
 
+# On a phone the open sidebar covers the whole page: start it closed there (its toggle still opens it).
+# Gradio renders the sidebar after this script starts, so wait for it a little.
+NARROW_SCREEN_JS = """
+() => {
+  if (window.innerWidth > 720) return;
+  let tries = 0;
+  const close = () => {
+    const toggle = document.querySelector('#sidebar.open .toggle-button');
+    if (toggle) toggle.click(); else if (tries++ < 50) setTimeout(close, 100);
+  };
+  close();
+}
+"""
+
+
 def launch(app, **kwargs):
-    """Launch with the app's stylesheet and theme (Gradio 6 takes them at launch, not in Blocks)."""
+    """Launch with the app's stylesheet, theme and script (Gradio 6 takes them at launch, not in Blocks)."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
-    return app.launch(css_paths=[CSS_PATH], theme=theme, **kwargs)
+    return app.launch(css_paths=[CSS_PATH], theme=theme, js=NARROW_SCREEN_JS, **kwargs)

@@ -7,6 +7,7 @@ which command writes it, never a number typed here (the GPU presets below are mo
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import dataclass
@@ -169,6 +170,30 @@ def head_margin_text(card: dict) -> str:
             f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})")
 
 
+def quality_metric(task: str) -> str:
+    """The quality a task's frontier measures (its reward in tasks/rewards)."""
+    return {"summarization": "ROUGE-2", "math": "final-number match", "code": "pass@1"}.get(task, "fidelity")
+
+
+def headline(head_paths: dict[str, Path]) -> str:
+    """One sentence for the page's header: each carded head's quality margin over the static frontier at
+    its own acceptance, or "" where no head has a card."""
+    from .render import fmt
+    claims = []
+    for name, card in head_cards(head_paths).items():
+        margin = dig(card, "frontier", "quality_margin")
+        if not isinstance(margin, dict) or not isinstance(margin.get("estimate"), (int, float)):
+            continue
+        metric = quality_metric(card.get("task") or "general")
+        unit = " nats/token" if metric == "fidelity" else ""
+        claims.append(f"<b>{html.escape(name)}</b> head: {metric} {fmt(margin['estimate'], '+.2g')} ± "
+                      f"{fmt(margin.get('stderr'), '.1g')}{unit}")
+    if not claims:
+        return ""
+    return ("Measured on held-out Spec-Bench prompts, at the same acceptance as the static ensemble: "
+            + "; ".join(claims) + " (Speed–quality dial, Results).")
+
+
 def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
     """The paper-style table: per task, each static w and each head with acceptance, quality and mean w;
     for heads, the quality margin over the static frontier at their acceptance."""
@@ -176,7 +201,7 @@ def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
     rows = []
     for name, card in head_cards(head_paths).items():
         frontier, task = card["frontier"], card.get("task") or "general"
-        metric = {"summarization": "ROUGE-2", "math": "final-number match", "code": "pass@1"}.get(task, "fidelity")
+        metric = quality_metric(task)
         for row in frontier["static_points"] + [frontier["head_point"]]:
             is_head = row.get("w") is None
             rows.append({"task": task, "quality metric": metric,
