@@ -355,6 +355,15 @@ def test_the_results_table_comes_from_the_cards():
     assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])
 
 
+def test_the_headline_states_each_carded_heads_measured_margin(tmp_path):
+    line = results.headline(SHIPPED_HEADS)
+    for name in SHIPPED_HEADS:
+        margin = json.loads(HEADS_DIR.joinpath(f"{name}.json").read_text())["frontier"]["quality_margin"]
+        assert f"<b>{name}</b> head: " in line and render.fmt(margin["estimate"], "+.2g") in line
+    assert "nats/token" in line  # fidelity's unit, for the general head
+    assert results.headline({"x": tmp_path / "x.safetensors"}) == ""
+
+
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
     from diversed_demo.bench import markdown_table, parse_modes, run_bench
     name = next(iter(results.BENCH_REPORTS))
@@ -576,6 +585,14 @@ def test_a_public_space_turns_training_off(pair, heads_dir, monkeypatch):
     assert by_id["train-start"]["interactive"] is False and "train-off" in by_id
     monkeypatch.setenv(app.PUBLIC_ENV, "0")
     assert not app.public_space()
+
+
+def test_the_app_works_with_a_feature_draft(feature_pair, heads_dir):
+    config = app.build_app(feature_pair, examples=EXAMPLES).get_config_file()
+    by_id = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
+    assert "EAGLE-3" in by_id["dial-snippet"]["value"]  # transformers cannot take it as an assistant
+    *_, (tokens, stats, _chart, files) = app.on_generate(feature_pair, PROMPT, "Exact SD", 0.5, None, 3, 16, 1.0, 0)
+    assert "dd-tok" in tokens and 'data-state="done"' in stats and len(files) == 2
 
 
 def test_handlers_are_gradio_functions_with_their_own_inputs(built):
