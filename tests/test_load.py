@@ -46,7 +46,7 @@ def test_concurrent_decodes_during_training(served):
     def decode(i):
         client = Client(url, verbose=False)
         mode = ["Target only", "Exact SD", "Static ensemble"][i % 3]
-        tokens, stats, _ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
+        tokens, stats, *_ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
                                           api_name="/generate")
         return tokens, stats
 

@@ -440,6 +440,18 @@ def test_a_trace_round_trips_through_json_and_lists_every_event_in_csv(pair, tmp
     assert {row["kind"] for row in rows} <= {"accepted", "rejected", "resampled", "bonus", "ar"}
 
 
+def test_old_trace_folders_are_pruned(pair, tmp_path, monkeypatch):
+    import os
+    monkeypatch.setattr(app, "TRACES_DIR", tmp_path / "traces")
+    (tmp_path / "traces" / "old").mkdir(parents=True)
+    (tmp_path / "traces" / "recent").mkdir()
+    os.utime(tmp_path / "traces" / "old", (0, 0))
+    *_, run = runs.stream_decode(pair, PROMPT, settings(max_new_tokens=4))
+    json_path, csv_path = app.trace_files({"Static ensemble": run}, pair, "decode")
+    assert not (tmp_path / "traces" / "old").exists() and (tmp_path / "traces" / "recent").exists()
+    assert json_path.startswith(str(tmp_path / "traces")) and csv_path.endswith(".csv")
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not a JSON file"),
     ('{"format": "something else"}', "not a DIVERSED trace"),

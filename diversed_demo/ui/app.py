@@ -12,6 +12,7 @@ import html
 import inspect
 import math
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +29,8 @@ from ..tasks import TASKS, Example, app_examples
 from . import results
 from .render import (comparison_charts, dial_quality_figure, dial_speed_figure, figure, fmt, legend_html,
                      render_tokens, run_panel_html, stats_html, training_figure, w_chart)
-from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeSettings, TrainingJob, resolve_head,
-                   speedup, stream_comparison, stream_decode, throttled, training_status)
+from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob,
+                   resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status)
 from .trace import load_trace, trace_of, write_trace
 
 CSS_PATH = ASSETS / "app.css"
@@ -138,9 +139,18 @@ def example_prompt(examples, index):
 
 # ---------------------------------------------------------------- Decode
 
+TRACES_DIR = Path(tempfile.gettempdir()) / "diversed-traces"
+TRACE_KEEP_S = 3600  # Gradio copies a served file into its own cache; our copy is only needed briefly
+
+
 def trace_files(runs: dict, pair, view: str) -> list[str]:
-    """The runs' trace written to a fresh temporary folder (Gradio serves it from there): [json, csv]."""
-    folder = Path(tempfile.mkdtemp(prefix="diversed-trace-"))
+    """The runs' trace written to a fresh folder under TRACES_DIR (Gradio serves it from there): [json, csv].
+    Folders older than TRACE_KEEP_S go, so a long-running app does not fill the disk."""
+    TRACES_DIR.mkdir(exist_ok=True)
+    for old in TRACES_DIR.iterdir():
+        if time.time() - old.stat().st_mtime > TRACE_KEEP_S:
+            shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(dir=TRACES_DIR))
     return list(write_trace(trace_of(runs, pair_info(pair), view), folder, f"diversed-{view}-trace"))
 
 
@@ -172,7 +182,7 @@ def on_replay(trace_path):
         except UnicodeDecodeError:
             raise ValueError("not a JSON trace: the file is not text") from None
         recorded = load_trace(text)
-    shown = type(recorded)(recorded.settings, recorded.prompt)
+    shown = DecodeRun(recorded.settings, recorded.prompt)
     end = max(recorded.event_times[-1] if recorded.event_times else 0.0, 1e-9)
     pace = min(1.0, REPLAY_S / end)
     started, last_sent = time.perf_counter(), -math.inf
