@@ -134,17 +134,28 @@ def embedded_gguf_path() -> Path:
 
 @contextlib.contextmanager
 def _gguf_read_once():
-    """transformers parses a GGUF's metadata three times (tokenizer, config, weights) and rebuilds gguf's
-    tensor-name map for each of ~400 submodules; for the embedded target that was 26 of the 30 s of a
-    first start. Within one conversion, memoise both: the reader is read-only and the map a pure table."""
+    """transformers parses a GGUF's metadata three times (tokenizer, config, weights), converts its fields
+    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: for the embedded
+    target, 26 of the 30 s of a first start. Within one conversion, memoise them: the reader is read-only,
+    the map a pure table, and the metadata is handed out as a copy."""
+    import copy
+
     import gguf
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)  # transformers imports both from gguf at call time
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
+
+    def load_checkpoint(path, return_tensors=False, **kwargs):  # the tokenizer's and the config's reads share one
+        return checkpoint(path, return_tensors, **kwargs) if return_tensors or kwargs else copy.deepcopy(metadata(path))
+
+    # transformers imports these from their modules at call time, so replacing the attributes reaches it.
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    gguf_utils.load_gguf_checkpoint = load_checkpoint
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
 
 
 def _converted_gguf_dir(gguf_path: Path) -> Path:

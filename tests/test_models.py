@@ -61,9 +61,11 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
     with _gguf_read_once():
         assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(str(path))
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (original_reader, original_map)
+        assert gguf_utils.load_gguf_checkpoint is not originals[2]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))
