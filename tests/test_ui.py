@@ -300,11 +300,12 @@ def test_the_dial_draws_each_shipped_frontier_card():
         assert frontier.n_draft == card["settings"]["n_draft"] and "heads/" in frontier.note
         tv = results.expected_tv(points)
         assert 0 < tv < 1
-        quality, speed = app.dial_figures(points, 4, 0.1, "")
-        names = [t.name or "" for t in quality.data]
-        assert any("theory" in name for name in names)
-        assert any(t.marker.symbol == "star" for t in quality.data if t.marker is not None)
-        assert "projected" in speed.layout.annotations[1].text
+        acceptance, quality, speed, projection = app.dial_figures(points, 4, 0.1, "")
+        assert any("theory" in (t.name or "") for t in acceptance.data)
+        for chart in (acceptance, quality):  # the head is a star on both
+            assert any(t.marker.symbol == "star" for t in chart.data if t.marker is not None)
+        assert len(speed.data[0].x) == len(points)
+        assert "projected speedup (N = 4, c = 0.1)" in projection.layout.title.text
 
 
 def test_a_task_without_a_card_says_how_to_make_one():
@@ -395,7 +396,7 @@ def test_the_transformers_snippet_names_what_w_weighs_and_compiles(pair):
 def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     examples = [Example(PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
     calls = []
-    points, quality, speed, note, table = app.on_sweep(pair, examples, "general", 2, [0.0], 12, 3, 1.0, 0.2,
+    points, acceptance, quality, speed, projection, note, table = app.on_sweep(pair, examples, "general", 2, [0.0], 12, 3, 1.0, 0.2,
                                                        progress=lambda fraction, desc: calls.append(fraction))
     assert list(points["label"]) == ["w = 0.00", "w = 1.00", saved_head]
     assert list(points["kind"]) == ["static", "static", "head"]
@@ -403,7 +404,8 @@ def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     assert results.expected_tv(points) == pytest.approx(1 - points.loc[1, "alpha"])
     assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 3 * 2
     assert points["quality"].notna().all() and (points["quality"] <= 0).all()  # fidelity: a mean log-probability
-    assert "Your sweep" in note and quality.data and speed.data and len(table) == 3
+    assert "Your sweep" in note and len(table) == 3
+    assert all(chart.data for chart in (acceptance, quality, speed, projection))
 
 
 @pytest.mark.parametrize("task, weights, message", [("code", [0.5], "no example prompts"), ("general", [], "tick")])
@@ -416,7 +418,7 @@ def test_sweep_handler_refuses_what_it_cannot_measure(pair, task, weights, messa
 def test_nan_quality_does_not_break_the_dial_figures():
     points = results.points_frame([{"point": "static:0.5", "w": 0.5, "acceptance": 0.4, "tokens_per_second": 10.0,
                                     "quality": math.nan}], 4)
-    assert render.dial_quality_figure(points, math.nan).data and render.dial_speed_figure(points, 4, 0.1).data
+    assert all(chart.data for chart in app.dial_figures(points, 4, 0.1, ""))
 
 
 # ---------------------------------------------------------------- traces

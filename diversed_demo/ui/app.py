@@ -27,8 +27,8 @@ from ..head import list_heads, load_head
 from ..models import ASSETS
 from ..tasks import TASKS, Example, app_examples
 from . import results
-from .render import (comparison_charts, dial_quality_figure, dial_speed_figure, figure, fmt, legend_html,
-                     render_tokens, run_panel_html, stats_html, training_figure, w_chart)
+from .render import (DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, fmt, legend_html, projection_figure, quality_figure,
+                     render_tokens, run_panel_html, speed_figure, stats_html, training_figure, w_chart)
 from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob,
                    resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status)
 from .trace import load_trace, trace_of, write_trace
@@ -269,13 +269,13 @@ def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, te
 
 # ---------------------------------------------------------------- Speed–quality dial
 
-def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str):
-    """(quality figure, speed figure) of the dial's points, or empty figures that say what to do."""
+def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) -> tuple:
+    """The dial's four charts (acceptance vs w, quality vs acceptance, measured speed, projected speedup) of
+    its points, or empty charts, the first saying what to do."""
     if points is None or points.empty:
-        empty = figure(source, 340, "", "")
-        return empty, figure("", 340, "", "")
-    return (dial_quality_figure(points, results.expected_tv(points)),
-            dial_speed_figure(points, int(n_draft), float(cost_ratio)))
+        return (figure(source, DIAL_HEIGHT, "", ""), *(figure("", DIAL_HEIGHT, "", "") for _ in range(3)))
+    return (acceptance_figure(points, results.expected_tv(points)), quality_figure(points), speed_figure(points),
+            projection_figure(points, int(n_draft), float(cost_ratio)))
 
 
 def shipped_dial(frontiers: dict, task, n_draft, cost_ratio):
@@ -293,7 +293,7 @@ def respeed(points, n_draft, cost_ratio):
     """Redraw the projection for a new N or c, from the points on show."""
     if points is None or len(points) == 0:
         return gr.skip()
-    return dial_speed_figure(points, int(n_draft), float(cost_ratio))
+    return projection_figure(points, int(n_draft), float(cost_ratio))
 
 
 def preset_cost(presets: list, label):
@@ -522,7 +522,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
             with gr.Tab("Speed–quality dial", id="dial"):
                 tasks_with_cards = [t for t in TASKS if t in frontiers]
                 dial_start = tasks_with_cards[0] if tasks_with_cards else "general"
-                quality_start, speed_start, note_start, points_start = shipped_dial(
+                *figures_start, note_start, points_start = shipped_dial(
                     frontiers, dial_start, start.settings.n_draft, presets[0].cost_ratio)
                 gr.Markdown("Acceptance against quality for each static w, with the theory line 1 − w·E[TV] "
                             "(E[TV] from the w = 1 point) and the trained heads as stars; the projected speedup at a "
@@ -539,10 +539,17 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                            info="for the projected speedup only")
                 dial_note = gr.Markdown(note_start, elem_id="dial-note")
                 dial_points = gr.State(points_start)
-                quality_plot = gr.Plot(quality_start, show_label=False, elem_id="dial-quality")
-                speed_plot = gr.Plot(speed_start, show_label=False, elem_id="dial-speed")
-                gr.Markdown("*The right-hand speed chart is a projection from the per-token acceptance α "
-                            "(N from the sidebar), not a measurement.*")
+                with gr.Row():
+                    acceptance_plot_dial = gr.Plot(figures_start[0], show_label=False, elem_id="dial-acceptance",
+                                                   min_width=320)
+                    quality_plot = gr.Plot(figures_start[1], show_label=False, elem_id="dial-quality", min_width=320)
+                with gr.Row():
+                    speed_plot = gr.Plot(figures_start[2], show_label=False, elem_id="dial-speed", min_width=320)
+                    projection_plot = gr.Plot(figures_start[3], show_label=False, elem_id="dial-projection",
+                                              min_width=320)
+                dial_plots = [acceptance_plot_dial, quality_plot, speed_plot, projection_plot]
+                gr.Markdown("*The projected speedup is computed from the per-token acceptance α (N from the sidebar); "
+                            "it is not a measurement.*")
                 with gr.Accordion("Take the dial to your own pair: transformers' assisted generation with the "
                                   "sidebar's w", open=True):
                     code = gr.Code(snippet(pair, start.settings.ensemble_weight, start.settings.temperature,
@@ -560,19 +567,19 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                     dial_table = gr.Dataframe(label="sweep results", interactive=False)
 
                 shipped_inputs = [dial_task, n_draft, cost_ratio]
-                shipped_outputs = [quality_plot, speed_plot, dial_note, dial_points]
+                shipped_outputs = [*dial_plots, dial_note, dial_points]
                 dial_task.change(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
                                  api_visibility="private")
                 shipped_button.click(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
                                      api_visibility="private")
                 cost_preset.change(bind(preset_cost, presets), cost_preset, cost_ratio, api_visibility="private")
-                gr.on([cost_ratio.change, n_draft.release], respeed, [dial_points, n_draft, cost_ratio], speed_plot,
+                gr.on([cost_ratio.change, n_draft.release], respeed, [dial_points, n_draft, cost_ratio], projection_plot,
                       api_visibility="private")
                 gr.on([w.change, temperature.change, max_new_tokens.change], bind(snippet, pair),
                       [w, temperature, max_new_tokens], code, api_visibility="private")
                 sweep_button.click(bind(on_sweep, pair, examples),
                                    [dial_task, dial_prompts, dial_weights, dial_tokens, n_draft, temperature, cost_ratio],
-                                   [dial_points, quality_plot, speed_plot, dial_note, dial_table],
+                                   [dial_points, *dial_plots, dial_note, dial_table],
                                    concurrency_id="decode", api_name="sweep")
 
             with gr.Tab("Results", id="results"):

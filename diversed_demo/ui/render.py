@@ -106,13 +106,6 @@ def figure(title: str, height: int, x_title: str, y_title: str) -> go.Figure:
     return fig
 
 
-def two_panel_figure(titles: tuple[str, str], height: int = 340) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles)
-    fig.update_layout(height=height, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
 def w_chart(run: DecodeRun | None) -> go.Figure:
     """Strip chart of w_t at each verified draft position, coloured by the drafted token's fate."""
     fig = figure("w_t per token", 220, "output token", "w_t")
@@ -180,60 +173,73 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
 
 # ---------------------------------------------------------------- speed–quality dial
 
-def dial_quality_figure(points, expected_tv: float, title_note: str = "") -> go.Figure:
-    """Left: per-token acceptance α vs w with the theory line 1 − w·E[TV]; right: quality vs acceptance rate.
-    `points` is a frame of the dial's points (results.points_frame)."""
-    fig = two_panel_figure(("per-token acceptance vs w", "quality vs acceptance" + title_note))
+# Four single charts rather than two side-by-side pairs: in a row that wraps, they stack on a phone.
+DIAL_HEIGHT = 320
+HEAD_STAR = dict(color=HEAD_COLOR, size=14, symbol="star")
+
+
+def acceptance_figure(points, expected_tv: float) -> go.Figure:
+    """Per-token acceptance α against w: the static points, the theory line 1 − w·E[TV], heads at their
+    mean w_t. `points` is a frame of the dial's points (results.points_frame)."""
+    fig = figure("per-token acceptance vs w", DIAL_HEIGHT, "w", "per-token acceptance α")
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
     if not math.isnan(expected_tv):
         fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1 - expected_tv], mode="lines",
                                  name=f"theory 1 − w·E[TV] (E[TV] ≈ {expected_tv:.2f})",
-                                 line=dict(color=THEORY_COLOR, dash="dash")), row=1, col=1)
+                                 line=dict(color=THEORY_COLOR, dash="dash")))
     fig.add_trace(go.Scatter(x=static["w"], y=static["alpha"], mode="markers+lines", name="static w (measured)",
-                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)), row=1, col=1)
-    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text",
-                             text=static["label"], textposition="top center", showlegend=False,
-                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)), row=1, col=2)
+                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)))
     if not heads.empty:
-        star = dict(color=HEAD_COLOR, size=14, symbol="star")
         fig.add_trace(go.Scatter(x=heads["w"], y=heads["alpha"], mode="markers", name="DIVERSED heads (mean w_t)",
-                                 marker=star, text=heads["label"]), row=1, col=1)
-        fig.add_trace(go.Scatter(x=heads["acceptance"], y=heads["quality"], mode="markers+text", text=heads["label"],
-                                 textposition="bottom center", showlegend=False, marker=star), row=1, col=2)
-    fig.update_xaxes(title_text="w", range=[-0.05, 1.05], row=1, col=1)
-    fig.update_yaxes(title_text="per-token acceptance α", row=1, col=1)
-    fig.update_xaxes(title_text="acceptance (accepted / drafted)", row=1, col=2)
-    fig.update_yaxes(title_text="quality (task reward)", row=1, col=2)
+                                 marker=HEAD_STAR, text=heads["label"]))
+    fig.update_xaxes(range=[-0.05, 1.05])
     return fig
 
 
-def dial_speed_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
-    """Measured tokens/s per setting, and the projected speedup at draft/target cost ratio c."""
-    fig = two_panel_figure(("measured speed (where it was measured)",
-                            f"projected speedup (N = {n_draft}, c = {cost_ratio:g})"))
+
+def quality_figure(points) -> go.Figure:
+    """Quality against the acceptance rate: the static frontier, and each head as a star."""
+    fig = figure("quality vs acceptance", DIAL_HEIGHT, "acceptance (accepted / drafted)", "quality (task reward)")
+    static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
+    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text",
+                             text=static["label"], textposition="top center", name="static w",
+                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)))
+    if not heads.empty:
+        fig.add_trace(go.Scatter(x=heads["acceptance"], y=heads["quality"], mode="markers+text", text=heads["label"],
+                                 textposition="bottom center", name="DIVERSED heads", marker=HEAD_STAR))
+    return fig
+
+
+def speed_figure(points) -> go.Figure:
+    """Tokens/s of each setting, as measured where the points were measured."""
+    fig = figure("measured speed (where it was measured)", DIAL_HEIGHT, "", "tokens / s")
     colors = [HEAD_COLOR if kind == "head" else STATIC_COLOR for kind in points["kind"]]
-    fig.add_trace(go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False),
-                  row=1, col=1)
+    fig.add_trace(go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False))
+    return fig
+
+
+def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
+    """The projected speedup (1 − α^{N+1}) / ((1 − α)(N·c + 1)) against α, with each setting at its α."""
+    fig = figure(f"projected speedup (N = {n_draft}, c = {cost_ratio:g})", DIAL_HEIGHT, "per-token acceptance α",
+                 "projected speedup ×")
     alphas = [i / 100 for i in range(101)]
     fig.add_trace(go.Scatter(x=alphas, y=[analytic_speedup(a, n_draft, cost_ratio) for a in alphas], mode="lines",
-                             name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color=THEORY_COLOR)),
-                  row=1, col=2)
+                             name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color=THEORY_COLOR)))
     measured = points.dropna(subset=["alpha"])
-    projected = [analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]]
-    fig.add_trace(go.Scatter(x=measured["alpha"], y=projected, mode="markers+text", text=measured["label"],
-                             textposition="top center", name="settings at their α",
-                             marker=dict(color=[HEAD_COLOR if k == "head" else STATIC_COLOR
-                                                for k in measured["kind"]], size=9)), row=1, col=2)
-    fig.add_hline(y=1, line_dash="dot", line_color=THEORY_COLOR, row=1, col=2)
-    fig.update_yaxes(title_text="tokens / s", row=1, col=1)
-    fig.update_xaxes(title_text="per-token acceptance α", row=1, col=2)
-    fig.update_yaxes(title_text="projected speedup ×", row=1, col=2)
+    fig.add_trace(go.Scatter(x=measured["alpha"], y=[analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
+                             mode="markers+text", text=measured["label"], textposition="top center",
+                             name="settings at their α",
+                             marker=dict(color=[HEAD_COLOR if k == "head" else STATIC_COLOR for k in measured["kind"]],
+                                         size=9)))
+    fig.add_hline(y=1, line_dash="dot", line_color=THEORY_COLOR)
     return fig
 
 
 def training_figure(history: list[dict]) -> go.Figure:
     """Reward (left: its scale depends on the task) and acceptance and mean w_t (right, in [0, 1]) per step."""
-    fig = two_panel_figure(("reward", "acceptance and mean w_t"), height=300)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("reward", "acceptance and mean w_t"))
+    fig.update_layout(height=300, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.25))
     steps = [h.get("step") for h in history]
     for key, color, col in (("reward", "#16a34a", 1), ("acceptance", "#2563eb", 2), ("mean_w", HEAD_COLOR, 2)):
         fig.add_trace(go.Scatter(x=steps, y=[h.get(key) for h in history], mode="lines+markers", name=key,
