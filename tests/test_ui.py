@@ -316,9 +316,15 @@ def test_a_task_without_a_card_says_how_to_make_one():
 def test_broken_cards_are_skipped_not_fatal(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "empty.json").write_text('{"frontier": {}}')
-    heads = {"bad": tmp_path / "bad.safetensors", "empty": tmp_path / "empty.safetensors",
-             "none": tmp_path / "none.safetensors"}
+    card = json.loads(HEADS_DIR.joinpath("general.json").read_text())
+    card["frontier"]["settings"]["n_draft"] = "four"
+    (tmp_path / "typed.json").write_text(json.dumps(card))
+    card["frontier"]["settings"]["n_draft"] = 4
+    card["frontier"]["static_points"][0]["acceptance"] = None
+    (tmp_path / "hole.json").write_text(json.dumps(card))
+    heads = {name: tmp_path / f"{name}.safetensors" for name in ("bad", "empty", "typed", "hole", "none")}
     assert results.shipped_frontiers(heads) == {} and results.frontier_table(heads).empty
+    assert results.arrival_defaults(EXAMPLES, heads).settings.mode == "static" and results.headline(heads) == ""
 
 
 def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp_path):

@@ -320,8 +320,8 @@ def on_sweep(pair, examples, task, n_prompts, weights, tokens, n_draft, temperat
             progress(done / total, desc=f"{label}: {done}/{total} decodes")
 
         rows = [p.row() for p in sweep(pair, chosen, task, weights=weights, heads=heads, progress=report,
-                                                n_draft=int(n_draft), max_new_tokens=int(tokens),
-                                                temperature=float(temperature))]
+                                       n_draft=int(n_draft), max_new_tokens=int(tokens),
+                                       temperature=float(temperature))]
     points = results.points_frame(rows, int(n_draft))
     note = (f"**Your sweep** ({task}): {len(chosen)} example prompt{'s' if len(chosen) > 1 else ''}, "
             f"N = {int(n_draft)}, T = {float(temperature):g}, ≤{int(tokens)} new tokens, measured on this machine.")

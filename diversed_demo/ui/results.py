@@ -47,6 +47,11 @@ def read_json(path: Path) -> tuple[dict | None, str]:
     return (data, "") if isinstance(data, dict) else (None, f"{path.name} does not hold a JSON object")
 
 
+def shown_path(path: Path) -> Path:
+    """A file as the page names it: relative to the repository when it is in it."""
+    return path.relative_to(RESULTS_DIR.parent) if path.is_relative_to(RESULTS_DIR.parent) else path
+
+
 def dig(data, *keys):
     """data[k0][k1]…, or None where any level is missing or of the wrong type."""
     for key in keys:
@@ -128,12 +133,31 @@ def expected_tv(points: pd.DataFrame) -> float:
     return float(1 - exact["alpha"].iloc[0]) if not exact.empty else math.nan
 
 
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def readable_frontier(card) -> bool:
+    """A card the page can draw: static points and a head point, each with an acceptance in [0, 1], and
+    numeric settings where it has them."""
+    points = dig(card, "frontier", "static_points")
+    head = dig(card, "frontier", "head_point")
+    if not isinstance(points, list) or not isinstance(head, dict):
+        return False
+    rows_ok = all(isinstance(row, dict) and is_number(row.get("acceptance")) and 0 <= row["acceptance"] <= 1
+                  and (row.get("w") is None or is_number(row["w"])) for row in [*points, head])
+    settings = dig(card, "frontier", "settings") or {}
+    return rows_ok and isinstance(settings, dict) and all(
+        is_number(settings[key]) for key in ("n_draft", "max_new_tokens", "temperature") if key in settings)
+
+
 def head_cards(head_paths: dict[str, Path]) -> dict[str, dict]:
-    """{head name: its card} for the heads that have one (a readable <head>.json with a frontier)."""
+    """{head name: its card} for the heads that have a readable one (<head>.json beside the head); a
+    malformed card is left out, as if the head had none."""
     cards = {}
     for name, path in head_paths.items():
         card, _ = read_json(Path(path).with_suffix(".json"))
-        if isinstance(dig(card, "frontier", "static_points"), list) and isinstance(dig(card, "frontier", "head_point"), dict):
+        if readable_frontier(card):
             cards[name] = card
     return cards
 
@@ -152,7 +176,8 @@ def shipped_frontiers(head_paths: dict[str, Path]) -> dict[str, Frontier]:
             settings = frontier.get("settings", {})
             note = (f"{frontier.get('examples', '?')} held-out prompts ({settings.get('held_out', 'held-out set')}), "
                     f"N = {n_draft}, T = {settings.get('temperature', '?')}, ≤{settings.get('max_new_tokens', '?')} "
-                    f"new tokens; from heads/{name}.json, written by `{frontier.get('command', FRONTIER_COMMAND)}`")
+                    f"new tokens; from {shown_path(Path(head_paths[name]).with_suffix('.json'))}, written by "
+                    f"`{frontier.get('command', FRONTIER_COMMAND)}`")
             by_task[task] = Frontier(task, points_frame(frontier["static_points"] + [head_row], n_draft), n_draft, note)
         else:
             extra = points_frame([head_row], by_task[task].n_draft)
@@ -223,8 +248,7 @@ def bench_markdown(name: str) -> str:
     report, why = read_json(path)
     if report is not None:
         try:
-            shown = path.relative_to(RESULTS_DIR.parent) if path.is_relative_to(RESULTS_DIR.parent) else path
-            return f"*From `{shown}`.*\n\n" + markdown_table(report)
+            return f"*From `{shown_path(path)}`.*\n\n" + markdown_table(report)
         except (KeyError, TypeError, ValueError) as err:
             why = f"{path.name} is not a bench report ({type(err).__name__}: {err})"
     return f"*Not shipped yet: {why}. Written by*\n\n```bash\n{command}\n```"
@@ -263,7 +287,8 @@ def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
         n_draft=int(settings.get("n_draft", 4)), max_new_tokens=int(settings.get("max_new_tokens", 64)),
         temperature=float(settings.get("temperature", 1.0)))
     return Defaults(defaults, 0 if first else None,
-                    f"settings of heads/{name}.json's frontier run, where the head beat the static frontier")
+                    f"settings of {shown_path(Path(head_paths[name]).with_suffix('.json'))}'s frontier run, where "
+                    "the head beat the static frontier")
 
 
 # ---------------------------------------------------------------- the dial in transformers
