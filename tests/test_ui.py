@@ -573,7 +573,8 @@ def test_a_bad_seed_is_a_message(pair, seed):
         list(app.on_generate(pair, PROMPT, "Static ensemble", 0.5, None, 3, 8, 1.0, seed))
 
 
-def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_dir):
+def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_dir, monkeypatch):
+    monkeypatch.setattr(app, "REPLAY_S", 0.05)
     *_, last = app.on_compare(pair, EXAMPLES, PROMPT, 0.5, None, 3, 16, 1.0, 0)
     *panels, acceptance, elapsed, table, verdict, files = last
     assert len(panels) == 4 and isinstance(table, pd.DataFrame) and len(table) == 3
@@ -582,6 +583,12 @@ def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_di
     compared = json.loads(open(next(f for f in files if f.endswith(".json"))).read())
     assert [r["label"] for r in compared["runs"]] == ["Target only", "Exact SD", "Static ensemble"]
     assert trace.load_trace(json.dumps(compared), "Exact SD").settings.mode == "exact"
+    # Replay offers each run of the comparison, the last one first.
+    picker = app.on_trace_chosen(next(f for f in files if f.endswith(".json")))
+    assert picker["choices"] == ["Target only", "Exact SD", "Static ensemble"] and picker["value"] == "Static ensemble"
+    *_, (_tokens, stats, _chart) = app.on_replay(next(f for f in files if f.endswith(".json")), "Exact SD")
+    assert 'data-mode="exact"' in stats
+    assert app.on_trace_chosen(None)["choices"] == []
 
 
 def test_train_handler_refuses_a_malformed_upload(pair, tmp_path):

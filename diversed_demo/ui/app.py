@@ -31,7 +31,7 @@ from .render import (DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, 
                      render_tokens, run_panel_html, speed_figure, stats_html, training_figure, w_chart)
 from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob,
                    resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status)
-from .trace import load_trace, trace_of, write_trace
+from .trace import load_trace, read_trace, run_labels, trace_of, write_trace
 
 CSS_PATH = ASSETS / "app.css"
 PAPER_URL = "https://arxiv.org/abs/2604.07622"
@@ -169,19 +169,32 @@ def on_generate(pair, prompt, mode_label, w, head_name, n_draft, max_new_tokens,
             yield render_tokens(run.events), stats_html(run), chart, files
 
 
-def on_replay(trace_path):
-    """Play a JSON trace back in the Decode view, without models, at its recorded pace (compressed to at
-    most REPLAY_S seconds): the same (tokens, stats, chart) as a live decode."""
+def read_trace_file(trace_path) -> str:
+    if not trace_path:
+        raise ValueError("choose a JSON trace file first (one downloaded from Decode or Compare)")
+    if str(trace_path).lower().endswith(".csv"):
+        raise ValueError("replay reads the JSON trace; the CSV is for spreadsheets")
+    try:
+        return Path(trace_path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not a JSON trace: the file is not text") from None
+
+
+def on_trace_chosen(trace_path):
+    """The runs of the chosen trace, for the replay's run picker (the last, DIVERSED in a comparison, first
+    chosen). A bad file leaves the picker empty; Replay then says what is wrong with it."""
+    try:
+        labels = run_labels(read_trace(read_trace_file(trace_path)))
+    except (ValueError, OSError):
+        return gr.update(choices=[], value=None)
+    return gr.update(choices=labels, value=labels[-1])
+
+
+def on_replay(trace_path, label=None):
+    """Play a JSON trace's run (`label`, else its first) back in the Decode view, without models, at its
+    recorded pace compressed to at most REPLAY_S seconds: the same (tokens, stats, chart) as a live decode."""
     with user_errors():
-        if not trace_path:
-            raise ValueError("choose a JSON trace file first (one downloaded from Decode or Compare)")
-        if str(trace_path).lower().endswith(".csv"):
-            raise ValueError("replay reads the JSON trace; the CSV is for spreadsheets")
-        try:
-            text = Path(trace_path).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError("not a JSON trace: the file is not text") from None
-        recorded = load_trace(text)
+        recorded = load_trace(read_trace_file(trace_path), label)
     shown = DecodeRun(recorded.settings, recorded.prompt)
     end = max(recorded.event_times[-1] if recorded.event_times else 0.0, 1e-9)
     pace = min(1.0, REPLAY_S / end)
@@ -469,6 +482,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                     with gr.Row():
                         replay_file = gr.File(label="a JSON trace to replay", file_types=[".json"],
                                               type="filepath", height=120, elem_id="replay-file")
+                        replay_run = gr.Dropdown([], label="run", elem_id="replay-run", min_width=160, scale=0)
                         replay_button = gr.Button("Replay", elem_id="replay", scale=0, min_width=120)
 
                 decode_example.change(bind(example_prompt, examples), decode_example, prompt,
@@ -479,7 +493,8 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                  [tokens, stats, w_plot, decode_trace], concurrency_id="decode",
                                  concurrency_limit=DECODE_CONCURRENCY, api_name="generate")
                 stop_button.click(None, cancels=[decoding])
-                replay_button.click(on_replay, replay_file, [tokens, stats, w_plot], api_name="replay",
+                replay_file.change(on_trace_chosen, replay_file, replay_run, api_visibility="private")
+                replay_button.click(on_replay, [replay_file, replay_run], [tokens, stats, w_plot], api_name="replay",
                                     concurrency_limit=None)
 
             with gr.Tab("Compare", id="compare"):

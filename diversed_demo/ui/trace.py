@@ -63,21 +63,32 @@ def _number(value, where: str, optional: bool = True):
     return value
 
 
-def load_trace(text: str, label: str | None = None) -> DecodeRun:
-    """A finished DecodeRun from a JSON trace (its first run, or the one labelled `label`).
-
-    Raises ValueError with a readable message for anything that is not such a trace.
-    """
+def read_trace(text: str) -> dict:
+    """The trace in a JSON text, checked to be one; ValueError with a readable message otherwise."""
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"not a JSON file ({err})") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise ValueError(f"not a DIVERSED trace: expected \"format\": \"{TRACE_FORMAT}\" "
-                         "(export one with the Download trace button)")
+                         "(download one from Decode's Trace fold or from Compare)")
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
         raise ValueError("the trace holds no runs")
+    return data
+
+
+def run_labels(data: dict) -> list[str]:
+    """The runs of a trace by label (a Decode trace has one, a Compare trace one per mode)."""
+    return [str(record.get("label", f"run {i + 1}")) for i, record in enumerate(data["runs"])]
+
+
+def load_trace(text: str, label: str | None = None) -> DecodeRun:
+    """A finished DecodeRun from a JSON trace (its first run, or the one labelled `label`).
+
+    Raises ValueError with a readable message for anything that is not such a trace.
+    """
+    runs = read_trace(text)["runs"]
     record = next((r for r in runs if r.get("label") == label), runs[0]) if label else runs[0]
     try:
         settings = DecodeSettings(**{k: v for k, v in record.get("settings", {}).items() if k in SETTING_FIELDS})
