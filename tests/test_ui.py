@@ -539,14 +539,28 @@ def test_app_exposes_the_api_endpoints(built):
     assert {"generate", "compare", "sweep", "train", "cancel_training", "replay"} <= names
 
 
-def test_the_app_arrives_with_the_first_example_and_a_drawn_frontier(pair, heads_dir):
-    built = app.build_app(pair, examples=EXAMPLES)
-    config = built.get_config_file()
-    by_id = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
+def components(built) -> dict:
+    return {c.get("props", {}).get("elem_id"): c["props"] for c in built.get_config_file()["components"]}
+
+
+def test_without_a_card_the_app_arrives_with_the_example_and_says_how_to_draw_a_frontier(pair, heads_dir):
+    by_id = components(app.build_app(pair, examples=EXAMPLES))
     assert by_id["prompt"]["value"] == EXAMPLES[0].prompt == by_id["compare-prompt"]["value"]
-    # The tiny pair has no carded heads: the dial says how to make a card instead of drawing nothing silently.
     assert "No shipped frontier card" in by_id["dial-note"]["value"]
     assert "assistant_ensemble_weight" in by_id["dial-snippet"]["value"]
+
+
+def test_with_a_carded_head_the_app_arrives_with_its_settings_and_its_frontier_drawn(pair, saved_head, heads_dir):
+    from diversed_demo.head import pair_identity
+    card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+    card.update(head=saved_head, pair=pair_identity(pair))
+    (heads_dir / f"{saved_head}.json").write_text(json.dumps(card))
+    by_id = components(app.build_app(pair, examples=EXAMPLES))
+    assert by_id["mode"]["value"] == "DIVERSED" and by_id["head"]["value"] == saved_head
+    assert by_id["n-draft"]["value"] == card["frontier"]["settings"]["n_draft"]
+    assert "Shipped frontier" in by_id["dial-note"]["value"]
+    drawn = json.loads(by_id["dial-quality"]["value"]["plot"])["data"]
+    assert any(trace.get("marker", {}).get("symbol") == "star" for trace in drawn)
 
 
 def test_generate_handler_streams_html_stats_chart_and_the_trace(pair, heads_dir):
@@ -607,17 +621,14 @@ def test_a_public_space_turns_training_off(pair, heads_dir, monkeypatch):
     with pytest.raises(gr.Error, match="training is off"):
         list(app.on_start_training(pair, job, "general", "Built-in examples", None, 2, 2, 0.5, 1e-3, None))
     assert not job.running
-    config = app.build_app(pair, examples=EXAMPLES).get_config_file()
-    by_id = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
+    by_id = components(app.build_app(pair, examples=EXAMPLES))
     assert by_id["train-start"]["interactive"] is False and "train-off" in by_id
     monkeypatch.setenv(app.PUBLIC_ENV, "0")
     assert not app.public_space()
 
 
 def test_the_app_works_with_a_feature_draft(feature_pair, heads_dir):
-    config = app.build_app(feature_pair, examples=EXAMPLES).get_config_file()
-    by_id = {c.get("props", {}).get("elem_id"): c["props"] for c in config["components"]}
-    assert "EAGLE-3" in by_id["dial-snippet"]["value"]  # transformers cannot take it as an assistant
+    assert "EAGLE-3" in components(app.build_app(feature_pair, examples=EXAMPLES))["dial-snippet"]["value"]  # transformers cannot take it as an assistant
     *_, (tokens, stats, _chart, files) = app.on_generate(feature_pair, PROMPT, "Exact SD", 0.5, None, 3, 16, 1.0, 0)
     assert "dd-tok" in tokens and 'data-state="done"' in stats and len(files) == 2
 
