@@ -1,11 +1,15 @@
 """End-to-end: the app served on localhost with a tiny pair, driven in headless Chromium.
 
-Needs Debian's chromium at /usr/bin/chromium (or $CHROMIUM) and the playwright Python package; without
-the browser it is skipped locally and fails in CI. Saves a screenshot of each tab to a temporary folder, or
-to $DIVERSED_SCREENSHOTS: `make screenshots` refreshes the README's (assets/screenshots/) that way.
+The pair comes with one head and a frontier card (the shipped general card's figures, rebound to the tiny
+pair), so the page arrives as the embedded pair's does: an example filled in, DIVERSED selected, a drawn
+frontier. Needs Debian's chromium at /usr/bin/chromium (or $CHROMIUM) and the playwright Python package;
+without the browser it is skipped locally and fails in CI. Saves a screenshot of each tab (and of the
+page at 390 px) to a temporary folder, or to $DIVERSED_SCREENSHOTS: `make screenshots` refreshes the
+README's (assets/screenshots/) that way.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -25,6 +29,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PROMPT = "the cat sat on the mat and"
 TIMEOUT_MS = 60_000
+CARDED_HEAD = "carded"
+FIRST_EXAMPLE = next(iter(json.loads((Path(__file__).resolve().parent.parent / "assets" / "prompts" /
+                                     "examples.json").read_text()).values()))[0]["prompt"]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +40,7 @@ def server(tmp_path_factory):
     from diversed_demo.tiny import save_tiny_pair
     root = tmp_path_factory.mktemp("browser")
     target, draft = save_tiny_pair(root)
+    carded_head(target, draft, root / "heads")
     port = free_port()
     env = dict(os.environ, DIVERSED_HEADS_DIR=str(root / "heads"), GRADIO_ANALYTICS_ENABLED="False")
     log = open(root / "server.log", "w")
@@ -57,6 +65,18 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+def carded_head(target: str, draft: str, heads: Path) -> None:
+    """A fresh head of the tiny pair in the server's heads folder, with the shipped general head's card
+    (its frontier figures) bound to it: what the dial and the header draw on arrival."""
+    from diversed_demo.head import HEADS_DIR, new_head, pair_identity, save_head
+    from diversed_demo.models import load_pair
+    pair = load_pair(target, draft, "cpu")
+    save_head(new_head(pair), heads / f"{CARDED_HEAD}.safetensors")
+    card = json.loads((HEADS_DIR / "general.json").read_text())
+    card.update(head=CARDED_HEAD, pair=pair_identity(pair))
+    (heads / f"{CARDED_HEAD}.json").write_text(json.dumps(card))
 
 
 README_SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
@@ -100,7 +120,8 @@ def set_slider(page, elem_id: str, value: float) -> None:
 
 
 def generate(page, w: float, seed: int, prompt: str = PROMPT) -> None:
-    """Press Generate and wait until the stats say this run (its w and seed) is done."""
+    """Press Generate in static mode and wait until the stats say this run (its w and seed) is done."""
+    page.get_by_role("radio", name="Static ensemble").check()
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#seed input").fill(str(seed))
     page.locator("#generate").click()
@@ -109,6 +130,17 @@ def generate(page, w: float, seed: int, prompt: str = PROMPT) -> None:
 
 def acceptance_shown(page) -> str:
     return page.locator("#stats .dd-stat-value").first.inner_text()
+
+
+def test_arrival_shows_an_example_filled_in_and_diversed_with_the_carded_head(page):
+    assert page.locator("#prompt textarea").input_value() == FIRST_EXAMPLE
+    assert page.get_by_role("radio", name="DIVERSED").is_checked()
+    assert page.locator("#head input").input_value() == CARDED_HEAD
+    assert "fidelity" in page.locator(".dd-headline").inner_text()  # the card's measured margin, at first sight
+    # The first Generate needs no typing: the example and the measured settings are already there.
+    page.locator("#generate").click()
+    page.wait_for_selector("#stats .dd-stats[data-state=done][data-mode=dynamic]")
+    assert page.locator("#tokens .dd-tok").count() > 0
 
 
 def test_generate_shows_coloured_tokens_with_w_in_tooltips(page, screenshots):
@@ -146,7 +178,8 @@ def test_train_a_head_then_decode_with_it_and_cancel_a_run(page, screenshots):
     page.locator("#train-start").click()
     status.get_by_text(re.compile("Finished")).wait_for()
     head_name = re.search(r"saved as (\S+)", status.inner_text()).group(1)
-    assert page.locator("#head input").input_value() == head_name
+    from playwright.sync_api import expect
+    expect(page.locator("#head input")).to_have_value(head_name)  # the same update; the DOM may lag the status
 
     open_tab(page, "Decode")
     page.get_by_role("radio", name="DIVERSED").check()
@@ -171,6 +204,7 @@ def test_compare_shows_runs_charts_and_table(page, screenshots):
     """After the training test, DIVERSED has a head and runs too; without one it is skipped with a note."""
     set_slider(page, "w-slider", 0.5)
     open_tab(page, "Compare")
+    assert page.locator("#compare-prompt textarea").input_value() == FIRST_EXAMPLE  # filled in on arrival too
     page.locator("#compare-prompt textarea").fill(PROMPT)
     page.locator("#compare").click()
     # The dataframe keeps hidden measuring copies of its cells, so read its text rather than locate cells.
@@ -181,15 +215,99 @@ def test_compare_shows_runs_charts_and_table(page, screenshots):
     page.locator("#compare-acceptance .js-plotly-plot").wait_for()
     page.locator("#compare-elapsed .js-plotly-plot").wait_for()
     assert page.locator(".dd-panel .dd-tok").count() > 0
+    verdict = page.locator("#compare-verdict .dd-verdict[data-state=done]")
+    verdict.wait_for()
+    text = verdict.inner_text()
+    assert re.search(r"(DIVERSED|Static ensemble): [\d.]+× the speed of target only", text), text
+    assert "One prompt is too few to judge quality" in text
+    # Each relaxed output says where it leaves target-only decoding (a marked token, or that it never does).
+    departures = page.locator(".dd-departure").all_inner_texts()
+    assert any("departs from target only at token" in d or "same tokens" in d for d in departures)
+    assert page.locator(".dd-panel .dd-departs").count() == sum("departs from" in d for d in departures)
+    trace_link(page, "compare-trace", ".json").wait_for()
+    trace_link(page, "compare-trace", ".csv").wait_for()
+    page.locator("#results-link").click()
+    page.locator("#results-frontier").wait_for()
+    open_tab(page, "Compare")
     page.screenshot(path=str(screenshots / "compare.png"), full_page=True)
 
 
-def test_dial_sweep_draws_charts(page, screenshots):
+def plotted_symbols(page, elem_id: str) -> list:
+    return page.evaluate(f"[...document.querySelector('#{elem_id} .js-plotly-plot').data]"
+                         ".map(trace => (trace.marker || {}).symbol || null)")
+
+
+def test_dial_draws_the_shipped_frontier_without_a_sweep(page, screenshots):
     open_tab(page, "Speed–quality dial")
-    page.get_by_role("button", name="Run sweep").click()
-    page.locator("#dial-quality .js-plotly-plot").wait_for()
-    page.locator("#dial-speed .js-plotly-plot").wait_for()
+    for chart in ("acceptance", "quality", "speed", "projection"):
+        page.locator(f"#dial-{chart} .js-plotly-plot").wait_for()
+    assert "Shipped frontier" in page.locator("#dial-note").inner_text()
+    assert "star" in plotted_symbols(page, "dial-quality")  # the head, beside the static points
+    names = page.evaluate("[...document.querySelector('#dial-acceptance .js-plotly-plot').data].map(t => t.name || '')")
+    assert any("theory" in name for name in names)
+    assert "assistant_ensemble_weight" in page.locator("#dial-snippet").inner_text()
+    # A GPU preset moves c, and the projection is redrawn for it.
+    title = "document.querySelector('#dial-projection .js-plotly-plot').layout.title.text"
+    assert "c = 0.064" not in page.evaluate(title)
+    page.locator("#cost-preset input").click()
+    page.get_by_role("option", name=re.compile("Qwen2.5-7B")).click()
+    page.wait_for_function(f"{title}.includes('c = 0.064')")
     page.screenshot(path=str(screenshots / "dial.png"), full_page=True)
+
+
+def test_dial_sweep_redraws_with_the_users_measurements(page):
+    open_tab(page, "Speed–quality dial")
+    page.get_by_text("Live sweep").click()
+    page.locator("#sweep").click()
+    page.locator("#dial-note").get_by_text("Your sweep").wait_for()
+    page.locator("#shipped").click()
+    page.locator("#dial-note").get_by_text("Shipped frontier").wait_for()
+
+
+def test_results_tab_draws_the_cards_and_names_missing_reports(page, screenshots):
+    open_tab(page, "Results")
+    # The dataframe keeps hidden measuring copies of its cells: read its text rather than locate cells.
+    page.wait_for_function("text => document.querySelector('#results-frontier').innerText.includes(text)",
+                           arg=f"DIVERSED head {CARDED_HEAD}")
+    page.get_by_text("--json results/bench.json").first.wait_for()
+    page.screenshot(path=str(screenshots / "results.png"), full_page=True)
+
+
+def trace_link(page, elem_id: str, suffix: str):
+    """The download link of the file ending in `suffix` in a File component's list."""
+    row = page.locator(f"#{elem_id} tr", has=page.locator(".ext", has_text=suffix))
+    return row.locator("td.download a").first
+
+
+def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
+    open_tab(page, "Decode")
+    generate(page, 0.5, seed=7)
+    decoded = page.locator("#tokens").inner_html()
+    page.get_by_text("Trace: download this run").click()
+    link = trace_link(page, "decode-trace", ".json")
+    with page.expect_download() as download:
+        link.click()
+    trace_path = tmp_path / "trace.json"
+    download.value.save_as(trace_path)
+    trace = json.loads(trace_path.read_text())
+    assert trace["runs"][0]["settings"]["seed"] == 7 and trace["pair"]["draft"]
+    assert {"kind", "w", "p", "q", "accept_prob", "elapsed_s"} <= set(trace["runs"][0]["events"][0])
+
+    # Another decode replaces the view; the replay brings the traced one back.
+    generate(page, 0.5, seed=8)
+    page.locator("#replay-file input[type=file]").set_input_files(str(trace_path))
+    page.locator("#replay-file").get_by_text("trace.json").first.wait_for()
+    page.locator("#replay").click()
+    page.wait_for_selector("#stats .dd-stats[data-state=done][data-replay][data-seed='7']")
+    assert page.locator("#tokens").inner_html() == decoded
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "nope"}')
+    page.locator("#replay-file button[aria-label='Clear']").first.click()
+    page.locator("#replay-file input[type=file]").set_input_files(str(bad))
+    page.locator("#replay-file").get_by_text("bad.json").first.wait_for()
+    page.locator("#replay").click()
+    page.get_by_text("not a DIVERSED trace").first.wait_for()
 
 
 def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
@@ -212,6 +330,32 @@ def test_about_tab(page, screenshots):
     open_tab(page, "About")
     page.get_by_text("Leviathan").first.wait_for()
     page.screenshot(path=str(screenshots / "about.png"), full_page=True)
+
+
+def test_the_page_works_390_px_wide(server, page, screenshots):
+    phone = page.context.new_page()
+    try:
+        phone.set_viewport_size({"width": 390, "height": 844})
+        phone.goto(server)
+        phone.wait_for_selector("#generate")
+        phone.wait_for_function("!document.querySelector('#sidebar.open')")  # closed, so it covers nothing
+        assert phone.locator("#prompt textarea").input_value() == FIRST_EXAMPLE
+        phone.locator("#generate").click()
+        phone.wait_for_selector("#stats .dd-stats[data-state=done]")
+        # Nothing is wider than the screen: no sideways scrolling of the page.
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        box = phone.locator("#generate").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+        phone.screenshot(path=str(screenshots / "narrow.png"), full_page=True)
+        # Tabs that do not fit sit behind "More tabs"; the dial's charts stack into one column.
+        phone.get_by_role("button", name="More tabs").click()
+        phone.locator("#tabs button", has_text="Speed–quality dial").last.click()
+        acceptance, quality = (phone.locator(f"#dial-{chart} .js-plotly-plot") for chart in ("acceptance", "quality"))
+        quality.wait_for()
+        assert quality.bounding_box()["y"] >= acceptance.bounding_box()["y"] + acceptance.bounding_box()["height"] - 1
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    finally:
+        phone.close()
 
 
 @pytest.mark.skipif(bool(os.environ.get("DIVERSED_SCREENSHOTS")), reason="refreshing the README's screenshots")

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from diversed_demo.decode import generate
 from diversed_demo.head import load_head
@@ -71,3 +72,20 @@ def test_cli_plain_output_and_bad_input():
     bad = subprocess.run([sys.executable, "-m", "diversed_demo.cli", "generate", "--prompt", "Hi", "--w", "2"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "ensemble weight" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypatch):
+    """The cached conversion reads the GGUF once (models._gguf_read_once); its weights, tokenizer and config
+    must be exactly what transformers' own, unmemoised path gives."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from diversed_demo.models import _converted_gguf_dir, embedded_gguf_path
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
+    gguf_path = embedded_gguf_path()
+    converted = _converted_gguf_dir(gguf_path)
+    ours = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                  dtype=torch.float32).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    ours_tok = AutoTokenizer.from_pretrained(converted)
+    theirs_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    assert ours_tok.get_vocab() == theirs_tok.get_vocab() and ours_tok.chat_template == theirs_tok.chat_template

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from diversed_demo import ui
+from diversed_demo.ui.runs import TrainingJob
 from conftest import free_port
 from diversed_demo.models import load_pair
 from diversed_demo.tiny import save_tiny_pair
@@ -20,8 +21,8 @@ def served(tmp_path_factory):
     """The app on a tiny pair loaded like a real one, served in this process: (url, its training job)."""
     root = tmp_path_factory.mktemp("load")
     pair = load_pair(*save_tiny_pair(root), "cpu")
-    job = ui.TrainingJob()
-    app = ui.build_app(pair, examples=ui.BUILTIN_EXAMPLES, job=job)
+    job = TrainingJob()
+    app = ui.build_app(pair, job=job)
     port = free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DIVERSED_HEADS_DIR", str(root / "heads"))
@@ -45,7 +46,7 @@ def test_concurrent_decodes_during_training(served):
     def decode(i):
         client = Client(url, verbose=False)
         mode = ["Target only", "Exact SD", "Static ensemble"][i % 3]
-        tokens, stats, _ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
+        tokens, stats, *_ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
                                           api_name="/generate")
         return tokens, stats
 

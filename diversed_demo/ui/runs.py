@@ -1,0 +1,298 @@
+"""Live run state: a decode as it streams, a comparison of the modes, and the one background training job.
+
+Plain Python over the decoder; nothing here knows about Gradio, so the tests drive it directly.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+from ..decode import MODES, Summary, encode_prompt, speculative_generate
+from ..head import load_head
+from ..rewards import fidelity, task_reward
+from ..tasks import REFERENCE_TASKS, Example
+
+MAX_PROMPT_CHARS = 4000
+# The decoder's modes under the names the page shows, in the order the page lists them.
+MODE_LABELS = dict(zip(("Target only", "Exact SD", "Static ensemble", "DIVERSED"), MODES))
+MODE_NAMES = {mode: label for label, mode in MODE_LABELS.items()}
+
+
+@dataclass
+class DecodeSettings:
+    mode: str = "static"
+    ensemble_weight: float = 0.5
+    head_name: str | None = None
+    n_draft: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+
+
+def check_prompt(prompt: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty: type one or pick an example")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is {len(prompt)} characters long; the demo takes at most {MAX_PROMPT_CHARS}")
+    return prompt
+
+
+def resolve_head(pair, settings: DecodeSettings):
+    """The head a DIVERSED run needs (None for the other modes)."""
+    if settings.mode != "dynamic":
+        return None
+    if not settings.head_name:
+        raise ValueError("DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab")
+    return load_head(settings.head_name, pair)  # a name in the heads folders, or a path
+
+
+@dataclass
+class DecodeRun:
+    """One decode as it streams: its events so far and their counts, then the decoder's Summary.
+
+    The counts are the decoder's (a Summary in the making), so acceptance, τ and tokens/s are computed
+    by Summary alone, live and at the end.
+    """
+    settings: DecodeSettings
+    prompt: str = ""
+    events: list = field(default_factory=list)
+    summary: Summary | None = None
+    started: float = field(default_factory=time.perf_counter)
+    counts: Summary = field(default_factory=lambda: Summary("", 0, 0, 0, 0, 0.0))
+    event_times: list[float] = field(default_factory=list)  # seconds since start, at each event
+    acceptance_per_token: list[float | None] = field(default_factory=list)  # cumulative, at each output token
+
+    def add(self, event, elapsed_s: float | None = None) -> None:
+        counts = self.counts
+        if event.step != counts.target_passes:  # a new step: count its drafts
+            counts.target_passes = event.step
+            counts.drafted += event.drafted
+        self.events.append(event)
+        self.event_times.append(time.perf_counter() - self.started if elapsed_s is None else elapsed_s)
+        counts.wall_time_s = self.event_times[-1]
+        if event.kind == "rejected":
+            return
+        counts.new_tokens += 1
+        counts.accepted += event.kind == "accepted"
+        self.acceptance_per_token.append(counts.acceptance_rate)
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def stats(self) -> Summary:
+        """The finished run's Summary, or the counts so far with the time elapsed until now."""
+        if self.summary is not None:
+            return self.summary
+        return replace(self.counts, wall_time_s=time.perf_counter() - self.started, mean_w=self._mean_w())
+
+    def _mean_w(self) -> float | None:
+        ws = [e.w for e in self.events if e.w is not None and e.kind != "resampled"]
+        return sum(ws) / len(ws) if ws else None
+
+    @property
+    def new_tokens(self) -> int:
+        return self.stats.new_tokens
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.stats.acceptance_rate
+
+    @property
+    def tau(self) -> float | None:
+        return self.stats.tau if self.stats.target_passes else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.stats.tokens_per_second
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.stats.wall_time_s
+
+    @property
+    def mean_w(self) -> float | None:
+        return self.stats.mean_w
+
+    @property
+    def output_events(self) -> list:
+        return [e for e in self.events if e.kind != "rejected"]
+
+    @property
+    def elapsed_per_token(self) -> list[float]:
+        return [t for e, t in zip(self.events, self.event_times) if e.kind != "rejected"]
+
+
+def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
+    """Decode `prompt`, yielding the same DecodeRun after every token event and once more when done.
+
+    Raises ValueError (bad input, from here or the decoder) before the first yield.
+    """
+    check_prompt(prompt)
+    run = DecodeRun(settings, prompt)
+    stream = speculative_generate(pair, prompt, mode=settings.mode, ensemble_weight=settings.ensemble_weight,
+                                  head=head, n_draft=settings.n_draft, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, seed=settings.seed)
+    for item in stream:
+        if isinstance(item, Summary):
+            run.summary = item
+        else:
+            run.add(item)
+        yield run
+
+
+def throttled(items, interval_s: float):
+    """Pass on items at most every `interval_s` seconds, always including the last one."""
+    last_sent, pending, has_pending = -math.inf, None, False
+    for item in items:
+        now = time.perf_counter()
+        if now - last_sent >= interval_s:
+            last_sent, has_pending = now, False
+            yield item
+        else:
+            pending, has_pending = item, True
+    if has_pending:
+        yield pending
+
+
+# ---------------------------------------------------------------- compare
+
+COMPARE_MODES = tuple(MODE_LABELS)
+
+
+@dataclass
+class Comparison:
+    """The runs of one prompt through each mode, and each finished run's quality."""
+    runs: dict[str, DecodeRun] = field(default_factory=dict)
+    quality: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # label → (value, metric)
+    skipped: dict[str, str] = field(default_factory=dict)  # label → why
+
+    def departures(self) -> dict[str, int | None]:
+        """Per run, the index of its first output token that differs from target-only decoding
+        (None where it never departs, or no target-only run is there to compare with)."""
+        baseline = self.runs.get("Target only")
+        if baseline is None:
+            return {}
+        reference = [e.token_id for e in baseline.output_events]
+        return {label: first_departure([e.token_id for e in run.output_events], reference, baseline.done)
+                for label, run in self.runs.items() if label != "Target only"}
+
+
+def first_departure(ids: list[int], reference: list[int], reference_done: bool = True) -> int | None:
+    """Index of the first token where `ids` leaves `reference`; a run that ends as a prefix of a finished
+    reference (or goes beyond it) departs where the reference ends."""
+    for i, (a, b) in enumerate(zip(ids, reference)):
+        if a != b:
+            return i
+    if reference_done and len(ids) > len(reference):
+        return len(reference)
+    return None
+
+
+def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tuple[float | None, str]:
+    """(value, metric): ROUGE-2 or math correctness when the prompt is an example with a reference,
+    else fidelity (mean target log-probability of the output); (None, "n/a") for an empty output.
+    """
+    if run.summary is None or not run.summary.token_ids:
+        return None, "n/a"
+    if example is not None and example.reference is not None and example.task in REFERENCE_TASKS:
+        value = task_reward(example.task, example, run.summary.text)
+        return float(value), "ROUGE-2" if example.task == "summarization" else "correct"
+    return float(fidelity(pair, encode_prompt(pair.tokenizer, prompt), run.summary.token_ids)), "fidelity"
+
+
+def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Example | None = None):
+    """Run the prompt through every mode in turn, all with the same seed, so that differences between the
+    runs come from the verifier alone; yield the Comparison as it grows."""
+    check_prompt(prompt)
+    comparison = Comparison()
+    for label in COMPARE_MODES:
+        mode_settings = replace(settings, mode=MODE_LABELS[label])
+        if mode_settings.mode == "dynamic" and not settings.head_name:
+            comparison.skipped[label] = "no head selected"
+            continue
+        head = resolve_head(pair, mode_settings)
+        for run in stream_decode(pair, prompt, mode_settings, head):
+            comparison.runs[label] = run
+            if run.done:
+                comparison.quality[label] = quality_of(pair, prompt, example, run)
+            yield comparison
+
+
+def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:
+    """tokens/s over the target-only run's (None until both have finished)."""
+    if baseline is None or not (baseline.done and run.done) or not baseline.tokens_per_second:
+        return None
+    return run.tokens_per_second / baseline.tokens_per_second
+
+
+# ---------------------------------------------------------------- training
+
+class TrainingJob:
+    """The app's one training run at a time, in a background thread so that decoding keeps working.
+
+    Handlers start it, poll `history`/`status` and ask it to stop; `train_fn(config, callback, should_stop)`
+    does the work and returns a result with `.path`.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.history: list[dict] = []
+        self.result = None
+        self.error: str | None = None
+        self.owner: str | None = None  # session that started the run: only it may cancel
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, train_fn, owner: str | None = None) -> bool:
+        """Start `train_fn` in the background; False if a run is already going."""
+        with self._lock:
+            if self.running:
+                return False
+            self._stop.clear()
+            self.history, self.result, self.error, self.owner = [], None, None, owner
+            self._thread = threading.Thread(target=self._work, args=(train_fn,), name="diversed-train", daemon=True)
+            self._thread.start()
+            return True
+
+    def _work(self, train_fn) -> None:
+        try:
+            self.result = train_fn(self.history.append, self._stop.is_set)
+        except Exception as err:  # noqa: BLE001 — any failure is reported to the user, not raised in a thread
+            self.error = str(err) or type(err).__name__
+
+    def cancel(self, owner: str | None = None) -> bool:
+        """Ask the run to stop after its current step; False if none runs or another session owns it."""
+        if not self.running or (self.owner is not None and owner != self.owner):
+            return False
+        self._stop.set()
+        return True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def training_status(job: TrainingJob, steps: int | None = None) -> str:
+    if job.error:
+        return f"Training failed: {job.error}"
+    last = job.history[-1] if job.history else None
+    progress = f"step {last.get('step')}" + (f" of {steps}" if steps else "") if last else "starting…"
+    if job.running:
+        return f"Training… {progress}" + (" (stopping after this step)" if job.cancelled else "")
+    if job.result is not None and job.result.path is None:
+        return f"Cancelled at {progress}; no head saved."
+    if job.result is not None:
+        return f"Finished: {progress}; head saved as **{job.result.path.stem}** ({job.result.path})"
+    return "Idle."
