@@ -64,8 +64,9 @@ def run_generate(args) -> int:
     if args.json:
         summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
         event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
-        print(json.dumps({"text": summary.text, "summary": {k: getattr(summary, k) for k in summary_keys},
-                          "events": [{k: getattr(e, k) for k in event_keys} for e in events]}, ensure_ascii=False))
+        figures = summary.to_dict()
+        print(json.dumps({"text": summary.text, "summary": {k: figures[k] for k in summary_keys},
+                          "events": [{k: e.to_dict()[k] for k in event_keys} for e in events]}, ensure_ascii=False))
     else:
         print("\n")
         print(format_summary(summary))

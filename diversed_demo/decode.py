@@ -9,7 +9,7 @@ Target-only decoding is the same loop with N = 0: every step then emits the targ
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -37,6 +37,9 @@ class TokenEvent:
     drafted: int = 0  # how many tokens the draft proposed in this step
     draft_ms: float = 0.0  # the step's drafting time
     verify_ms: float = 0.0  # the step's target pass and verification time
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 class Rates:
@@ -108,6 +111,13 @@ class Summary(Rates):
     def counts(self) -> Counts:
         return Counts(self.new_tokens, self.target_passes, self.drafted, self.accepted, self.rejected,
                       self.wall_time_s)
+
+    def to_dict(self) -> dict:
+        """The figures of a decode (not its text or ids), as the CLI's --json and the app's traces write them."""
+        return {"acceptance_rate": self.acceptance_rate, "tau": self.tau, "new_tokens": self.new_tokens,
+                "tokens_per_second": self.tokens_per_second, "wall_time_s": self.wall_time_s,
+                "target_passes": self.target_passes, "drafted": self.drafted, "accepted": self.accepted,
+                "rejected": self.rejected, "mean_w": self.mean_w}
 
 
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:

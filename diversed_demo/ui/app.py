@@ -26,8 +26,9 @@ from ..eagle import Eagle3Draft
 from ..head import list_heads, load_head
 from ..models import ASSETS
 from ..tasks import TASKS, Example, app_examples
+from ..formatting import fmt
 from . import results
-from .render import (DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, fmt, legend_html, projection_figure, quality_figure,
+from .render import (DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, legend_html, projection_figure, quality_figure,
                      render_tokens, run_panel_html, speed_figure, stats_html, training_figure, w_chart)
 from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob,
                    resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status)

@@ -10,6 +10,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..formatting import fmt
 from ..theory import analytic_speedup
 from .runs import COMPARE_MODES, Comparison, DecodeRun
 
@@ -25,13 +26,6 @@ KIND_COLORS = {"accepted": "#16a34a", "rejected": "#dc2626", "resampled": "#d977
                "ar": "#64748b"}
 STATIC_COLOR, HEAD_COLOR, THEORY_COLOR = "#d97706", "#7c3aed", "#94a3b8"
 MODE_COLORS = dict(zip(COMPARE_MODES, ("#64748b", "#2563eb", STATIC_COLOR, HEAD_COLOR)))
-
-
-def fmt(value, spec: str = ".3f") -> str:
-    """The app's one number format: `spec` for a number, "n/a" for a missing or NaN one."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return format(value, spec)
 
 
 def token_title(event) -> str:

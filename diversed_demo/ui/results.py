@@ -187,7 +187,7 @@ def shipped_frontiers(head_paths: dict[str, Path]) -> dict[str, Frontier]:
 
 def head_margin_text(card: dict) -> str:
     """'quality +1.44 ± 0.45 (P > 0: 0.997)' from a card's bootstrap margins, or n/a."""
-    from .render import fmt
+    from ..formatting import fmt
     margin = dig(card, "frontier", "quality_margin")
     if not isinstance(margin, dict) or margin.get("estimate") is None:
         return "n/a"
@@ -203,7 +203,7 @@ def quality_metric(task: str) -> str:
 def headline(head_paths: dict[str, Path]) -> str:
     """One sentence for the page's header: each carded head's quality margin over the static frontier at
     its own acceptance, or "" where no head has a card."""
-    from .render import fmt
+    from ..formatting import fmt
     claims = []
     for name, card in head_cards(head_paths).items():
         margin = dig(card, "frontier", "quality_margin")
@@ -222,7 +222,7 @@ def headline(head_paths: dict[str, Path]) -> str:
 def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
     """The paper-style table: per task, each static w and each head with acceptance, quality and mean w;
     for heads, the quality margin over the static frontier at their acceptance."""
-    from .render import fmt
+    from ..formatting import fmt
     rows = []
     for name, card in head_cards(head_paths).items():
         frontier, task = card["frontier"], card.get("task") or "general"
