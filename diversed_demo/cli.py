@@ -107,6 +107,8 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab_size)
     train.add_argument("--seed", type=int, default=defaults.seed)
     train.add_argument("--minutes", type=float, default=None, help="stop after this long (rerun to resume)")
+    train.add_argument("--init", default=None, help="start from this saved draft (e.g. assets/draft) instead of a "
+                                                    "fresh one; a work dir with a checkpoint resumes that instead")
     train.set_defaults(func=run_distill_train)
     export = stages.add_parser("export", help="copy the best draft to assets/draft with its card")
     export.add_argument("--work-dir", default="runs/distill")
@@ -130,11 +132,15 @@ def run_distill_train(args) -> int:
                         ("--ttt-steps", config.ttt_steps), ("--eval-every", config.eval_every)):
         if not value > 0:
             raise ValueError(f"{name} must be positive, not {value}")
+    from .models import is_eagle3_dir
+    if args.init is not None and not is_eagle3_dir(args.init):
+        raise ValueError(f"--init {args.init}: not a saved EAGLE-3 draft (no speculators config.json there)")
     records = data.load_records(args.data or data.SHARDS_DIR)
     if not records:
         raise FileNotFoundError(f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first")
     pair = load_pair(EMBEDDED, None, "auto", "auto")
-    state = train_draft(pair, records, config, args.work_dir, args.minutes, " ".join(["diversed-demo"] + sys.argv[1:]))
+    state = train_draft(pair, records, config, args.work_dir, args.minutes, " ".join(["diversed-demo"] + sys.argv[1:]),
+                        init_from=args.init)
     print(json.dumps(state["best"]))
     return 0
 

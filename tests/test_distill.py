@@ -167,3 +167,20 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
     best = load_eagle3(work / "best", target)
     for name, tensor in best.state_dict().items():
         assert torch.equal(exported.state_dict()[name], tensor), name
+
+
+def test_training_continues_from_a_saved_draft(tmp_path, target, records):
+    """`distill train --init DIR` starts from a committed draft: its weights and vocabulary, with the
+    embedding and LM head still frozen; a fresh machine goes on from where the last one's export stopped."""
+    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=1000,
+                                 draft_vocab_size=32, bf16=False)
+    vocab = distill.frequent_tokens(records, 32, always=[2])
+    first = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
+    state = distill.train(first, target, records[20:], records[:20], 3, config, tmp_path / "a", lambda m: None)
+    again = distill.continue_from(tmp_path / "a" / "best", target)
+    assert torch.equal(again.draft_token_ids, first.draft_token_ids)
+    assert distill.evaluate(again, target, records[:20], 3, config)["agreement"] == state["best"]["agreement"]
+    trainable = {n for n, p in again.named_parameters() if p.requires_grad}
+    assert trainable and not any(n.startswith(("embed_tokens", "lm_head")) for n in trainable)
+    more = distill.train(again, target, records[20:], records[:20], 3, config, tmp_path / "b", lambda m: None)
+    assert more["best"]["score"] >= state["best"]["score"] - 0.02

@@ -186,6 +186,15 @@ def init_draft(target, vocab_ids: list[int], config: TrainConfig, aux_layer_ids=
     return draft.to(target.device)
 
 
+def continue_from(directory, target) -> Eagle3Draft:
+    """A saved draft, in fp32 and trainable, except the embedding and LM head (the target's, as in init_draft)."""
+    from ..models import load_eagle3
+    draft = load_eagle3(directory, target).float().train()
+    for name, parameter in draft.named_parameters():
+        parameter.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
+    return draft
+
+
 def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[dict], pad_id: int,
           config: TrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
@@ -254,8 +263,12 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
 
 
 def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minutes: float | None = None,
-                command: str = "") -> dict:
-    """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log."""
+                command: str = "", init_from=None) -> dict:
+    """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log.
+
+    `init_from` (a saved draft, e.g. the committed assets/draft) starts from its weights and vocabulary
+    instead of a fresh draft: training goes on across machines, where work_dir's checkpoints are lost.
+    """
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
@@ -263,8 +276,12 @@ def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minute
     tokenizer = pair.tokenizer
     specials = sorted({i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id)
                        if i is not None})
-    vocab = frequent_tokens(train_records, config.draft_vocab_size, always=specials)
-    draft = init_draft(pair.target, vocab, config, verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
+    if init_from is not None:
+        draft = continue_from(init_from, pair.target)
+        vocab = draft.draft_token_ids.tolist()
+    else:
+        vocab = frequent_tokens(train_records, config.draft_vocab_size, always=specials)
+        draft = init_draft(pair.target, vocab, config, verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     log_file = open(work_dir / "train.log", "a", encoding="utf-8")
 
