@@ -186,7 +186,7 @@ def add_train_arguments(parser) -> None:
     for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "n_draft", "epochs",
                  "hidden_size", "warmup_steps", "checkpoint_every", "seed"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    helps = {"lam": "weight of the acceptance term (default per task: 3 for general, 5 for summarization, else 0.15)",
+    helps = {"lam": "weight of the acceptance term (default per task: 8 for general and summarization, else 0.15)",
              "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
                                "summarization, else 0)",
              "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)"}
@@ -199,6 +199,9 @@ def add_train_arguments(parser) -> None:
     parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
     parser.add_argument("--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)")
     parser.add_argument("--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint")
+    parser.add_argument("--suggest-lam", action="store_true",
+                        help="print the quartiles of (CE − H)/TV over exact-SD rollouts of the task's prompts (the "
+                             "per-token optimum lets the draft through where this is below λ) and exit")
     add_pair_arguments(parser)
     parser.set_defaults(func=run_train)
 
@@ -208,6 +211,11 @@ def run_train(args) -> int:
     fields = TrainConfig.__dataclass_fields__
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     check_config(config)
+    if args.suggest_lam:
+        from .train import fidelity_cost_quartiles
+        quartiles = fidelity_cost_quartiles(pair_from_args(args), config)
+        print(f"(CE − H)/TV quartiles on {config.task}: " + " / ".join(f"{q:.2f}" for q in quartiles))
+        return 0
     result = train_head(pair_from_args(args), config)
     print(f"head saved to {result.path}" if result.path else "cancelled")
     return 0

@@ -199,7 +199,7 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-@pytest.mark.parametrize("name, steps", [("summarization", 20), ("general", 30)])
+@pytest.mark.parametrize("name, steps", [("summarization", 15), ("general", 15)])
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
     """`train --task <task> --steps N` must reproduce the shipped head's settings (its card lists them)."""
     import argparse
@@ -220,3 +220,23 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
         assert getattr(made, key) == shipped[key], key
     assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam != made.lam
     assert config("--task", name, "--lam", "0.7").lam == 0.7
+
+
+def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_flips(pair):
+    """At λ = the median of (CE − H)/TV, the dense term's per-token optimum (w → 1 where CE − H > λ·TV)
+    keeps the target on half the verified positions and lets the draft through on the other half."""
+    from diversed_demo.decode import encode_prompt
+    from diversed_demo.head import ConstantHead
+    from diversed_demo.train import fidelity_cost_quartiles, sample_rollouts, training_examples
+    config = TrainConfig(task="general", max_new_tokens=12, n_draft=3, seed=3)
+    low, median, high = fidelity_cost_quartiles(pair, config, prompts=4)
+    assert low <= median <= high
+    generator = torch.Generator().manual_seed(config.seed)  # the same rollouts again
+    flips = []
+    for example in training_examples(config)[:4]:
+        r = sample_rollouts(pair, ConstantHead(1.0), encode_prompt(pair.tokenizer, example.prompt), 1, 12, 1.0,
+                            generator, 3)
+        keep = (r.mask > 0) & (r.tv > 1e-6)
+        flips.append(((r.cross_entropy - r.target_entropy) > median * r.tv)[keep])
+    flips = torch.cat(flips).float()
+    assert len(flips) >= 8 and abs(flips.mean().item() - 0.5) <= 1 / len(flips) + 1e-9
