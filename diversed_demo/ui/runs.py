@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from ..decode import MODES, Summary, encode_prompt, speculative_generate
+from ..decode import MODES, Counts, Summary, encode_prompt, speculative_generate
 from ..head import load_head
 from ..rewards import fidelity, task_reward
 from ..tasks import REFERENCE_TASKS, Example
@@ -60,23 +60,17 @@ class DecodeRun:
     events: list = field(default_factory=list)
     summary: Summary | None = None
     started: float = field(default_factory=time.perf_counter)
-    counts: Summary = field(default_factory=lambda: Summary("", 0, 0, 0, 0, 0.0))
+    counts: Counts = field(default_factory=Counts)
     event_times: list[float] = field(default_factory=list)  # seconds since start, at each event
     acceptance_per_token: list[float | None] = field(default_factory=list)  # cumulative, at each output token
 
     def add(self, event, elapsed_s: float | None = None) -> None:
-        counts = self.counts
-        if event.step != counts.target_passes:  # a new step: count its drafts
-            counts.target_passes = event.step
-            counts.drafted += event.drafted
+        self.counts.add_event(event)
         self.events.append(event)
         self.event_times.append(time.perf_counter() - self.started if elapsed_s is None else elapsed_s)
-        counts.wall_time_s = self.event_times[-1]
-        if event.kind == "rejected":
-            return
-        counts.new_tokens += 1
-        counts.accepted += event.kind == "accepted"
-        self.acceptance_per_token.append(counts.acceptance_rate)
+        self.counts.wall_time_s = self.event_times[-1]
+        if event.kind != "rejected":
+            self.acceptance_per_token.append(self.counts.acceptance_rate)
 
     @property
     def done(self) -> bool:
@@ -87,7 +81,9 @@ class DecodeRun:
         """The finished run's Summary, or the counts so far with the time elapsed until now."""
         if self.summary is not None:
             return self.summary
-        return replace(self.counts, wall_time_s=time.perf_counter() - self.started, mean_w=self._mean_w())
+        c = self.counts
+        return Summary("", c.new_tokens, c.target_passes, c.drafted, c.accepted, time.perf_counter() - self.started,
+                       mean_w=self._mean_w(), rejected=c.rejected)
 
     def _mean_w(self) -> float | None:
         ws = [e.w for e in self.events if e.w is not None and e.kind != "resampled"]
