@@ -222,23 +222,6 @@ def _load_model(source: str, device: torch.device, dtype: torch.dtype):
     return model.eval().requires_grad_(False)
 
 
-def load_embedded_draft(target, device: torch.device, dtype: torch.dtype, draft_dir: Path = EMBEDDED_DRAFT_DIR):
-    """The shipped draft: a few-layer Llama whose embedding and LM head are the target's own tensors.
-
-    Its safetensors file holds only the transformer layers and final norm; the tied embedding is
-    borrowed from the target at load time, so it is neither stored nor held in memory twice.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(draft_dir)
-    draft = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    load_draft_weights(draft, Path(draft_dir) / "model.safetensors", borrowed=("embed_tokens", "lm_head"))
-    share_embeddings(draft, target)
-    token_ids = load_draft_vocab(draft_vocab_path(draft_dir))
-    if token_ids is not None:
-        restrict_draft_vocab(draft, token_ids)
-    return draft.to(device).eval().requires_grad_(False)
-
-
 def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
     """Load a draft's safetensors file, which must hold every weight but the `borrowed` ones (the target's own
     tensors, shared at load time), converted to the draft's dtype."""
@@ -252,16 +235,11 @@ def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
-def share_embeddings(draft, target) -> None:
-    draft.get_input_embeddings().weight = target.get_input_embeddings().weight
-    draft.get_output_embeddings().weight = target.get_output_embeddings().weight
-
-
 class VocabSubsetHead(torch.nn.Module):
     """A draft LM head over a fixed subset of the vocabulary; every other token gets logit −inf (q = 0).
 
-    In a small draft the vocabulary-sized head is most of the cost (two thirds for the embedded 4-layer
-    draft), while the target rarely puts mass outside its few thousand most frequent tokens (FR-Spec,
+    For a user's small standalone draft (`restrict_draft_vocab(pair.draft, ids)`): its vocabulary-sized head
+    is most of its cost (two thirds for a 4-layer SmolLM2 draft), while the target rarely puts mass outside its few thousand most frequent tokens (FR-Spec,
     Zhao et al. 2025). Verification stays exact for any q, so this only trades a little acceptance for
     a much cheaper draft token. The logits keep the full vocabulary, so every caller sees one q.
     """
@@ -290,21 +268,6 @@ def restrict_draft_vocab(draft, token_ids) -> None:
     draft.set_output_embeddings(VocabSubsetHead(weight, token_ids.unique()))
 
 
-def draft_vocab_path(draft_dir: Path = EMBEDDED_DRAFT_DIR) -> Path:
-    return Path(draft_dir) / "vocab.json"
-
-
-def load_draft_vocab(path: Path) -> list[int] | None:
-    """The token ids of a draft vocabulary file, or None if there is none (the full vocabulary)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        return [int(t) for t in json.loads(path.read_text())["token_ids"]]
-    except (ValueError, KeyError, TypeError) as err:
-        raise PairError(f"{path} is not a draft vocabulary file ({err})") from err
-
-
 def is_eagle3_dir(directory) -> bool:
     path = Path(directory) / "config.json"
     return path.exists() and json.loads(path.read_text()).get("speculators_model_type") == "eagle3"
@@ -324,23 +287,6 @@ def load_eagle3(directory, target) -> Eagle3Draft:
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
-def truncated_draft(target, num_layers: int):
-    """A draft cut from the target's first layers: the placeholder where no embedded draft is shipped."""
-    import copy
-    from transformers import AutoModelForCausalLM
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:num_layers]
-    config.quantization_config = None
-    draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
-    state = {k: v for k, v in target.state_dict().items()
-             if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
-    draft.load_state_dict(state, strict=False)
-    share_embeddings(draft, target)
-    return draft.to(target.device).eval().requires_grad_(False)
-
-
 @functools.lru_cache(maxsize=4)
 def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "auto",
               dtype: str = "auto") -> ModelPair:
@@ -356,12 +302,10 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "a
     tokenizer = AutoTokenizer.from_pretrained(target_source)
     target_model = _load_model(target_source, dev, torch_dtype)
     if draft is None and target == EMBEDDED:
-        if is_eagle3_dir(EMBEDDED_DRAFT_DIR):
-            draft_model, draft_name = load_eagle3(EMBEDDED_DRAFT_DIR, target_model), "assets/draft"
-        elif (EMBEDDED_DRAFT_DIR / "model.safetensors").exists():
-            draft_model, draft_name = load_embedded_draft(target_model, dev, torch_dtype), "assets/draft"
-        else:
-            draft_model, draft_name = truncated_draft(target_model, 4), "target-layers-0-3 (placeholder)"
+        if not is_eagle3_dir(EMBEDDED_DRAFT_DIR):
+            raise PairError(f"the embedded draft is missing from {EMBEDDED_DRAFT_DIR} (git checkout assets/draft, "
+                            "or rebuild it with `diversed-demo distill`)")
+        draft_model, draft_name = load_eagle3(EMBEDDED_DRAFT_DIR, target_model), "assets/draft"
     elif draft is None:
         raise PairError("a draft model is needed: pass --draft (a hub id, directory or .gguf)")
     elif is_eagle3_dir(Path(draft).expanduser()):
