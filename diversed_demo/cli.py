@@ -186,7 +186,7 @@ def add_train_arguments(parser) -> None:
     for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "n_draft", "epochs",
                  "hidden_size", "warmup_steps", "checkpoint_every", "seed"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    helps = {"lam": "weight of the acceptance term (default per task: 8 for general and summarization, else 0.15)",
+    helps = {"lam": "weight of the acceptance term (default per task: 5 for general and summarization, else 0.15)",
              "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
                                "summarization, else 0)",
              "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)"}

@@ -199,7 +199,7 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-@pytest.mark.parametrize("name, steps", [("summarization", 15), ("general", 15)])
+@pytest.mark.parametrize("name, steps", [("summarization", 12), ("general", 12)])
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
     """`train --task <task> --steps N` must reproduce the shipped head's settings (its card lists them)."""
     import argparse
