@@ -128,7 +128,9 @@ def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int =
         result[k] = {"estimate": value, "stderr": float(s.std()) if s.size else None,
                      "ci95": [float(np.percentile(s, 2.5)), float(np.percentile(s, 97.5))] if s.size else None,
                      "p_positive": float((s > 0).mean()) if s.size else None, "bootstrap_samples": int(s.size)}
-    result["beyond_frontier"] = any(result[k]["estimate"] is not None and result[k]["estimate"] > 0
+    # Beyond the frontier only where a 95% interval excludes zero: a positive estimate alone is noise as often
+    # as not on a dozen prompts.
+    result["beyond_frontier"] = any(result[k]["ci95"] is not None and result[k]["ci95"][0] > 0
                                     for k in ("quality_margin", "acceptance_margin"))
     return result
 

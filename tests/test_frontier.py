@@ -41,3 +41,13 @@ def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
     assert all(len(p.quality) == len(examples) for p in points)
     # Fidelity (mean target log-prob) is best when decoding follows the target.
     assert by_label["static:1"].mean_quality > by_label["static:0"].mean_quality
+
+
+def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
+    static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
+    noisy = point("dynamic:h", None, 4, 0.7)  # just above the line, ±0.5 per example: the interval straddles zero
+    noisy.quality = [0.72 + (0.5 if i % 2 else -0.5) for i in range(len(noisy.quality))]
+    result = frontier_margin(static, noisy)
+    assert result["quality_margin"]["estimate"] > 0
+    assert result["quality_margin"]["ci95"][0] < 0 < result["quality_margin"]["ci95"][1]
+    assert not result["beyond_frontier"]
