@@ -677,3 +677,30 @@ def test_no_lower_module_imports_the_ui_or_the_cli():
                 names = [node.module or ""] + [alias.name for alias in node.names]
                 assert not any(n.split(".")[-1] in ("ui", "cli") or n.startswith(("ui.", "cli")) for n in names), path
 
+
+
+def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeypatch, tmp_path):
+    """Two decodes finishing together both sweep expired trace folders: one must not fail on the other's removal."""
+    import os
+    import time as time_module
+    from pathlib import Path
+
+    from diversed_demo.ui import app as ui_app
+    monkeypatch.setattr(ui_app, "TRACES_DIR", tmp_path)
+    gone = tmp_path / "expired"
+    gone.mkdir()
+    os.utime(gone, (time_module.time() - 2 * ui_app.TRACE_KEEP_S,) * 2)
+    real_stat = Path.stat
+
+    def stat_after_removal(self, *args, **kwargs):
+        if self == gone:
+            if os.path.isdir(gone):  # the other request removes it between listing and stat
+                os.rmdir(gone)
+            raise FileNotFoundError(str(self))
+        return real_stat(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "stat", stat_after_removal)
+    monkeypatch.setattr(ui_app, "write_trace", lambda data, folder, stem: [str(folder / f"{stem}.json")])
+    monkeypatch.setattr(ui_app, "trace_of", lambda runs, info, view: {})
+    monkeypatch.setattr(ui_app, "pair_info", lambda pair: {})
+    files = ui_app.trace_files({}, None, "decode")
+    assert len(files) == 1 and not os.path.isdir(gone)

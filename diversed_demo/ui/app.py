@@ -149,7 +149,11 @@ def trace_files(runs: dict, pair, view: str) -> list[str]:
     Folders older than TRACE_KEEP_S go, so a long-running app does not fill the disk."""
     TRACES_DIR.mkdir(exist_ok=True)
     for old in TRACES_DIR.iterdir():
-        if time.time() - old.stat().st_mtime > TRACE_KEEP_S:
+        try:
+            expired = time.time() - old.stat().st_mtime > TRACE_KEEP_S
+        except FileNotFoundError:  # a concurrent request removed it first
+            continue
+        if expired:
             shutil.rmtree(old, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(dir=TRACES_DIR))
     return list(write_trace(trace_of(runs, pair_info(pair), view), folder, f"diversed-{view}-trace"))
