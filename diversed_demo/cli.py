@@ -66,7 +66,7 @@ def run_generate(args) -> int:
         event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
         figures = summary.to_dict()
         print(json.dumps({"text": summary.text, "summary": {k: figures[k] for k in summary_keys},
-                          "events": [{k: e.to_dict()[k] for k in event_keys} for e in events]}, ensure_ascii=False))
+                          "events": [{k: getattr(e, k) for k in event_keys} for e in events]}, ensure_ascii=False))
     else:
         print("\n")
         print(format_summary(summary))

@@ -219,7 +219,7 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
 
     def write_checkpoint():
         state["wall_time_s"] = time.time() - started
-        save_checkpoint(checkpoint, optimizer, scheduler, model={k: draft.state_dict()[k] for k in trainable},
+        save_checkpoint(checkpoint, optimizer, scheduler, model={k: v for k, v in draft.state_dict().items() if k in trainable},
                         state=state, config=asdict(config))
 
     def run_eval():
