@@ -102,6 +102,9 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lr", type=float, default=defaults.lr)
     train.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     train.add_argument("--bf16", action="store_true", help="bf16 autocast (GPUs, CPUs with AMX)")
+    train.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    train.add_argument("--dtype", default="float32",
+                       help="the target's weights (default float32; --bf16 sets the compute precision)")
     train.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens)
     train.add_argument("--eval-every", type=int, default=defaults.eval_every)
     train.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab_size)
@@ -138,7 +141,7 @@ def run_distill_train(args) -> int:
     records = data.load_records(args.data or data.SHARDS_DIR)
     if not records:
         raise FileNotFoundError(f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first")
-    pair = load_pair(EMBEDDED, None, "auto", "auto")
+    pair = load_pair(EMBEDDED, None, args.device, args.dtype)
     state = train_draft(pair, records, config, args.work_dir, args.minutes, " ".join(["diversed-demo"] + sys.argv[1:]),
                         init_from=args.init)
     print(json.dumps(state["best"]))

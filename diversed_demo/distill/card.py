@@ -68,7 +68,8 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
                  f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
                  "and the next token's embedding (the target's own, not stored)",
         "data": data_summary(data.load_records(data_dir)),
-        "training": {"command": run["command"], "config": run["config"], "split": run["data"],
+        "training": {"command": run["command"], "machine": run.get("machine", "not recorded"),
+                     "config": run["config"], "split": run["data"],
                      "steps": state["step"], "total_steps": state.get("total_steps"),
                      "wall_time_s": round(state["wall_time_s"], 1),
                      "best": state["best"],

@@ -290,7 +290,7 @@ def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minute
         print(line, flush=True)
         log_file.write(line + "\n")
         log_file.flush()
-    run = {"command": command, "config": asdict(config),
+    run = {"command": command, "config": asdict(config), "machine": machine(pair.target.device),
            "data": {"records": len(records), "train_records": len(train_records), "heldout_records": len(heldout),
                     "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
                     "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
@@ -301,6 +301,13 @@ def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minute
         return train(draft, pair.target, train_records, heldout, pad_id, config, work_dir, log, minutes)
     finally:
         log_file.close()
+
+
+def machine(device: torch.device) -> str:
+    """Where a run trained, for the card: wall times mean little without it."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (cuda)"
+    return f"cpu, {torch.get_num_threads()} threads"
 
 
 def coverage(records: list[dict], token_ids: list[int]) -> float:
