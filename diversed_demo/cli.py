@@ -192,8 +192,12 @@ def add_train_arguments(parser) -> None:
     helps = {"lam": "weight of the acceptance term (default per task: 5 for general and summarization, else 0.15)",
              "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
                                "summarization, else 0)",
-             "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)"}
-    for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init"):
+             "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)",
+             "target_acceptance": "hold the rollouts' mean acceptance 1 − w·TV at this value (an augmented "
+                                  "Lagrangian: λ starts at --lam and adapts after each step); default off: λ fixed",
+             "penalty": "ρ of that augmented Lagrangian: the gap penalty's weight and the multiplier's step"}
+    for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init", "target_acceptance",
+                 "penalty"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=helps.get(name))
     for name in TASK_DEFAULTS["*"]:  # unset: the task's own default

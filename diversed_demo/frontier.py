@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,7 @@ class Point:
     counts: list[Counts] = field(default_factory=list)  # per example
     quality: list[float] = field(default_factory=list)
     mean_w: list[float] = field(default_factory=list)
+    token_w: list[float] = field(default_factory=list)  # w_t at every position a draft token competed
 
     @property
     def total(self) -> Counts:
@@ -53,7 +55,9 @@ class Point:
     def row(self) -> dict:
         return {"point": self.label, "w": self.w, "acceptance": self.acceptance, "quality": self.mean_quality,
                 "tokens_per_second": self.tokens_per_second,
-                "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None, "examples": len(self.quality)}
+                "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None,
+                # a head that only learned a bias has std ≈ 0: the spread is what per-token w buys
+                "w_std": float(np.std(self.token_w)) if self.token_w else None, "examples": len(self.quality)}
 
 
 def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = None, head=None, n_draft: int = 4,
@@ -62,7 +66,7 @@ def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = N
     point = Point(label, w)
     mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
     for i, example in enumerate(examples):
-        summary, _ = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
+        summary, events = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
                               temperature=temperature, seed=i, **kwargs)
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         point.quality.append(task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
@@ -70,6 +74,8 @@ def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = N
         point.counts.append(summary.counts)
         if summary.mean_w is not None:
             point.mean_w.append(summary.mean_w)
+        if head is not None:
+            point.token_w.extend(e.w for e in events if e.w is not None and e.kind != "rejected")
         if progress is not None:
             progress(label, i + 1, len(examples))
     return point
@@ -161,12 +167,19 @@ def held_out_examples(task: str, limit: int | None, data: str | None = None):
     return load_spec_bench(data, categories=categories)[:limit]
 
 
+def head_labels(paths: list) -> dict:
+    """{label: path}: the file's stem, or folder/stem where two heads share a stem (heads of two runs)."""
+    stems = [Path(p).stem for p in paths]
+    return {(f"{Path(p).parent.name}/{Path(p).stem}" if stems.count(Path(p).stem) > 1 else Path(p).stem): Path(p)
+            for p in paths}
+
+
 def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float], limit: int | None, data=None,
                    n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, write_card: bool = False,
                    command: str = "", progress=None) -> tuple[dict, list[Point]]:
     """The static frontier and each head (a name or path) on the task's held-out set: (report, points).
     With write_card, each head's figures go to <head>.json beside its file and into its metadata."""
-    paths = {resolve_head_path(h).stem: resolve_head_path(h) for h in head_specs}
+    paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data)
     points = sweep(pair, examples, task, weights, heads, progress=progress, n_draft=n_draft,

@@ -1,9 +1,10 @@
 """The frontier: interpolated margins, bootstrap, and a sweep on a tiny pair."""
 import pytest
+import torch
 
 from diversed_demo.decode import Counts
-from diversed_demo.frontier import Point, frontier_margin, margins, sweep
-from diversed_demo.head import ConstantHead
+from diversed_demo.frontier import Point, frontier_margin, head_labels, margins, sweep
+from diversed_demo.head import ConstantHead, new_head
 from diversed_demo.tasks import Example
 
 
@@ -33,9 +34,16 @@ def test_bootstrap_reports_a_clear_win_with_small_uncertainty():
 def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
     examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran",
                                                              "a big red", "then it was"]]
-    points = sweep(pair, examples, "general", weights=(0.0, 1.0), heads={"half": ConstantHead(0.5)},
+    torch.manual_seed(0)
+    spread = new_head(pair, hidden_size=8)
+    with torch.no_grad():
+        spread.mlp[-1].weight.mul_(50)  # an untrained head whose w clearly varies with the hidden states
+    points = sweep(pair, examples, "general", weights=(0.0, 1.0), heads={"half": ConstantHead(0.5), "spread": spread},
                    max_new_tokens=12)
     by_label = {p.label: p for p in points}
+    # the spread of w_t over positions: none for a constant, some for a head that reads the states
+    assert by_label["dynamic:half"].row()["w_std"] == 0.0 and by_label["static:1"].row()["w_std"] is None
+    assert by_label["dynamic:spread"].row()["w_std"] > 0.05
     assert by_label["static:0"].acceptance == 1.0  # w = 0 accepts every draft
     assert by_label["static:1"].acceptance < by_label["dynamic:half"].acceptance < 1.0
     assert all(len(p.quality) == len(examples) for p in points)
@@ -51,3 +59,8 @@ def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
     assert result["quality_margin"]["estimate"] > 0
     assert result["quality_margin"]["ci95"][0] < 0 < result["quality_margin"]["ci95"][1]
     assert not result["beyond_frontier"]
+
+
+def test_heads_of_two_runs_with_one_name_are_both_evaluated():
+    labels = head_labels(["runs/a/general.safetensors", "runs/b/general.safetensors", "heads/code.safetensors"])
+    assert list(labels) == ["a/general", "b/general", "code"]

@@ -137,11 +137,11 @@ def test_group_advantages_are_centred_per_prompt():
     assert adv[2] > adv[0] and adv[5] > adv[3]
 
 
-def run_training(pair, tmp_path, lam, steps=12, **kwargs):
+def run_training(pair, tmp_path, lam, steps=12, callback=None, should_stop=None, lr=0.05, **kwargs):
     config = TrainConfig(task="general", steps=steps, prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
-                         lam=lam, lr=0.05, warmup_steps=1, hidden_size=8, w_init=0.5, seed=0,
+                         lam=lam, lr=lr, warmup_steps=1, hidden_size=8, w_init=0.5, seed=0,
                          out=str(tmp_path / f"h{lam}.safetensors"), run_dir=str(tmp_path / f"run{lam}"), **kwargs)
-    return train_head(pair, config, progress=False)
+    return train_head(pair, config, callback=callback, should_stop=should_stop, progress=False)
 
 
 def test_training_moves_w_the_way_the_reward_favours(pair, tmp_path):
@@ -155,6 +155,36 @@ def test_training_moves_w_the_way_the_reward_favours(pair, tmp_path):
     assert toward_speed.history[-1]["mean_w"] < first - 0.02
     assert toward_speed.history[-1]["acceptance"] > toward_speed.history[0]["acceptance"]
     assert load_head(toward_target.path, pair).meta["task"] == "general"
+
+
+@pytest.mark.parametrize("w_init", [0.2, 0.9])
+def test_acceptance_penalty_pulls_the_mean_acceptance_to_its_target_from_either_side(pair, w_init):
+    # TV 0.5: acceptance 1 − w/2 starts at 0.9 (w 0.2) or 0.55 (w 0.9); the target 0.75 lies between.
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=8, w_init=w_init)
+    rollouts = fake_rollouts(4, 6, tv=0.5)
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    settings = dict(lam=0.0, target_acceptance=0.75, penalty=20.0)
+    before = head_loss(head, rollouts, torch.zeros(4), **settings)[1].item()
+    for _ in range(30):
+        opt.zero_grad()
+        head_loss(head, rollouts, torch.zeros(4), **settings)[0].backward()
+        opt.step()
+    after = head_loss(head, rollouts, torch.zeros(4), **settings)[1].item()
+    assert abs(after - 0.75) < abs(before - 0.75) / 3
+
+
+def test_target_acceptance_moves_lam_against_the_gap_and_survives_resume(pair, tmp_path):
+    settings = dict(lam=3.0, lr=0.01, dense_fidelity=1.0, target_acceptance=0.4)
+    records = []
+    cancelled = run_training(pair, tmp_path, callback=records.append, should_stop=lambda: len(records) >= 5, **settings)
+    assert cancelled.cancelled
+    history = run_training(pair, tmp_path, **settings).history
+    assert [r["step"] for r in history] == list(range(1, 13))
+    for r in history:  # λ falls while acceptance is above the target (to 0 at most) and rises while below
+        assert r["next_lam"] < r["lam"] or r["next_lam"] == 0 if r["acceptance"] > 0.4 else r["next_lam"] > r["lam"]
+    assert all(after["lam"] == before["next_lam"] for before, after in zip(history, history[1:]))  # across the resume too
+    assert {r["next_lam"] > r["lam"] for r in history} == {True, False}
 
 
 def test_cancel_keeps_a_checkpoint_and_resume_continues(pair, tmp_path):
@@ -175,6 +205,8 @@ def test_bad_training_input_is_refused(pair, tmp_path):
         train_head(pair, TrainConfig(rollouts_per_prompt=1), progress=False)
     with pytest.raises(ValueError, match="unknown task"):
         train_head(pair, TrainConfig(task="poetry"), progress=False)
+    with pytest.raises(ValueError, match="target_acceptance"):
+        train_head(pair, TrainConfig(target_acceptance=1.5), progress=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hello"}\nnot json\n')
     with pytest.raises(ValueError, match="line 2"):

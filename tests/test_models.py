@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diversed_demo import linear
 from diversed_demo.linear import FastLinear, linear_product, stock_linear
 from diversed_demo.tiny import tiny_pair
 
@@ -31,7 +32,14 @@ def test_project_trains_like_linear():
     torch.testing.assert_close(fast_grad, weight.grad)
 
 
-def test_pair_uses_fast_linear_with_unchanged_weights_and_logits():
+def test_pair_uses_the_stock_product_where_the_fast_one_does_not_pay(monkeypatch):
+    monkeypatch.setattr(linear, "fast_product_pays", lambda: False)
+    pair = tiny_pair()
+    assert not any(type(m) is FastLinear for m in pair.target.modules())
+
+
+def test_pair_uses_fast_linear_with_unchanged_weights_and_logits(monkeypatch):
+    monkeypatch.setattr(linear, "fast_product_pays", lambda: True)
     pair = tiny_pair()
     linears = [m for m in pair.target.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is FastLinear for m in linears)

@@ -336,6 +336,7 @@ def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp
     assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == \
         (measured["n_draft"], measured["temperature"], measured["max_new_tokens"])
     assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
+    assert ("not beyond" in defaults.note) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
     # Another pair, without cards: the static ensemble, and the note says these are not measured.
     plain = results.arrival_defaults(EXAMPLES, {"x": tmp_path / "x.safetensors"})
     assert plain.settings.mode == "static" and plain.settings.head_name == "x" and "no frontier card" in plain.note

@@ -266,8 +266,9 @@ class Defaults:
 
 def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
     """The first example, and DIVERSED with the carded head of that example's task at the settings its
-    frontier card was measured with (N, temperature, new tokens), where the head beat the static
-    frontier; w starts at the head's mean w_t, so the static ensemble spends the same average weight.
+    frontier card was measured with (N, temperature, new tokens); the note says whether the head beat the
+    static frontier there. w starts at the head's mean w_t, so the static ensemble spends the same average
+    weight.
 
     Without a carded head (another pair), static w = 0.5 at the decoder's defaults, and the note says so.
     """
@@ -286,9 +287,10 @@ def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
         ensemble_weight=round(mean_w * 20) / 20 if isinstance(mean_w, (int, float)) else 0.5,
         n_draft=int(settings.get("n_draft", 4)), max_new_tokens=int(settings.get("max_new_tokens", 64)),
         temperature=float(settings.get("temperature", 1.0)))
+    verdict = ("where the head beat the static frontier" if frontier.get("beyond_frontier")
+               else "where the head was not beyond the static frontier")
     return Defaults(defaults, 0 if first else None,
-                    f"settings of {shown_path(Path(head_paths[name]).with_suffix('.json'))}'s frontier run, where "
-                    "the head beat the static frontier")
+                    f"settings of {shown_path(Path(head_paths[name]).with_suffix('.json'))}'s frontier run, {verdict}")
 
 
 # ---------------------------------------------------------------- the dial in transformers
