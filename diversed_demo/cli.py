@@ -293,6 +293,9 @@ def add_bench_arguments(parser) -> None:
                         help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning")
     parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
                         "$DIVERSED_DATA or ../shared/data)")
+    parser.add_argument("--app-examples", type=int, default=None, metavar="K",
+                        help="time the app's first K example prompts instead of Spec-Bench (1: the example the "
+                             "app opens with)")
     parser.add_argument("--n-draft", default="auto",
                         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
                              "acceptance of a calibration run on the project's own prompts (default)")
@@ -313,10 +316,15 @@ def run_bench_command(args) -> int:
     from tqdm.auto import tqdm
 
     from .bench import bench_figure, markdown_table, parse_modes, run_bench
-    from .tasks import load_spec_bench
+    from .tasks import app_examples, load_spec_bench
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     # Everything that can be checked without the models is checked before they load.
-    examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
+    if args.app_examples is not None:
+        if args.app_examples < 1:
+            raise ValueError(f"--app-examples must be a positive integer, not {args.app_examples}")
+        examples = [e for task_examples in app_examples().values() for e in task_examples][:args.app_examples]
+    else:
+        examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
     parse_modes(args.modes)
     if args.n_draft != "auto" and not (args.n_draft.isdigit() and int(args.n_draft) >= 1):
         raise ValueError(f"--n-draft must be a positive integer or auto, not {args.n_draft!r}")

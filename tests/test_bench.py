@@ -129,6 +129,10 @@ def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
                  "--modes", "ar,exact", "--n-draft", "2", "--max-new-tokens", "4", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["per_category"]) == {"writing", "math_reasoning"} and report["settings"]["examples"] == 2
+    # the app's own example prompts instead of Spec-Bench: the first is the one the app opens with
+    assert main(["bench", *pair_args, "--app-examples", "2", "--modes", "ar,exact", "--n-draft", "2",
+                 "--max-new-tokens", "4", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["settings"]["examples"] == 2
 
 
 def test_vs_transformers_handles_the_end_weights_and_leaves_the_draft_config_alone(pair):

@@ -23,6 +23,7 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
     ([*GENERATE, "--mode", "dynamic", "--head", "no-such-head"], "no head 'no-such-head'"),
     (["bench", "--modes", "ar,static:2"], "[0, 1]"), (["bench", "--modes", "exact"], "must include ar"),
     (["bench", "--modes", "ar,dynamic:no-such-head"], "no head"), (["bench", "--n-draft", "0"], "--n-draft"),
+    (["bench", "--app-examples", "0"], "--app-examples"),
     (["frontier", "--weights", "0,2"], "[0, 1]"), (["frontier", "--head", "no-such-head"], "no head"),
 ])
 def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):

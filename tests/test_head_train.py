@@ -231,9 +231,12 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-@pytest.mark.parametrize("name, steps", [("summarization", 12), ("general", 12)])
-def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
-    """`train --task <task> --steps N` must reproduce the shipped head's settings (its card lists them)."""
+README_FLAGS = ("--steps", "20", "--lam", "5", "--target-acceptance", "0.7", "--penalty", "20")
+
+
+@pytest.mark.parametrize("name", ["summarization", "general"])
+def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
+    """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists them)."""
     import argparse
     import json
     from pathlib import Path
@@ -247,8 +250,9 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name, steps):
         return TrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
 
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
-    made = config("--task", name, "--steps", str(steps))
-    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed"):
+    made = config("--task", name, *README_FLAGS)
+    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed",
+                "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt"):
         assert getattr(made, key) == shipped[key], key
     assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam != made.lam
     assert config("--task", name, "--lam", "0.7").lam == 0.7
