@@ -1,4 +1,4 @@
-"""The one linear product of a pair's models on CPU, and switching models to it where it pays.
+"""A few-row linear product for fp32 on CPU, and switching a pair's models to it where it pays.
 
 On some CPUs (and PyTorch/MKL builds) a weight times a few rows is far faster as W·Xᵀ than as X·Wᵀ (see
 `linear_product`); decoding is mostly such products. On others the stock product is the faster one, so
