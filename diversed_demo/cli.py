@@ -186,18 +186,23 @@ def add_train_arguments(parser) -> None:
     defaults = TrainConfig()
     parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
     parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    helps_int = {"warm_start_prompts": "before RL, decode this many training prompts at static w = --w-init and fit "
+                                       "the head offline to the per-token optimum (default 0: off)",
+                 "warm_start_steps": "full-batch AdamW steps of that fit"}
     for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "n_draft", "epochs",
-                 "hidden_size", "warmup_steps", "checkpoint_every", "seed"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+                 "hidden_size", "warmup_steps", "checkpoint_every", "seed", "warm_start_prompts", "warm_start_steps"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
+                            help=helps_int.get(name))
     helps = {"lam": "weight of the acceptance term (default per task: 5 for general and summarization, else 0.15)",
              "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
                                "summarization, else 0)",
              "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)",
              "target_acceptance": "hold the rollouts' mean acceptance 1 − w·TV at this value (an augmented "
-                                  "Lagrangian: λ starts at --lam and adapts after each step); default off: λ fixed",
+                                  "Lagrangian: λ starts at --lam and adapts after each step; with a warm start, "
+                                  "λ is set once from the recorded positions); default off: λ fixed",
              "penalty": "ρ of that augmented Lagrangian: the gap penalty's weight and the multiplier's step"}
     for name in ("temperature", "lam", "dense_fidelity", "lr", "grad_clip", "w_min", "w_init", "target_acceptance",
-                 "penalty"):
+                 "penalty", "warm_start_lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=helps.get(name))
     for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
@@ -233,9 +238,12 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
-    parser.add_argument("--limit", type=int, default=12, help="held-out examples (Spec-Bench first turns)")
-    parser.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: spec_bench/ in "
-                        "$DIVERSED_DATA or ../shared/data)")
+    sets = "; ".join(f"{task}: {', '.join(sets)}" for task, sets in HELD_OUT.items())
+    parser.add_argument("--set", dest="set_name", default=None,
+                        help=f"held-out set (default: the task's first) — {sets}")
+    parser.add_argument("--limit", type=int, default=12, help="held-out examples (the first of the set)")
+    parser.add_argument("--data", default=None, help="the set's file: Spec-Bench question.jsonl, GSM8K test.jsonl or "
+                        "mbpp.jsonl (default: in $DIVERSED_DATA or ../shared/data)")
     parser.add_argument("--n-draft", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -263,25 +271,77 @@ def run_frontier(args) -> int:
         raise ValueError(f"--weights must be in [0, 1], not {args.weights!r}")
     for head in args.head:  # before the models load: the heads and the held-out set exist
         resolve_head_path(head)
-    held_out_examples(args.task, args.limit, args.data)
+    held_out_examples(args.task, args.limit, args.data, args.set_name)
     pair = pair_from_args(args)
     bar = tqdm(desc=f"frontier {args.task}")
     command = " ".join(["diversed-demo"] + sys.argv[1:])
     report, points = evaluate_heads(pair, args.task, args.head, weights, args.limit, args.data, args.n_draft,
                                     args.max_new_tokens, args.temperature, args.write_card, command,
-                                    progress=lambda *_: bar.update(1))
+                                    progress=lambda *_: bar.update(1), set_name=args.set_name)
     bar.close()
     print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, m in report["heads"].items():
         print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
               f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
               f"beyond frontier: {m['beyond_frontier']}")
-    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}.html")
+    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}-{report['set']}.html")
     plot.parent.mkdir(parents=True, exist_ok=True)
     frontier_figure(points, f"Frontier on {args.task} ({report['examples']} held-out examples)").write_html(plot)
     print(f"plot: {plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def add_table_arguments(parser) -> None:
+    parser.add_argument("--sets", default="summarization,math:arithmetic,math:gsm8k,code,general",
+                        help="comma-separated task or task:held-out set (default: every task; math on both sets)")
+    parser.add_argument("--temperatures", default="1,0", help="comma-separated; 0 = greedy (default 1,0)")
+    parser.add_argument("--head", action="append", default=[], metavar="TASK=HEAD",
+                        help="the head of a task (default: the shipped heads/<task>); repeatable")
+    parser.add_argument("--limit", type=int, default=20, help="held-out examples per set (the first of each)")
+    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the table as JSON here (e.g. results/table.json)")
+    parser.add_argument("--markdown", default=None, help="write the Markdown table here (e.g. results/table.md)")
+    add_pair_arguments(parser)
+    parser.set_defaults(func=run_table)
+
+
+def run_table(args) -> int:
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from .frontier import held_out_examples
+    from .head import load_head, resolve_head_path
+    from .table import markdown, parse_sets, parse_temperatures, results_table
+    sets, temperatures = parse_sets(args.sets), parse_temperatures(args.temperatures)
+    if args.limit < 1 or args.n_draft < 1 or args.max_new_tokens < 1:
+        raise ValueError("--limit, --n-draft and --max-new-tokens must be positive integers")
+    chosen = {}
+    for item in args.head:
+        task, sep, head = item.partition("=")
+        if not sep or not head:
+            raise ValueError(f"--head takes TASK=HEAD, not {item!r}")
+        chosen[task] = head
+    head_paths = {task: resolve_head_path(chosen.get(task, task)) for task in dict(sets)}  # fails before loading
+    for task, set_name in sets:
+        held_out_examples(task, args.limit, None, set_name)
+    pair = pair_from_args(args)
+    heads = {task: (path.stem, load_head(path, pair)) for task, path in head_paths.items()}
+    bar = tqdm(total=len(sets) * len(temperatures) * 3 * args.limit, desc="table")
+    report = results_table(pair, sets, heads, temperatures, args.limit, args.n_draft, args.max_new_tokens, args.seed,
+                           progress=lambda: bar.update(1))
+    bar.close()
+    report["command"] = " ".join(["diversed-demo"] + sys.argv[1:])
+    table = markdown(report)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
     return 0
 
 
@@ -369,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(sub.add_parser("train", help="train an ensemble head with sequence-level RL"))
     add_frontier_arguments(sub.add_parser("frontier", help="static-w frontier vs heads on a held-out set"))
     add_bench_arguments(sub.add_parser("bench", help="Spec-Bench speed and quality table"))
+    add_table_arguments(sub.add_parser("table", help="paper-style results: exact SD vs DIVERSED per task and temperature"))
     add_app_arguments(sub.add_parser("app", help="launch the Gradio app"))
     return parser
 

@@ -17,13 +17,16 @@ import numpy as np
 from .decode import Counts, encode_prompt, generate
 from .head import load_head, resolve_head_path, save_head
 from .rewards import task_reward
-from .tasks import load_spec_bench
+from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-HELD_OUT = {  # task -> Spec-Bench categories of its held-out set (never used for training)
-    "summarization": ["summarization"],
-    "general": None,  # a mix: every category
-    "math": ["math_reasoning"],
+# task -> {held-out set: what it is}; the first is the task's default. None of them is ever trained on.
+HELD_OUT = {
+    "summarization": {"spec_bench": "Spec-Bench summarization (CNN/DailyMail), first turns"},
+    "general": {"spec_bench": "Spec-Bench first turns, every category (stratified)"},
+    "math": {"gsm8k": "GSM8K test", "arithmetic": "scripted one- and two-step arithmetic (eval split)",
+             "spec_bench": "Spec-Bench math_reasoning, first turns"},
+    "code": {"mbpp": "MBPP test (task ids 11-510), pass@1 in the sandbox"},
 }
 
 
@@ -157,14 +160,29 @@ def frontier_figure(points: list[Point], title: str = "Speed–quality frontier"
     return fig
 
 
-def held_out_examples(task: str, limit: int | None, data: str | None = None):
-    categories = HELD_OUT.get(task)
+def held_out_set(task: str, set_name: str | None = None) -> str:
+    """The held-out set's name: `set_name` if the task has it, else the task's default."""
     if task not in HELD_OUT:
         raise ValueError(f"no held-out set for task {task!r}; choose one of {', '.join(HELD_OUT)}")
-    if categories is None:  # a stratified mix: the same number from every category
+    if set_name is not None and set_name not in HELD_OUT[task]:
+        raise ValueError(f"task {task} has no held-out set {set_name!r}; choose one of {', '.join(HELD_OUT[task])}")
+    return set_name or next(iter(HELD_OUT[task]))
+
+
+def held_out_examples(task: str, limit: int | None, data: str | None = None, set_name: str | None = None):
+    """The first `limit` examples of the task's held-out set; `data` replaces the set's file (Spec-Bench's
+    question.jsonl, GSM8K's test.jsonl or mbpp.jsonl)."""
+    set_name = held_out_set(task, set_name)
+    if set_name == "arithmetic":
+        return arithmetic_examples("eval", limit)
+    if set_name == "gsm8k":
+        return load_gsm8k(data or data_file("gsm8k/test.jsonl"), limit)
+    if set_name == "mbpp":
+        return load_mbpp(data, limit, task_ids=MBPP_TEST_IDS)
+    if task == "general":  # a stratified mix: the same number from every category
         examples = load_spec_bench(data, per_category=max(1, math.ceil((limit or 26) / 13)))
         return examples[:limit] if limit else examples
-    return load_spec_bench(data, categories=categories)[:limit]
+    return load_spec_bench(data, categories=[{"summarization": "summarization", "math": "math_reasoning"}[task]])[:limit]
 
 
 def head_labels(paths: list) -> dict:
@@ -174,32 +192,52 @@ def head_labels(paths: list) -> dict:
             for p in paths}
 
 
+def evaluation_key(set_name: str, temperature: float) -> str:
+    """How a card names one evaluation: "<held-out set>, T=1" or "<held-out set>, greedy"."""
+    return f"{set_name}, " + ("greedy" if temperature == 0 else f"T={temperature:g}")
+
+
+def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool) -> dict:
+    """Add one evaluation to the head's card (<head>.json beside it) and to its metadata; returns the card.
+
+    The card keeps every evaluation of this head under "evaluations" (one per held-out set and
+    temperature); "frontier" is the primary one the app draws: T = 1 on the task's default set, else the
+    first written. A card written for another training run of the same file starts afresh."""
+    card_path = path.with_suffix(".json")
+    old = json.loads(card_path.read_text()) if card_path.exists() else {}
+    same_run = old.get("training") == head.meta.get("training")
+    evaluations = {**(old.get("evaluations") or {}), key: evaluation} if same_run else {key: evaluation}
+    frontier = evaluation if primary or not (same_run and old.get("frontier")) else old["frontier"]
+    card = {"head": path.stem, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
+            "training": head.meta.get("training"), "train_figures": head.meta.get("train_figures"),
+            "frontier": frontier, "evaluations": evaluations}
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    head.meta["evaluation"], head.meta["evaluations"] = frontier, evaluations
+    save_head(head, path)
+    return card
+
+
 def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float], limit: int | None, data=None,
                    n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, write_card: bool = False,
-                   command: str = "", progress=None) -> tuple[dict, list[Point]]:
-    """The static frontier and each head (a name or path) on the task's held-out set: (report, points).
-    With write_card, each head's figures go to <head>.json beside its file and into its metadata."""
+                   command: str = "", progress=None, set_name: str | None = None) -> tuple[dict, list[Point]]:
+    """The static frontier and each head (a name or path) on a held-out set of the task: (report, points).
+    With write_card, each head's figures join its card (<head>.json beside its file) and its metadata."""
+    set_name = held_out_set(task, set_name)
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
-    examples = held_out_examples(task, limit, data)
+    examples = held_out_examples(task, limit, data, set_name)
     points = sweep(pair, examples, task, weights, heads, progress=progress, n_draft=n_draft,
                    max_new_tokens=max_new_tokens, temperature=temperature)
     static = [p for p in points if p.w is not None]
-    report = {"task": task, "examples": len(examples), "settings": {
+    report = {"task": task, "set": set_name, "examples": len(examples), "settings": {
         "n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "held_out": f"Spec-Bench first turns, categories {HELD_OUT[task] or 'all (stratified)'}"},
-        "points": [p.row() for p in points], "heads": {}}
+        "held_out": HELD_OUT[task][set_name]}, "points": [p.row() for p in points], "heads": {}}
     for name, head in heads.items():
         point = next(p for p in points if p.label == f"dynamic:{name}")
         report["heads"][name] = frontier_margin(static, point)
         if write_card:
-            card = {"head": name, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
-                    "training": head.meta.get("training"), "train_figures": head.meta.get("train_figures"),
-                    "frontier": {**report["heads"][name], "head_point": point.row(),
-                                 "static_points": [p.row() for p in static], "examples": len(examples),
-                                 "settings": report["settings"], "command": command}}
-            path = paths[name]  # the card goes next to the head file that was evaluated
-            path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
-            head.meta["evaluation"] = card["frontier"]
-            save_head(head, path)
+            evaluation = {**report["heads"][name], "head_point": point.row(), "static_points": [p.row() for p in static],
+                          "examples": len(examples), "settings": report["settings"], "command": command}
+            primary = temperature == 1 and set_name == next(iter(HELD_OUT[task]))
+            write_head_card(paths[name], head, evaluation, evaluation_key(set_name, temperature), primary)
     return report, points

@@ -133,6 +133,52 @@ def load_humaneval(limit: int | None = None) -> list[Example]:
     return [humaneval_example(problem) for problem in list(read_problems().values())[:limit]]
 
 
+# ---------------------------------------------------------------------------------------------------
+# Scripted arithmetic: one- and two-step word problems whose answers the script computes. GSM8K is near
+# the floor for a 135M target, so a margin there cannot be resolved; on these it scores clearly above 0.
+
+NAMES = ("Tom", "Anna", "Ben", "Maria", "Sam", "Lily", "Omar", "Grace", "Leo", "Nina", "Raj", "Emma")
+ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "stamps", "shells", "toy cars")
+# (template, answer, number ranges): {n} a name, {f} a friend, {i} the items, {a} {b} {c} the numbers
+ARITHMETIC_TEMPLATES = (
+    ("{n} has {a} {i}. {n} buys {b} more {i}. How many {i} does {n} have now?", "{a} + {b} = {x}",
+     lambda a, b, c: a + b, (2, 20), (2, 20), (0, 0)),
+    ("{n} has {a} {i} and gives {b} of them to {f}. How many {i} does {n} have left?", "{a} - {b} = {x}",
+     lambda a, b, c: a - b, (10, 30), (2, 9), (0, 0)),
+    ("{n} has {a} boxes with {b} {i} in each box. How many {i} does {n} have?", "{a} * {b} = {x}",
+     lambda a, b, c: a * b, (2, 9), (2, 9), (0, 0)),
+    ("{n} has {a} {i}, buys {b} more, and then gives {c} to {f}. How many {i} does {n} have now?",
+     "{a} + {b} = {apb}, and {apb} - {c} = {x}", lambda a, b, c: a + b - c, (2, 10), (2, 10), (1, 4)),
+)
+ARITHMETIC_SEEDS = {"train": 0, "eval": 1}  # two streams; eval also drops any problem train holds
+
+
+def _arithmetic_problems(seed: int, n: int) -> list[tuple[str, str]]:
+    import random
+    rng = random.Random(seed)
+    problems = []
+    while len(problems) < n:
+        template, working, answer, *ranges = ARITHMETIC_TEMPLATES[len(problems) % len(ARITHMETIC_TEMPLATES)]
+        a, b, c = (rng.randint(low, high) for low, high in ranges)
+        name, friend = rng.sample(NAMES, 2)
+        values = {"n": name, "f": friend, "i": rng.choice(ITEMS), "a": a, "b": b, "c": c, "ab": a * b,
+                  "apb": a + b, "x": answer(a, b, c)}
+        problems.append((template.format(**values), f"{working.format(**values)}\n#### {values['x']}"))
+    return problems
+
+
+def arithmetic_examples(split: str = "eval", limit: int | None = None) -> list[Example]:
+    """The scripted arithmetic set (task math): a fixed train split and a disjoint eval split, 400 each."""
+    if split not in ARITHMETIC_SEEDS:
+        raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
+    problems = _arithmetic_problems(ARITHMETIC_SEEDS[split], 400)
+    if split == "eval":
+        train = {question for question, _ in _arithmetic_problems(ARITHMETIC_SEEDS["train"], 400)}
+        problems = [p for p in problems if p[0] not in train]
+    return [Example(question, "math", reference, f"arithmetic/{split}/{i}", "arithmetic")
+            for i, (question, reference) in enumerate(problems[:limit])]
+
+
 def load_spec_bench(path=None, categories=None, per_category: int | None = None) -> list[Example]:
     """Spec-Bench questions, first turn only, in file order (default: the shared question.jsonl).
 
@@ -198,13 +244,16 @@ def builtin_examples(task: str, split: str = "train", limit: int | None = None) 
     """Offline examples per task, with a fixed train/eval split.
 
     summarization, general: the project's own prompts in assets/prompts (first 80% train, rest eval);
-    math: GSM8K train.jsonl / test.jsonl; code: MBPP task ids 601–974 (train) / 11–510 (test).
+    math: the scripted arithmetic train split interleaved with GSM8K train.jsonl / GSM8K test.jsonl; code: MBPP task ids 601–974 (train) / 11–510 (test).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
     train = split == "train"
-    if task == "math":
-        return load_gsm8k(data_file("gsm8k/train.jsonl" if train else "gsm8k/test.jsonl"), limit)
+    if task == "math" and not train:
+        return load_gsm8k(data_file("gsm8k/test.jsonl"), limit)
+    if task == "math":  # the scripted problems carry the reward signal: the target fails nearly all of GSM8K
+        pairs = zip(arithmetic_examples("train"), load_gsm8k(data_file("gsm8k/train.jsonl"), 400))
+        return [e for pair in pairs for e in pair][:limit]
     if task == "code":
         return load_mbpp(limit=limit, task_ids=MBPP_TRAIN_IDS if train else MBPP_TEST_IDS)
     if task not in TASKS:

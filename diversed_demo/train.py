@@ -56,6 +56,13 @@ class TrainConfig:
     # Lagrangian: λ becomes a multiplier (updated after each step) and a penalty (ρ/2)·gap² joins the loss.
     target_acceptance: float | None = None
     penalty: float = 20.0  # ρ
+    # Warm start: decode this many training prompts once at static w = w_init, then fit the head offline to
+    # the dense objective's per-token optimum over the recorded positions (full batch, warm_start_steps of
+    # AdamW) before any RL step. With target_acceptance set, λ is then chosen on those positions so that
+    # the optimum has that acceptance, and stays fixed through RL (no multiplier swings).
+    warm_start_prompts: int = 0
+    warm_start_steps: int = 300
+    warm_start_lr: float = 3e-3
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
     lr: float | None = None
     epochs: int | None = None  # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or clip; the dense term stays exact)
@@ -119,7 +126,9 @@ class Rollouts:
 def check_config(config: TrainConfig) -> None:
     if config.task not in TASKS:
         raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
-    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs"):
+    if not isinstance(config.warm_start_prompts, int) or config.warm_start_prompts < 0 or config.warm_start_prompts == 1:
+        raise ValueError(f"warm_start_prompts must be 0 (off) or at least 2 (some are held out), not {config.warm_start_prompts!r}")
+    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs", "warm_start_steps"):
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -215,6 +224,94 @@ def fidelity_cost_quartiles(pair, config: TrainConfig, prompts: int = 6) -> list
     return torch.quantile(ratios, torch.tensor([0.25, 0.5, 0.75])).tolist()
 
 
+def flat_positions(rollouts: list[Rollouts]) -> Rollouts:
+    """Every recorded position of several Rollouts as one row [1, P] (the per-token terms need no sequence)."""
+    keep = [r.mask > 0 for r in rollouts]
+    fields = {key: torch.cat([getattr(r, key)[k] for r, k in zip(rollouts, keep)])[None]
+              for key in Rollouts.__dataclass_fields__ if key != "outputs"}
+    return Rollouts(**fields)
+
+
+def lam_for_acceptance(positions: Rollouts, target: float) -> float:
+    """The λ at which the dense objective's per-token optimum (w_t = 1 where CE − H > λ·TV, else 0) has
+    mean acceptance `target` over these positions; ValueError where no λ reaches it."""
+    tv, gain = positions.tv[0], (positions.cross_entropy - positions.target_entropy)[0]
+    ratio = torch.where(tv > 1e-6, gain / tv.clamp_min(1e-6), torch.full_like(tv, float("inf")))
+    order = ratio.argsort(descending=True)  # w = 1 goes first where the target gains most per unit of TV
+    acceptance = 1 - tv[order].cumsum(0) / len(tv)  # after setting w = 1 on the first k positions
+    if not acceptance[-1] <= target <= 1:
+        raise ValueError(f"a target acceptance of {target} is out of reach here: it lies in "
+                         f"[{acceptance[-1]:.3f}, 1] (exact decoding's acceptance is the lower end)")
+    k = min(int((acceptance > target).sum()) + 1, len(tv))  # w = 1 on the first k: acceptance reaches target
+    ranked = ratio[order].clamp(max=1e3)
+    # halfway to the next position's ratio, so that the strict rule CE − H > λ·TV keeps exactly the first k
+    # λ < 0 would reward rejections: where the target is at exact decoding's own acceptance, λ = 0
+    return max(float((ranked[k - 1] + ranked[k]) / 2) if k < len(tv) else float(ranked[-1]) / 2, 0.0)
+
+
+def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
+    """Expected fidelity (mean E_ν[log p] per token) of per-token weights w against a static w with the same
+    expected acceptance, and against the per-token optimum (the threshold rule) with that acceptance: the
+    offline measure of how much of the possible gain over the static frontier a head captures."""
+    tv, h, ce = positions.tv[0], positions.target_entropy[0], positions.cross_entropy[0]
+    acceptance = float((1 - w * tv).mean())
+    fidelity = lambda weights: float(-(weights * h + (1 - weights) * ce).mean())
+    static_w = min(max((1 - acceptance) / float(tv.mean().clamp_min(1e-9)), 0.0), 1.0)
+    oracle = torch.zeros_like(tv)
+    try:
+        lam = lam_for_acceptance(positions, acceptance)
+        oracle = ((ce - h) > lam * tv).float()
+    except ValueError:
+        pass
+    return {"acceptance": acceptance, "fidelity": fidelity(w), "static_fidelity": fidelity(torch.full_like(tv, static_w)),
+            "oracle_fidelity": fidelity(oracle), "w_mean": float(w.mean()), "w_std": float(w.std()),
+            "positions": len(tv)}
+
+
+def fit_to_positions(head, train: Rollouts, lam: float, steps: int, lr: float, weight_decay: float = 0.01) -> list[float]:
+    """Full-batch AdamW towards the dense objective's per-token optimum on recorded positions, before any
+    sequence reward is sampled: the head learns which positions to hand to the draft.
+
+    The objective is linear in w_t, so its optimum is w_t ∈ {0, 1} and plain gradient ascent saturates the
+    sigmoid for every position at once, the majority drowning the rest. Its convex surrogate is used
+    instead: cross-entropy of w_t against the optimum's choice, each position weighted by what the
+    choice is worth there, |CE − H − λ·TV| (cost-sensitive classification of the same objective)."""
+    gain = (train.cross_entropy - train.target_entropy - lam * train.tv)[train.mask > 0]
+    label, weight = (gain > 0).float(), gain.abs() / gain.abs().mean().clamp_min(1e-9)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        w = head(train.target_hidden, train.draft_hidden)[train.mask > 0].clamp(1e-6, 1 - 1e-6)
+        loss = torch.nn.functional.binary_cross_entropy(w, label, weight)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def warm_start(pair, head, examples, config: TrainConfig, generator: torch.Generator, progress: bool = True) -> dict:
+    """Record positions of static-w decodes of the first `warm_start_prompts` training prompts, fit the head
+    to the per-token optimum on three quarters of the prompts, and report on the held-back quarter how much
+    of the gain over a static w (same acceptance) the head captures next to the optimum. Returns the
+    figures with the λ used."""
+    from tqdm.auto import tqdm
+
+    from .head import ConstantHead
+    prompts = examples[:config.warm_start_prompts]
+    rollouts = [sample_rollouts(pair, ConstantHead(config.w_init), encode_prompt(pair.tokenizer, e.prompt), 1,
+                                config.max_new_tokens, config.temperature, generator, config.n_draft)
+                for e in tqdm(prompts, desc="warm start: decoding", disable=not progress)]
+    cut = max(1, round(0.75 * len(rollouts)))
+    fit, held_back = flat_positions(rollouts[:cut]), flat_positions(rollouts[cut:])
+    lam = lam_for_acceptance(fit, config.target_acceptance) if config.target_acceptance is not None else config.lam
+    losses = fit_to_positions(head, fit, lam, config.warm_start_steps, config.warm_start_lr)
+    with torch.no_grad():
+        figures = {split: frontier_gain(head(r.target_hidden, r.draft_hidden)[0], r)
+                   for split, r in (("fit", fit), ("held_back", held_back))}
+    return {"lam": lam, "prompts": len(prompts), "final_loss": losses[-1] if losses else None, **figures}
+
+
 def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float, dense_fidelity: float = 0.0,
               target_acceptance: float | None = None, penalty: float = 0.0):
     """Policy-gradient term, acceptance term and, optionally, the dense fidelity term and the augmented
@@ -280,13 +377,25 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         head.load_state_dict(saved["head"])
         generator.set_state(saved["generator"])
         start_step, history = saved["step"], saved["history"]
-    lam = history[-1]["next_lam"] if history and "next_lam" in history[-1] else config.lam
+    warm = saved.get("warm_start") if saved is not None else None
+    if saved is None and config.warm_start_prompts:
+        warm = warm_start(pair, head, examples, config, generator, progress)
+        head.meta["warm_start"] = warm
+        save_checkpoint(checkpoint_path, optimizer, scheduler, step=0, history=[], head=head.state_dict(),
+                        generator=generator.get_state(), warm_start=warm)
+    if warm is not None:
+        head.meta["warm_start"] = warm
+    lam = (history[-1]["next_lam"] if history and "next_lam" in history[-1]
+           else warm["lam"] if warm is not None else config.lam)
+    # After a warm start λ already gives the target acceptance on recorded positions: it stays fixed.
+    adapt_lam = config.target_acceptance is not None and warm is None
     head_model, optimizer, scheduler = accelerator.prepare(head, optimizer, scheduler)
 
     def write_checkpoint(step):
         if accelerator.is_main_process:
             save_checkpoint(checkpoint_path, optimizer, scheduler, step=step, history=history,
-                            head=accelerator.unwrap_model(head_model).state_dict(), generator=generator.get_state())
+                            head=accelerator.unwrap_model(head_model).state_dict(), generator=generator.get_state(),
+                            warm_start=warm)
 
     started = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {name}", disable=not progress)
@@ -329,7 +438,7 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         record = {"step": step + 1, "steps": config.steps, "reward": float(rewards_t.mean()),
                   "acceptance": acc_total / len(rollouts), "mean_w": w_total / len(rollouts),
                   "loss": loss_total / len(rollouts), "lam": lam, "elapsed_s": time.perf_counter() - started}
-        if config.target_acceptance is not None:
+        if adapt_lam:
             lam = multiplier_update(lam, record["acceptance"], config.target_acceptance, config.penalty)
             record["next_lam"] = lam
         history.append(record)

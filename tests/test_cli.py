@@ -25,6 +25,12 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
     (["bench", "--modes", "ar,dynamic:no-such-head"], "no head"), (["bench", "--n-draft", "0"], "--n-draft"),
     (["bench", "--app-examples", "0"], "--app-examples"),
     (["frontier", "--weights", "0,2"], "[0, 1]"), (["frontier", "--head", "no-such-head"], "no head"),
+    (["frontier", "--task", "code", "--set", "gsm8k"], "no held-out set 'gsm8k'"),
+    (["table", "--sets", "math:mbpp"], "no held-out set 'mbpp'"), (["table", "--sets", "poetry"], "no held-out set"),
+    (["table", "--temperatures", "1,hot"], "--temperatures"), (["table", "--temperatures", "-1"], "--temperatures"),
+    (["table", "--head", "general"], "TASK=HEAD"), (["table", "--head", "general=no-such-head"], "no head"),
+    (["table", "--limit", "0"], "--limit"),
+    (["train", "--task", "general", "--warm-start-prompts", "1"], "warm_start_prompts"),
 ])
 def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):
     from diversed_demo import cli

@@ -64,3 +64,39 @@ def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
 def test_heads_of_two_runs_with_one_name_are_both_evaluated():
     labels = head_labels(["runs/a/general.safetensors", "runs/b/general.safetensors", "heads/code.safetensors"])
     assert list(labels) == ["a/general", "b/general", "code"]
+
+
+@pytest.mark.parametrize("task, set_name, category, size", [
+    ("math", "gsm8k", "gsm8k", 100), ("math", "arithmetic", "arithmetic", 100), ("code", "mbpp", "mbpp", 100),
+    ("summarization", None, "summarization", 50)])  # the sizes the results table asks of each
+def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size):
+    from diversed_demo.frontier import held_out_examples
+    from diversed_demo.tasks import MBPP_TEST_IDS, builtin_examples
+    examples = held_out_examples(task, size, set_name=set_name)
+    assert len(examples) == size and {e.category for e in examples} == {category} and {e.task for e in examples} == {task}
+    if task == "code":
+        assert {int(e.id.split("/")[1]) for e in examples} <= set(MBPP_TEST_IDS)
+    assert not {e.prompt for e in examples} & {e.prompt for e in builtin_examples(task, "train")}
+    with pytest.raises(ValueError, match="no held-out set 'mbpp'"):
+        held_out_examples("math", 5, set_name="mbpp")
+
+
+def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
+    import json
+
+    from diversed_demo.frontier import evaluation_key, write_head_card
+    from diversed_demo.head import load_head, save_head
+    head = new_head(pair, hidden_size=8)
+    head.meta.update(task="math", training={"steps": 3})
+    path = save_head(head, tmp_path / "math.safetensors")
+    figures = lambda t: {"beyond_frontier": False, "settings": {"temperature": t}}  # noqa: E731
+    write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
+    write_head_card(path, head, figures(1.0), evaluation_key("gsm8k", 1.0), primary=True)
+    card = write_head_card(path, head, figures(0.5), evaluation_key("gsm8k", 0.5), primary=False)
+    assert list(card["evaluations"]) == ["arithmetic, greedy", "gsm8k, T=1", "gsm8k, T=0.5"]
+    assert card["frontier"]["settings"]["temperature"] == 1.0  # the primary one stays what the app draws
+    assert json.loads(path.with_suffix(".json").read_text()) == card
+    assert load_head(path, pair).meta["evaluations"] == card["evaluations"]
+    head.meta["training"] = {"steps": 4}  # a new training run of the same file: its old figures go
+    card = write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
+    assert list(card["evaluations"]) == ["arithmetic, greedy"] and card["frontier"]["settings"]["temperature"] == 0.0

@@ -279,3 +279,63 @@ def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_fli
         flips.append(((r.cross_entropy - r.target_entropy) > median * r.tv)[keep])
     flips = torch.cat(flips).float()
     assert len(flips) >= 8 and abs(flips.mean().item() - 0.5) <= 1 / len(flips) + 1e-9
+
+
+def positions_with_two_kinds(n=400, seed=0):
+    """Positions of two kinds, half each, told apart by the hidden states: at 'costly' ones the draft's
+    tokens cost the target 5 nats over its entropy, at the others 0.5; TV is 0.5 everywhere."""
+    costly = (torch.arange(n) % 2 == 0)[None]
+    rollouts = fake_rollouts(1, n, tv=0.5, seed=seed, cross_entropy=torch.where(costly, 6.0, 1.5))
+    rollouts.target_hidden[costly] += 2.0
+    return rollouts, costly[0]
+
+
+def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
+    from diversed_demo.train import lam_for_acceptance
+    g = torch.Generator().manual_seed(1)
+    rollouts = fake_rollouts(1, 500, tv=0.0, seed=1, cross_entropy=1 + 4 * torch.rand(500, generator=g))
+    rollouts.tv = 0.2 + 0.6 * torch.rand(1, 500, generator=g)
+    for target in (0.6, 0.75, 0.9):
+        lam = lam_for_acceptance(rollouts, target)
+        w = ((rollouts.cross_entropy - rollouts.target_entropy) > lam * rollouts.tv).float()
+        assert float((1 - w * rollouts.tv).mean()) == pytest.approx(target, abs=0.01)
+    with pytest.raises(ValueError, match="out of reach"):
+        lam_for_acceptance(rollouts, 0.1)  # below exact decoding's acceptance
+
+
+def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
+    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance
+    train, _ = positions_with_two_kinds(seed=0)
+    held_back, costly = positions_with_two_kinds(seed=1)
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=8, w_init=0.7)
+    lam = lam_for_acceptance(train, 0.75)  # the optimum: w = 1 on the costly half, 0 on the rest
+    fit_to_positions(head, train, lam, steps=150, lr=0.01)
+    with torch.no_grad():
+        w = head(held_back.target_hidden, held_back.draft_hidden)[0]
+    assert w[costly].mean() > 0.9 and w[~costly].mean() < 0.1
+    figures = frontier_gain(w, held_back)
+    assert figures["w_std"] > 0.4 and figures["acceptance"] == pytest.approx(0.75, abs=0.03)
+    # at the same acceptance a static w pays (5 − 0.5)/2 nats on half the positions more than it must
+    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (figures["oracle_fidelity"] - figures["static_fidelity"])
+    assert figures["oracle_fidelity"] - figures["static_fidelity"] > 0.5
+
+
+def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
+    records = []
+    settings = dict(warm_start_prompts=4, warm_start_steps=20, target_acceptance=0.8, dense_fidelity=1.0)
+    cancelled = run_training(pair, tmp_path, lam=1.0, steps=4, callback=records.append,
+                             should_stop=lambda: len(records) >= 2, **settings)
+    checkpoint = torch.load(cancelled.checkpoint, weights_only=False)
+    warm = checkpoint["warm_start"]
+    assert warm["prompts"] == 4 and warm["fit"]["positions"] > 0 and warm["held_back"]["positions"] > 0
+    assert [r["lam"] for r in records] == [warm["lam"]] * 2  # λ from the recorded positions, then fixed
+    resumed = run_training(pair, tmp_path, lam=1.0, steps=4, callback=records.append, **settings)
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4] and {r["lam"] for r in records} == {warm["lam"]}
+    assert load_head(resumed.path, pair).meta["warm_start"] == warm  # the resume did not decode again
+
+
+def test_lam_is_never_negative_even_where_the_draft_beats_the_target_on_its_own_tokens():
+    from diversed_demo.train import lam_for_acceptance
+    rollouts = fake_rollouts(1, 50, tv=0.3, target_entropy=2.0, cross_entropy=1.0)  # CE < H everywhere
+    assert lam_for_acceptance(rollouts, 0.7) == 0.0

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from diversed_demo.rewards import final_number, quality
+from diversed_demo.rewards import final_number, math_exact_match, quality
 from diversed_demo.tasks import (MBPP_TEST_IDS, MBPP_TRAIN_IDS, PROMPTS_DIR, SUMMARIZE, TASKS, app_examples,
+                                 arithmetic_examples,
                                  builtin_examples, data_dir, load_from_hub, load_gsm8k, load_humaneval,
                                  load_jsonl_prompts, load_mbpp, load_spec_bench)
 
@@ -140,6 +141,9 @@ def test_builtin_code_and_math_splits_are_disjoint():
     assert {int(e.id.split("/")[1]) for e in code_eval} <= set(MBPP_TEST_IDS)
     math_train = {e.prompt for e in builtin_examples("math", "train")}
     assert not math_train & {e.prompt for e in builtin_examples("math", "eval")}
+    assert not math_train & {e.prompt for e in arithmetic_examples("eval")}
+    # the scripted problems and GSM8K train take turns
+    assert [e.category for e in builtin_examples("math", "train", limit=4)] == ["arithmetic", "gsm8k"] * 2
     # Spec-Bench is for evaluation only: its GSM8K questions must not be in the training side.
     assert not math_train & {e.prompt for e in load_spec_bench(categories=["math_reasoning"])}
 
@@ -167,3 +171,21 @@ def test_app_examples_cover_every_task_and_their_references_score_full_marks():
             assert example.task == task and len(example.prompt.split()) < 90  # a tiny model on CPU
             if task != "general":
                 assert max(quality(task, example, example.reference).values()) == 1.0
+
+
+def test_arithmetic_set_is_fixed_disjoint_and_its_answers_follow_from_its_working():
+    train, eval_ = arithmetic_examples("train"), arithmetic_examples("eval")
+    assert len(train) == 400 and len(eval_) >= 390 and [e.prompt for e in arithmetic_examples("eval")] == [e.prompt for e in eval_]
+    assert not {e.prompt for e in train} & {e.prompt for e in eval_}
+    assert len({e.prompt for e in eval_}) > 0.95 * len(eval_)  # not a handful of problems repeated
+    for example in train[:40] + eval_[:40]:
+        working, answer = example.reference.split("\n#### ")
+        # every step of the working is right, and its last result is the answer the reward checks
+        for left, right in (step.split(" = ") for step in working.split(", and ")):
+            assert eval(left) == int(right)  # noqa: S307 (the script's own arithmetic)
+        assert int(working.rsplit(" = ", 1)[1]) == int(answer) >= 0
+        numbers = [int(n) for n in __import__("re").findall(r"\d+", example.prompt)]
+        assert all(n in numbers for n in map(int, __import__("re").findall(r"\d+", working.split(" = ")[0])))
+        assert math_exact_match(f"So the answer is {answer}.", example.reference) == 1.0
+    with pytest.raises(ValueError, match="split must be"):
+        arithmetic_examples("test")

@@ -51,7 +51,7 @@ def training_prompts() -> dict[str, list[str]]:
         "instructions": instructions,
         "general": [e.prompt for e in tasks.builtin_examples("general", "train")],
         "summarization": [e.prompt for e in tasks.builtin_examples("summarization", "train")],
-        "gsm8k": [e.prompt for e in tasks.builtin_examples("math", "train")],
+        "gsm8k": [e.prompt for e in tasks.load_gsm8k(tasks.data_file("gsm8k/train.jsonl"))],
         "mbpp": [e.prompt for e in tasks.builtin_examples("code", "train")],
         "humaneval": [e.prompt for e in tasks.load_humaneval()],
     }
