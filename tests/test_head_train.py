@@ -234,10 +234,11 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-README_FLAGS = ("--steps", "20", "--lam", "5", "--target-acceptance", "0.7", "--penalty", "20")
+README_FLAGS = ("--warm-start-prompts", "32", "--target-acceptance", "0.65", "--steps", "6", "--max-new-tokens", "64",
+                "--lr", "1e-3", "--epochs", "4", "--dense-fidelity", "1", "--lam", "5", "--penalty", "20")
 
 
-@pytest.mark.parametrize("name", ["summarization", "general"])
+@pytest.mark.parametrize("name", ["summarization", "general", "math", "code"])
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists them)."""
     import argparse
@@ -255,9 +256,10 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
     made = config("--task", name, *README_FLAGS)
     for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed",
-                "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt"):
+                "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt",
+                "warm_start_prompts", "warm_start_steps", "warm_start_lr"):
         assert getattr(made, key) == shipped[key], key
-    assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam != made.lam
+    assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam == 0.15  # the task's own default
     assert config("--task", name, "--lam", "0.7").lam == 0.7
 
 

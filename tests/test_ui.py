@@ -12,7 +12,7 @@ import pytest
 
 from diversed_demo.decode import Summary, TokenEvent, generate
 from diversed_demo.head import HEADS_DIR
-from diversed_demo.tasks import Example
+from diversed_demo.tasks import TASKS, Example
 from diversed_demo.ui import app, render, results, runs, trace
 
 PROMPT = "the cat sat on"
@@ -289,7 +289,7 @@ def test_quality_of_an_empty_output_is_na(pair):
 
 def test_the_dial_draws_each_shipped_frontier_card():
     frontiers = results.shipped_frontiers(SHIPPED_HEADS)
-    assert set(frontiers) == {"general", "summarization"}
+    assert set(frontiers) == set(TASKS)  # a carded head per task
     for task, frontier in frontiers.items():
         card = json.loads(HEADS_DIR.joinpath(f"{task}.json").read_text())["frontier"]
         points = frontier.points
@@ -355,9 +355,9 @@ def test_the_cost_ratio_comes_from_the_draft_card_or_is_left_out(tmp_path):
 
 def test_the_results_table_comes_from_the_cards():
     table = results.frontier_table(SHIPPED_HEADS)
-    assert set(table["task"]) == {"general", "summarization"}
+    assert set(table["task"]) == set(TASKS)
     heads = table[table["setting"].str.startswith("DIVERSED")]
-    assert len(heads) == 2 and heads["margin over the static frontier"].str.contains("±").all()
+    assert len(heads) == len(TASKS) and heads["margin over the static frontier"].str.contains("±").all()
     card = json.loads(HEADS_DIR.joinpath("general.json").read_text())
     row = heads[heads["task"] == "general"].iloc[0]
     assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])

@@ -215,7 +215,7 @@ def headline(head_paths: dict[str, Path]) -> str:
                       f"{fmt(margin.get('stderr'), '.1g')}{unit}")
     if not claims:
         return ""
-    return ("Measured on held-out Spec-Bench prompts, at the same acceptance as the static ensemble: "
+    return ("Measured on held-out prompts (each card names its set), at the same acceptance as the static ensemble: "
             + "; ".join(claims) + " (Speed–quality dial, Results).")
 
 
