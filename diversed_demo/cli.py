@@ -293,6 +293,16 @@ def run_frontier(args) -> int:
     return 0
 
 
+def print_and_write(report: dict, table: str, json_path: str | None, markdown_path: str | None) -> None:
+    """Print a report's Markdown table; write the report as JSON and the table where asked."""
+    from pathlib import Path
+    print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    if markdown_path:
+        Path(markdown_path).write_text(table + "\n")
+
+
 def add_table_arguments(parser) -> None:
     parser.add_argument("--sets", default="summarization,math:arithmetic,math:gsm8k,code,general",
                         help="comma-separated task or task:held-out set (default: every task; math on both sets)")
@@ -310,8 +320,6 @@ def add_table_arguments(parser) -> None:
 
 
 def run_table(args) -> int:
-    from pathlib import Path
-
     from tqdm.auto import tqdm
 
     from .frontier import held_out_examples
@@ -336,12 +344,7 @@ def run_table(args) -> int:
                            progress=lambda: bar.update(1))
     bar.close()
     report["command"] = " ".join(["diversed-demo"] + sys.argv[1:])
-    table = markdown(report)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    print_and_write(report, markdown(report), args.json, args.markdown)
     return 0
 
 
@@ -371,8 +374,6 @@ def add_bench_arguments(parser) -> None:
 
 
 def run_bench_command(args) -> int:
-    from pathlib import Path
-
     from tqdm.auto import tqdm
 
     from .bench import bench_figure, markdown_table, parse_modes, run_bench
@@ -395,12 +396,7 @@ def run_bench_command(args) -> int:
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
                        args.vs_transformers, progress=lambda: bar.update(1))
     bar.close()
-    table = markdown_table(report)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    print_and_write(report, markdown_table(report), args.json, args.markdown)
     if args.plot:
         bench_figure(report).write_html(args.plot)
     return 0
