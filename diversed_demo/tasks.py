@@ -244,7 +244,8 @@ def builtin_examples(task: str, split: str = "train", limit: int | None = None) 
     """Offline examples per task, with a fixed train/eval split.
 
     summarization, general: the project's own prompts in assets/prompts (first 80% train, rest eval);
-    math: the scripted arithmetic train split interleaved with GSM8K train.jsonl / GSM8K test.jsonl; code: MBPP task ids 601–974 (train) / 11–510 (test).
+    math: the scripted arithmetic train split interleaved with GSM8K train.jsonl / GSM8K test.jsonl;
+    code: MBPP task ids 601–974 (train) / 11–510 (test).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")

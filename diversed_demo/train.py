@@ -257,12 +257,10 @@ def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
     acceptance = float((1 - w * tv).mean())
     fidelity = lambda weights: float(-(weights * h + (1 - weights) * ce).mean())
     static_w = min(max((1 - acceptance) / float(tv.mean().clamp_min(1e-9)), 0.0), 1.0)
-    oracle = torch.zeros_like(tv)
     try:
-        lam = lam_for_acceptance(positions, acceptance)
-        oracle = ((ce - h) > lam * tv).float()
-    except ValueError:
-        pass
+        oracle = ((ce - h) > lam_for_acceptance(positions, acceptance) * tv).float()
+    except ValueError:  # only at exact decoding's own acceptance (w ≡ 1), up to rounding
+        oracle = torch.ones_like(tv)
     return {"acceptance": acceptance, "fidelity": fidelity(w), "static_fidelity": fidelity(torch.full_like(tv, static_w)),
             "oracle_fidelity": fidelity(oracle), "w_mean": float(w.mean()), "w_std": float(w.std()),
             "positions": len(tv)}
@@ -380,7 +378,6 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
     warm = saved.get("warm_start") if saved is not None else None
     if saved is None and config.warm_start_prompts:
         warm = warm_start(pair, head, examples, config, generator, progress)
-        head.meta["warm_start"] = warm
         save_checkpoint(checkpoint_path, optimizer, scheduler, step=0, history=[], head=head.state_dict(),
                         generator=generator.get_state(), warm_start=warm)
     if warm is not None:
