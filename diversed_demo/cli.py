@@ -247,10 +247,12 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--n-draft", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--plot", default=None, help="HTML plot path (default runs/frontier/<task>.html)")
+    parser.add_argument("--plot", default=None, help="HTML plot path (default runs/frontier/<task>-<set>.html)")
     parser.add_argument("--json", default=None, help="write all points and margins as JSON")
     parser.add_argument("--write-card", action="store_true",
                         help="store each head's figures in heads/<name>.json and in its safetensors metadata")
+    parser.add_argument("--log", default=None, help="JSONL of every decode; a rerun with the same settings "
+                        "resumes from it (long evaluations survive a stop)")
     add_pair_arguments(parser)
     parser.set_defaults(func=run_frontier)
 
@@ -261,6 +263,7 @@ def run_frontier(args) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from .formatting import fmt
     from .frontier import evaluate_heads, frontier_figure, held_out_examples
     from .head import resolve_head_path
     try:
@@ -271,22 +274,29 @@ def run_frontier(args) -> int:
         raise ValueError(f"--weights must be in [0, 1], not {args.weights!r}")
     for head in args.head:  # before the models load: the heads and the held-out set exist
         resolve_head_path(head)
-    held_out_examples(args.task, args.limit, args.data, args.set_name)
+    examples = held_out_examples(args.task, args.limit, args.data, args.set_name)
     pair = pair_from_args(args)
-    bar = tqdm(desc=f"frontier {args.task}")
+    bar = tqdm(desc=f"frontier {args.task}", unit="decode", total=len(examples) * (len(weights) + len(args.head)))
     command = " ".join(["diversed-demo"] + sys.argv[1:])
     report, points = evaluate_heads(pair, args.task, args.head, weights, args.limit, args.data, args.n_draft,
                                     args.max_new_tokens, args.temperature, args.write_card, command,
-                                    progress=lambda *_: bar.update(1), set_name=args.set_name)
+                                    progress=lambda *_: bar.update(1), set_name=args.set_name, log_path=args.log)
     bar.close()
+    if "log" in report:
+        print(f"log: {report['log']['path']} ({report['log']['decodes_reused']} decodes read back)")
     print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, m in report["heads"].items():
         print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
               f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
               f"beyond frontier: {m['beyond_frontier']}")
+        if m["versus_exact"] is not None:
+            v = m["versus_exact"]
+            print(f"{name} − exact (w = 1), paired over {v['examples']} examples: quality {v['quality_difference']:+.4f}"
+                  f" ± {fmt(v['stderr'], '.4f')}, acceptance {v['acceptance']['exact']:.3f} → {v['acceptance']['head']:.3f}")
     plot = Path(args.plot or Path("runs/frontier") / f"{args.task}-{report['set']}.html")
     plot.parent.mkdir(parents=True, exist_ok=True)
-    frontier_figure(points, f"Frontier on {args.task} ({report['examples']} held-out examples)").write_html(plot)
+    frontier_figure(points, f"Frontier on {args.task}, {report['set']} ({report['examples']} held-out examples, "
+                                f"T = {args.temperature:g})").write_html(plot)
     print(f"plot: {plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

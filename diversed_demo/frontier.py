@@ -7,15 +7,18 @@ acceptance beats the frontier's). The margin's uncertainty comes from a bootstra
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .decode import Counts, encode_prompt, generate
-from .head import load_head, resolve_head_path, save_head
+from .head import ConstantHead, load_head, pair_identity, resolve_head_path, save_head
 from .rewards import task_reward
 from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
 
@@ -63,36 +66,116 @@ class Point:
                 "w_std": float(np.std(self.token_w)) if self.token_w else None, "examples": len(self.quality)}
 
 
-def evaluate_point(pair, examples, task: str, label: str, *, w: float | None = None, head=None, n_draft: int = 4,
-                   max_new_tokens: int = 64, temperature: float = 1.0, progress=None) -> Point:
-    """Decode every example once (seed = its index) at one static w or with one head."""
-    point = Point(label, w)
+class DecodeLog:
+    """Per-decode results of an evaluation as JSON lines, so that a run stopped at any point (a session's
+    end, a kill) resumes without decoding again. The first line holds the settings: a log written under
+    other settings is refused, never mixed in."""
+
+    def __init__(self, path, settings: dict):
+        self.path = Path(path)
+        self.settings = json.loads(json.dumps(settings))  # as it reads back from the file
+        self.records, self.reused = {}, 0
+        text = self.path.read_text() if self.path.exists() else ""
+        if "\n" in text and not text.endswith("\n"):  # a line cut short by a kill: dropped, decoded again
+            text = text[:text.rindex("\n") + 1]
+            self.path.write_text(text)
+        lines = text.splitlines()
+        if not lines:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+            self._append({"settings": self.settings})
+            return
+        try:
+            logged = json.loads(lines[0]).get("settings")
+        except (json.JSONDecodeError, AttributeError):
+            logged = None
+        if logged != self.settings:
+            raise ValueError(f"{self.path} is the log of another evaluation (settings {logged}); "
+                             "name another log file or remove this one")
+        for line in lines[1:]:
+            record = json.loads(line)
+            self.records[record["key"]] = record
+
+    def _append(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def get(self, key: str) -> dict | None:
+        record = self.records.get(key)
+        self.reused += record is not None
+        return record
+
+    def put(self, key: str, record: dict) -> None:
+        self.records[key] = {"key": key, **record}
+        self._append(self.records[key])
+
+
+def _weights_key(head) -> str:
+    """Which weights a head has: a retrained head of the same name never reuses the old one's decodes."""
+    if isinstance(head, ConstantHead):
+        return f"constant {head.value!r}"
+    digest = hashlib.sha256()
+    for name, tensor in sorted(head.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def decode_example(pair, example, index: int, task: str, *, w: float | None = None, head=None, n_draft: int = 4,
+                   max_new_tokens: int = 64, temperature: float = 1.0) -> dict:
+    """One example decoded (seed = its index) at a static w or with a head: what a point keeps of it."""
     mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
-    for i, example in enumerate(examples):
-        summary, events = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
-                              temperature=temperature, seed=i, **kwargs)
-        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-        point.quality.append(task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
-                                         output_ids=summary.token_ids or [pair.tokenizer.eos_token_id]))
-        point.counts.append(summary.counts)
-        if summary.mean_w is not None:
-            point.mean_w.append(summary.mean_w)
-        if head is not None:
-            point.token_w.extend(e.w for e in events if e.w is not None and e.kind != "rejected")
-        if progress is not None:
-            progress(label, i + 1, len(examples))
-    return point
+    summary, events = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=index, **kwargs)
+    prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+    quality = task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
+                          output_ids=summary.token_ids or [pair.tokenizer.eos_token_id])
+    token_w = [e.w for e in events if e.w is not None and e.kind != "rejected"] if head is not None else []
+    return {"quality": quality, "counts": asdict(summary.counts), "mean_w": summary.mean_w, "token_w": token_w}
 
 
 def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None = None, progress=None,
-          **decode_kwargs) -> list[Point]:
-    """Static points for each w, then one point per head ({name: head})."""
-    points = [evaluate_point(pair, examples, task, f"static:{w:g}", w=w, progress=progress, **decode_kwargs)
-              for w in weights]
-    for name, head in (heads or {}).items():
-        points.append(evaluate_point(pair, examples, task, f"dynamic:{name}", head=head, progress=progress,
-                                     **decode_kwargs))
-    return points
+          log: DecodeLog | None = None, **decode_kwargs) -> list[Point]:
+    """Static points for each w, then one point per head ({name: head}), every one over the same examples.
+
+    Examples are the outer loop, so that a run stopped early has every point on the same examples; with a
+    `log`, decodes it already holds are read back instead of run again."""
+    points = [(Point(f"static:{w:g}", w), {"w": w}) for w in weights]
+    points += [(Point(f"dynamic:{name}", None), {"head": head}) for name, head in (heads or {}).items()]
+    for i, example in enumerate(examples):
+        prompt_key = hashlib.sha256(example.prompt.encode()).hexdigest()[:12]
+        for point, how in points:
+            key = f"{point.label}|{_weights_key(how['head']) if 'head' in how else ''}|{i}|{prompt_key}"
+            record = log.get(key) if log is not None else None
+            if record is None:
+                record = decode_example(pair, example, i, task, **how, **decode_kwargs)
+                if log is not None:
+                    log.put(key, record)
+            point.quality.append(record["quality"])
+            point.counts.append(Counts(**record["counts"]))
+            if record["mean_w"] is not None:
+                point.mean_w.append(record["mean_w"])
+            point.token_w.extend(record["token_w"])
+            if progress is not None:
+                progress(point.label, i + 1, len(examples))
+    return [point for point, _ in points]
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float | None]:
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None)
+
+
+def versus_exact(static_points: list[Point], head_point: Point) -> dict | None:
+    """The head's quality minus exact decoding's (the static point w = 1) on the same examples and seeds:
+    the paired mean difference and its standard error; None where w = 1 was not decoded."""
+    exact = next((p for p in static_points if p.w == 1.0), None)
+    if exact is None:
+        return None
+    mean, se = mean_and_se([h - e for h, e in zip(head_point.quality, exact.quality)])
+    return {"quality_difference": mean, "stderr": se, "examples": len(exact.quality),
+            "acceptance": {"exact": exact.acceptance, "head": head_point.acceptance}}
 
 
 def _interpolate(xs, ys, x):
@@ -209,8 +292,8 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
     evaluations = {**(old.get("evaluations") or {}), key: evaluation} if same_run else {key: evaluation}
     frontier = evaluation if primary or not (same_run and old.get("frontier")) else old["frontier"]
     card = {"head": path.stem, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
-            "training": head.meta.get("training"), "train_figures": head.meta.get("train_figures"),
-            "frontier": frontier, "evaluations": evaluations}
+            "training": head.meta.get("training"), "warm_start": head.meta.get("warm_start"),
+            "train_figures": head.meta.get("train_figures"), "frontier": frontier, "evaluations": evaluations}
     card_path.write_text(json.dumps(card, indent=2) + "\n")
     head.meta["evaluation"], head.meta["evaluations"] = frontier, evaluations
     save_head(head, path)
@@ -219,22 +302,29 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
 
 def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float], limit: int | None, data=None,
                    n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, write_card: bool = False,
-                   command: str = "", progress=None, set_name: str | None = None) -> tuple[dict, list[Point]]:
+                   command: str = "", progress=None, set_name: str | None = None,
+                   log_path: str | None = None) -> tuple[dict, list[Point]]:
     """The static frontier and each head (a name or path) on a held-out set of the task: (report, points).
-    With write_card, each head's figures join its card (<head>.json beside its file) and its metadata."""
+    With write_card, each head's figures join its card (<head>.json beside its file) and its metadata.
+    With log_path, every decode is logged there, and a rerun with the same settings resumes from it."""
     set_name = held_out_set(task, set_name)
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data, set_name)
-    points = sweep(pair, examples, task, weights, heads, progress=progress, n_draft=n_draft,
+    settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                "held_out": HELD_OUT[task][set_name]}
+    log = None if log_path is None else DecodeLog(log_path, {"task": task, "set": set_name, **settings,
+                                                             "pair": pair_identity(pair)})
+    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, n_draft=n_draft,
                    max_new_tokens=max_new_tokens, temperature=temperature)
     static = [p for p in points if p.w is not None]
-    report = {"task": task, "set": set_name, "examples": len(examples), "settings": {
-        "n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "held_out": HELD_OUT[task][set_name]}, "points": [p.row() for p in points], "heads": {}}
+    report = {"task": task, "set": set_name, "examples": len(examples), "settings": settings,
+              "points": [p.row() for p in points], "heads": {}}
+    if log is not None:
+        report["log"] = {"path": str(log.path), "decodes_reused": log.reused}
     for name, head in heads.items():
         point = next(p for p in points if p.label == f"dynamic:{name}")
-        report["heads"][name] = frontier_margin(static, point)
+        report["heads"][name] = {**frontier_margin(static, point), "versus_exact": versus_exact(static, point)}
         if write_card:
             evaluation = {**report["heads"][name], "head_point": point.row(), "static_points": [p.row() for p in static],
                           "examples": len(examples), "settings": report["settings"], "command": command}

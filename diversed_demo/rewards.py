@@ -24,6 +24,9 @@ from .tasks import TASKS, Example
 
 SUMMARIZATION_REWARD = "rouge2"  # the summarization reward is ROUGE-2 F1 against the reference summary
 PRIMARY_METRIC = {"summarization": SUMMARIZATION_REWARD, "math": "exact_match", "code": "pass@1"}
+# How reports name each task's quality (`task_reward`): tables, cards and the app's charts.
+QUALITY_LABEL = {"summarization": "ROUGE-2", "math": "final-number match", "code": "pass@1",
+                 "general": "fidelity (mean log p, nats/token)"}
 
 
 # ---------------------------------------------------------------------------------------------------

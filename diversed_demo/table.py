@@ -11,11 +11,8 @@ import statistics
 
 from .decode import Counts, encode_prompt, generate
 from .formatting import fmt
-from .frontier import HELD_OUT, held_out_examples, held_out_set
-from .rewards import task_reward
-
-QUALITY_METRIC = {"summarization": "ROUGE-2", "math": "exact match", "code": "pass@1",
-                  "general": "fidelity (mean log p, nats)"}
+from .frontier import HELD_OUT, held_out_examples, held_out_set, mean_and_se
+from .rewards import QUALITY_LABEL, task_reward
 
 
 def parse_sets(spec: str) -> list[tuple[str, str]]:
@@ -37,11 +34,6 @@ def parse_temperatures(spec: str) -> list[float]:
     if not temperatures or any(t < 0 for t in temperatures):
         raise ValueError(f"--temperatures must be numbers ≥ 0 (0 = greedy), not {spec!r}")
     return temperatures
-
-
-def mean_and_se(values: list[float]) -> tuple[float, float | None]:
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None)
 
 
 def table_row(pair, task: str, set_name: str, examples, head_name: str, head, temperature: float, n_draft: int,
@@ -69,7 +61,7 @@ def table_row(pair, task: str, set_name: str, examples, head_name: str, head, te
     ar_speed = counts["ar"].tokens_per_second
     return {"task": task, "set": set_name, "held_out": HELD_OUT[task][set_name], "temperature": temperature,
             "examples": len(examples), "head": head_name,
-            "quality_metric": QUALITY_METRIC[task],
+            "quality_metric": QUALITY_LABEL[task],
             "acceptance": {name: counts[name].acceptance_rate for name in ("exact", "diversed")},
             "tau": {name: counts[name].tau for name in ("exact", "diversed")},
             "quality": {name: {"mean": m, "se": se} for name, (m, se) in quality.items()},

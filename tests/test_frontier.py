@@ -51,6 +51,19 @@ def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
     assert by_label["static:1"].mean_quality > by_label["static:0"].mean_quality
 
 
+def test_the_difference_to_exact_decoding_is_paired_over_examples():
+    from diversed_demo.frontier import versus_exact
+    exact = point("static:1", 1.0, 2, 0.5)
+    exact.quality = [0.1 * i for i in range(20)]  # examples differ a lot; the head trails each by 0.05 ± 0.01
+    head = point("dynamic:h", None, 4, 0.0)
+    head.quality = [q - 0.05 + (0.01 if i % 2 else -0.01) for i, q in enumerate(exact.quality)]
+    result = versus_exact([point("static:0", 0.0, 6, 0.2), exact], head)
+    assert result["quality_difference"] == pytest.approx(-0.05)
+    assert result["stderr"] == pytest.approx(0.01 / 19 ** 0.5 * (20 / 20) ** 0.5, rel=0.05)
+    assert result["acceptance"] == {"exact": 0.2, "head": 0.4} and result["examples"] == 20
+    assert versus_exact([point("static:0", 0.0, 6, 0.2)], head) is None  # w = 1 not decoded: nothing to pair
+
+
 def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
     static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
     noisy = point("dynamic:h", None, 4, 0.7)  # just above the line, ±0.5 per example: the interval straddles zero
@@ -87,7 +100,7 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     from diversed_demo.frontier import evaluation_key, write_head_card
     from diversed_demo.head import load_head, save_head
     head = new_head(pair, hidden_size=8)
-    head.meta.update(task="math", training={"steps": 3})
+    head.meta.update(task="math", training={"steps": 3}, warm_start={"lam": 2.0})
     path = save_head(head, tmp_path / "math.safetensors")
     figures = lambda t: {"beyond_frontier": False, "settings": {"temperature": t}}  # noqa: E731
     write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
@@ -95,8 +108,34 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     card = write_head_card(path, head, figures(0.5), evaluation_key("gsm8k", 0.5), primary=False)
     assert list(card["evaluations"]) == ["arithmetic, greedy", "gsm8k, T=1", "gsm8k, T=0.5"]
     assert card["frontier"]["settings"]["temperature"] == 1.0  # the primary one stays what the app draws
+    assert card["warm_start"] == {"lam": 2.0}
     assert json.loads(path.with_suffix(".json").read_text()) == card
     assert load_head(path, pair).meta["evaluations"] == card["evaluations"]
     head.meta["training"] = {"steps": 4}  # a new training run of the same file: its old figures go
     card = write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
     assert list(card["evaluations"]) == ["arithmetic, greedy"] and card["frontier"]["settings"]["temperature"] == 0.0
+
+
+def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_path):
+    from diversed_demo.frontier import DecodeLog
+    examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran"]]
+    heads = {"half": ConstantHead(0.5)}
+    settings = {"task": "general", "temperature": 1.0}
+    fresh = sweep(pair, examples, "general", weights=(0.0, 1.0), heads=heads, max_new_tokens=8)
+    log = DecodeLog(tmp_path / "log.jsonl", settings)
+    sweep(pair, examples[:2], "general", weights=(0.0, 1.0), heads=heads, log=log, max_new_tokens=8)
+    assert log.reused == 0
+    with (tmp_path / "log.jsonl").open("a") as f:
+        f.write('{"key": "static:0||2|')  # a kill mid-write: that decode runs again
+    log = DecodeLog(tmp_path / "log.jsonl", settings)
+    resumed = sweep(pair, examples, "general", weights=(0.0, 1.0), heads=heads, log=log, max_new_tokens=8)
+    assert log.reused == 2 * 3  # two examples were logged at three points
+    for a, b in zip(fresh, resumed):
+        assert a.label == b.label and a.quality == b.quality and a.token_w == b.token_w
+        assert [(c.new_tokens, c.drafted, c.accepted) for c in a.counts] == \
+            [(c.new_tokens, c.drafted, c.accepted) for c in b.counts]
+    assert len(DecodeLog(tmp_path / "log.jsonl", settings).records) == 3 * 3
+    sweep(pair, examples[:1], "general", weights=(), heads={"half": ConstantHead(0.6)}, log=log, max_new_tokens=8)
+    assert log.reused == 6  # a head of the same name with other weights is decoded, not read back
+    with pytest.raises(ValueError, match="another evaluation"):
+        DecodeLog(tmp_path / "log.jsonl", {**settings, "temperature": 0.0})

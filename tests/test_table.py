@@ -25,7 +25,7 @@ def test_relaxing_raises_acceptance_and_costs_fidelity_and_the_markdown_shows_bo
         assert row["mean_w"] == 0.0
     table = markdown({"settings": {"n_draft": 3, "max_new_tokens": 10, "dtype": "float32", "threads": 1,
                                    "device": "cpu"}, "rows": rows})
-    assert "| general (spec_bench; fidelity (mean log p, nats)) | 1 | 4 |" in table and "| greedy |" in table
+    assert "| general (spec_bench; fidelity (mean log p, nats/token)) | 1 | 4 |" in table and "| greedy |" in table
     assert f"→ {rows[0]['acceptance']['diversed']:.3f}" in table
 
 

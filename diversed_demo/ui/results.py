@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..models import ASSETS, EMBEDDED_DRAFT_DIR
+from ..rewards import QUALITY_LABEL
 from ..theory import alpha_from_acceptance
 from .runs import DecodeSettings
 
@@ -197,7 +198,7 @@ def head_margin_text(card: dict) -> str:
 
 def quality_metric(task: str) -> str:
     """The quality a task's frontier measures (its reward in tasks/rewards)."""
-    return {"summarization": "ROUGE-2", "math": "final-number match", "code": "pass@1"}.get(task, "fidelity")
+    return QUALITY_LABEL.get(task, QUALITY_LABEL["general"])
 
 
 def headline(head_paths: dict[str, Path]) -> str:
@@ -210,9 +211,8 @@ def headline(head_paths: dict[str, Path]) -> str:
         if not isinstance(margin, dict) or not isinstance(margin.get("estimate"), (int, float)):
             continue
         metric = quality_metric(card.get("task") or "general")
-        unit = " nats/token" if metric == "fidelity" else ""
         claims.append(f"<b>{html.escape(name)}</b> head: {metric} {fmt(margin['estimate'], '+.2g')} ± "
-                      f"{fmt(margin.get('stderr'), '.1g')}{unit}")
+                      f"{fmt(margin.get('stderr'), '.1g')}")
     if not claims:
         return ""
     return ("Measured on held-out prompts (each card names its set), at the same acceptance as the static ensemble: "
