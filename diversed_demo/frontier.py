@@ -8,6 +8,7 @@ acceptance beats the frontier's). The margin's uncertainty comes from a bootstra
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -263,7 +264,12 @@ def held_out_examples(task: str, limit: int | None, data: str | None = None, set
     if set_name == "mbpp":
         return load_mbpp(data, limit, task_ids=MBPP_TEST_IDS)
     if task == "general":  # a stratified mix: the same number from every category
-        examples = load_spec_bench(data, per_category=max(1, math.ceil((limit or 26) / 13)))
+        by_category = {}
+        for example in load_spec_bench(data, per_category=max(1, math.ceil((limit or 26) / 13))):
+            by_category.setdefault(example.category, []).append(example)
+        # Categories take turns, so that every prefix is stratified and a longer run extends a shorter one
+        # (a resumed --log reuses its decodes).
+        examples = [e for turn in itertools.zip_longest(*by_category.values()) for e in turn if e is not None]
         return examples[:limit] if limit else examples
     return load_spec_bench(data, categories=[{"summarization": "summarization", "math": "math_reasoning"}[task]])[:limit]
 

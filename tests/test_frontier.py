@@ -94,6 +94,15 @@ def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size)
         held_out_examples("math", 5, set_name="mbpp")
 
 
+def test_general_held_out_prompts_are_stratified_in_every_prefix():
+    from diversed_demo.frontier import held_out_examples
+    examples = held_out_examples("general", 100)
+    categories = [e.category for e in examples]
+    assert len(set(categories)) == 13 and len(categories) == 100
+    assert len(set(categories[:13])) == 13  # any first 13 cover every category once
+    assert [e.prompt for e in held_out_examples("general", 30)] == [e.prompt for e in examples[:30]]
+
+
 def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     import json
 
