@@ -266,6 +266,42 @@ def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
             "positions": len(tv)}
 
 
+def token_kind(text: str) -> str:
+    """A coarse class of a decoded token, for reading what a head does with each."""
+    if not text.strip():
+        return "whitespace"
+    core = text.strip()
+    if any(c.isdigit() for c in core):
+        return "number"
+    if not any(c.isalnum() for c in core):
+        return "punctuation"
+    return "word start" if text[0].isspace() else "word piece"
+
+
+def what_separates(w: torch.Tensor, positions: Rollouts, tokenizer) -> dict:
+    """What tells the positions a head hands to the draft (low w_t) from those it keeps for the target:
+    Spearman correlations of w_t with TV(p, q), H(p) and the fidelity cost of the draft CE − H, and the
+    mean w_t by kind of emitted token."""
+    def ranks(x: torch.Tensor) -> torch.Tensor:  # tied values share their average rank
+        values, order = x.sort()
+        _, inverse, counts = torch.unique_consecutive(values, return_inverse=True, return_counts=True)
+        result = torch.empty(len(x))
+        result[order] = ((counts.cumsum(0) - counts) + (counts - 1) / 2)[inverse].float()
+        return result
+
+    def spearman(x: torch.Tensor) -> float | None:
+        r = torch.stack([ranks(w), ranks(x)])
+        return float(torch.corrcoef(r)[0, 1]) if len(x) > 2 and bool((r.std(1) > 0).all()) else None
+
+    tv, h, ce = positions.tv[0], positions.target_entropy[0], positions.cross_entropy[0]
+    kinds = {}
+    for weight, token in zip(w.tolist(), positions.tokens[0].tolist()):
+        kinds.setdefault(token_kind(tokenizer.decode([token])), []).append(weight)
+    return {"spearman_w_vs": {"tv": spearman(tv), "target_entropy": spearman(h), "fidelity_cost": spearman(ce - h)},
+            "mean_w_by_token": {kind: {"mean_w": sum(v) / len(v), "positions": len(v)}
+                                for kind, v in sorted(kinds.items(), key=lambda kv: -len(kv[1]))}}
+
+
 def fit_to_positions(head, train: Rollouts, lam: float, steps: int, lr: float, weight_decay: float = 0.01) -> list[float]:
     """Full-batch AdamW towards the dense objective's per-token optimum on recorded positions, before any
     sequence reward is sampled: the head learns which positions to hand to the draft.
@@ -307,6 +343,8 @@ def warm_start(pair, head, examples, config: TrainConfig, generator: torch.Gener
     with torch.no_grad():
         figures = {split: frontier_gain(head(r.target_hidden, r.draft_hidden)[0], r)
                    for split, r in (("fit", fit), ("held_back", held_back))}
+        figures["held_back"]["separates"] = what_separates(head(held_back.target_hidden, held_back.draft_hidden)[0],
+                                                           held_back, pair.tokenizer)
     return {"lam": lam, "prompts": len(prompts), "final_loss": losses[-1] if losses else None, **figures}
 
 

@@ -306,7 +306,7 @@ def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
 
 
 def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
-    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance
+    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance, what_separates
     train, _ = positions_with_two_kinds(seed=0)
     held_back, costly = positions_with_two_kinds(seed=1)
     torch.manual_seed(0)
@@ -321,6 +321,10 @@ def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
     # at the same acceptance a static w pays (5 − 0.5)/2 nats on half the positions more than it must
     assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (figures["oracle_fidelity"] - figures["static_fidelity"])
     assert figures["oracle_fidelity"] - figures["static_fidelity"] > 0.5
+    separates = what_separates(w, held_back, pair.tokenizer)
+    assert separates["spearman_w_vs"]["fidelity_cost"] > 0.8  # ranks tied within a kind: at most √0.75
+    assert separates["spearman_w_vs"]["tv"] is None  # TV is the same everywhere: it tells nothing
+    assert sum(k["positions"] for k in separates["mean_w_by_token"].values()) == len(w)
 
 
 def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
@@ -331,6 +335,7 @@ def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
     checkpoint = torch.load(cancelled.checkpoint, weights_only=False)
     warm = checkpoint["warm_start"]
     assert warm["prompts"] == 4 and warm["fit"]["positions"] > 0 and warm["held_back"]["positions"] > 0
+    assert set(warm["held_back"]["separates"]) == {"spearman_w_vs", "mean_w_by_token"}
     assert [r["lam"] for r in records] == [warm["lam"]] * 2  # λ from the recorded positions, then fixed
     resumed = run_training(pair, tmp_path, lam=1.0, steps=4, callback=records.append, **settings)
     assert [r["step"] for r in resumed.history] == [1, 2, 3, 4] and {r["lam"] for r in records} == {warm["lam"]}
@@ -341,3 +346,11 @@ def test_lam_is_never_negative_even_where_the_draft_beats_the_target_on_its_own_
     from diversed_demo.train import lam_for_acceptance
     rollouts = fake_rollouts(1, 50, tv=0.3, target_entropy=2.0, cross_entropy=1.0)  # CE < H everywhere
     assert lam_for_acceptance(rollouts, 0.7) == 0.0
+
+
+@pytest.mark.parametrize("text, kind", [(" the", "word start"), ("ing", "word piece"), (" 42", "number"),
+                                        ("3.5", "number"), (",", "punctuation"), (" (", "punctuation"),
+                                        ("\n", "whitespace"), ("  ", "whitespace")])
+def test_tokens_are_told_apart_by_kind(text, kind):
+    from diversed_demo.train import token_kind
+    assert token_kind(text) == kind
