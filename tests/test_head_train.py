@@ -234,8 +234,9 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-README_FLAGS = ("--warm-start-prompts", "32", "--target-acceptance", "0.65", "--steps", "6", "--max-new-tokens", "64",
-                "--lr", "1e-3", "--epochs", "4", "--dense-fidelity", "1", "--lam", "5", "--penalty", "20")
+README_FLAGS = ("--warm-start-prompts", "32", "--steps", "6", "--max-new-tokens", "64",
+                "--lr", "2e-4", "--epochs", "4", "--dense-fidelity", "1", "--lam", "5", "--penalty", "20")
+README_TARGET_ACCEPTANCE = {"general": "0.65", "math": "0.65", "summarization": "0.55", "code": "0.75"}
 
 
 @pytest.mark.parametrize("name", ["summarization", "general", "math", "code"])
@@ -254,7 +255,7 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
         return TrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
 
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
-    made = config("--task", name, *README_FLAGS)
+    made = config("--task", name, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS)
     for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed",
                 "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt",
                 "warm_start_prompts", "warm_start_steps", "warm_start_lr"):
