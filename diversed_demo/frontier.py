@@ -93,9 +93,13 @@ class DecodeLog:
         if logged != self.settings:
             raise ValueError(f"{self.path} is the log of another evaluation (settings {logged}); "
                              "name another log file or remove this one")
-        for line in lines[1:]:
-            record = json.loads(line)
-            self.records[record["key"]] = record
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                record = json.loads(line)
+                self.records[record["key"]] = record
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{self.path}, line {number}, is not a decode record: the log is damaged; "
+                                 "remove that line (it is decoded again) or the file") from None
 
     def _append(self, record: dict) -> None:
         with self.path.open("a") as f:
@@ -142,12 +146,13 @@ def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None
 
     Examples are the outer loop, so that a run stopped early has every point on the same examples; with a
     `log`, decodes it already holds are read back instead of run again."""
-    points = [(Point(f"static:{w:g}", w), {"w": w}) for w in weights]
-    points += [(Point(f"dynamic:{name}", None), {"head": head}) for name, head in (heads or {}).items()]
+    points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
+    points += [(Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
+               for name, head in (heads or {}).items()]
     for i, example in enumerate(examples):
         prompt_key = hashlib.sha256(example.prompt.encode()).hexdigest()[:12]
-        for point, how in points:
-            key = f"{point.label}|{_weights_key(how['head']) if 'head' in how else ''}|{i}|{prompt_key}"
+        for point, how, point_key in points:
+            key = f"{point_key}|{i}|{prompt_key}"
             record = log.get(key) if log is not None else None
             if record is None:
                 record = decode_example(pair, example, i, task, **how, **decode_kwargs)
@@ -160,7 +165,7 @@ def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None
             point.token_w.extend(record["token_w"])
             if progress is not None:
                 progress(point.label, i + 1, len(examples))
-    return [point for point, _ in points]
+    return [point for point, _, _ in points]
 
 
 def mean_and_se(values: list[float]) -> tuple[float, float | None]:

@@ -341,10 +341,9 @@ def warm_start(pair, head, examples, config: TrainConfig, generator: torch.Gener
     lam = lam_for_acceptance(fit, config.target_acceptance) if config.target_acceptance is not None else config.lam
     losses = fit_to_positions(head, fit, lam, config.warm_start_steps, config.warm_start_lr)
     with torch.no_grad():
-        figures = {split: frontier_gain(head(r.target_hidden, r.draft_hidden)[0], r)
-                   for split, r in (("fit", fit), ("held_back", held_back))}
-        figures["held_back"]["separates"] = what_separates(head(held_back.target_hidden, held_back.draft_hidden)[0],
-                                                           held_back, pair.tokenizer)
+        w = {split: head(r.target_hidden, r.draft_hidden)[0] for split, r in (("fit", fit), ("held_back", held_back))}
+        figures = {"fit": frontier_gain(w["fit"], fit), "held_back": frontier_gain(w["held_back"], held_back)}
+        figures["held_back"]["separates"] = what_separates(w["held_back"], held_back, pair.tokenizer)
     return {"lam": lam, "prompts": len(prompts), "final_loss": losses[-1] if losses else None, **figures}
 
 

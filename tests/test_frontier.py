@@ -146,5 +146,9 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
     assert len(DecodeLog(tmp_path / "log.jsonl", settings).records) == 3 * 3
     sweep(pair, examples[:1], "general", weights=(), heads={"half": ConstantHead(0.6)}, log=log, max_new_tokens=8)
     assert log.reused == 6  # a head of the same name with other weights is decoded, not read back
+    with (tmp_path / "log.jsonl").open("a") as f:
+        f.write("garbage\n")
+    with pytest.raises(ValueError, match="line 12, is not a decode record"):
+        DecodeLog(tmp_path / "log.jsonl", settings)
     with pytest.raises(ValueError, match="another evaluation"):
         DecodeLog(tmp_path / "log.jsonl", {**settings, "temperature": 0.0})
