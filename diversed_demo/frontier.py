@@ -2,8 +2,9 @@
 
 Every point decodes the same examples with the same seeds (common random numbers), so differences
 between points are not sampling noise of the prompts. A head lies beyond the static frontier when, at
-its acceptance, its quality beats the frontier's interpolated quality (or, at its quality, its
-acceptance beats the frontier's). The margin's uncertainty comes from a bootstrap over examples.
+its acceptance, its quality beats the best static quality at that acceptance or more (or, at its quality,
+its acceptance beats the best static acceptance at that quality or more). The margin's uncertainty comes
+from a bootstrap over examples.
 """
 from __future__ import annotations
 
@@ -184,21 +185,32 @@ def versus_exact(static_points: list[Point], head_point: Point) -> dict | None:
             "acceptance": {"exact": exact.acceptance, "head": head_point.acceptance}}
 
 
-def _interpolate(xs, ys, x):
-    order = np.argsort(xs)
-    xs, ys = np.asarray(xs)[order], np.asarray(ys)[order]
-    if x < xs[0] or x > xs[-1]:
-        return None  # outside the frontier: no claim either way
-    return float(np.interp(x, xs, ys))
+def _best_where_at_least(curve, x0):
+    """The largest y on the piecewise-linear curve [(x, y), …] over the places where x ≥ x0; None where x0
+    lies outside the curve's range of x (no claim either way)."""
+    xs = [x for x, _ in curve]
+    if not curve or x0 < min(xs) or x0 > max(xs):
+        return None
+    best = max(y for x, y in curve if x >= x0)
+    for (xa, ya), (xb, yb) in zip(curve, curve[1:]):
+        if min(xa, xb) < x0 < max(xa, xb):  # the segment crosses x0: its point there counts too
+            best = max(best, ya + (yb - ya) * (x0 - xa) / (xb - xa))
+    return float(best)
 
 
 def margins(static: list[tuple[float, float]], head: tuple[float, float]) -> dict:
-    """Quality margin at the head's acceptance, acceptance margin at the head's quality."""
-    acc, qual = zip(*static)
-    at_acc = _interpolate(acc, qual, head[0])
-    at_qual = _interpolate(qual, acc, head[1])
-    return {"quality_margin": None if at_acc is None else head[1] - at_acc,
-            "acceptance_margin": None if at_qual is None else head[0] - at_qual}
+    """Quality margin at the head's acceptance, acceptance margin at the head's quality.
+
+    `static` holds (acceptance, quality) in w order, joined linearly (mixing two neighbouring w reaches
+    the segment between them). The frontier is that curve's upper envelope: the head is compared with
+    the best static quality at an acceptance at least its own, and the best static acceptance at a quality
+    at least its own. Interpolating the curve itself would, where quality is flat or not monotone in w (a
+    task at its floor), compare the head with a slow point of equal quality and call it beyond.
+    """
+    best_quality = _best_where_at_least(static, head[0])
+    best_acceptance = _best_where_at_least([(q, a) for a, q in static], head[1])
+    return {"quality_margin": None if best_quality is None else head[1] - best_quality,
+            "acceptance_margin": None if best_acceptance is None else head[0] - best_acceptance}
 
 
 def _resampled(point: Point, idx) -> tuple[float, float]:
@@ -210,6 +222,7 @@ def _resampled(point: Point, idx) -> tuple[float, float]:
 def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int = 1000, seed: int = 0) -> dict:
     """The head's margins over the static frontier, with bootstrap standard errors and 95% intervals."""
     n = len(head_point.quality)
+    static_points = sorted(static_points, key=lambda p: p.w)
     estimate = margins([(p.acceptance, p.mean_quality) for p in static_points],
                        (head_point.acceptance, head_point.mean_quality))
     rng = np.random.default_rng(seed)

@@ -17,6 +17,22 @@ def test_margins_against_an_interpolated_frontier():
     assert margins(static, (0.9, 0.95))["quality_margin"] is None  # no extrapolation
 
 
+def test_a_head_at_a_task_floor_is_not_beyond_a_flat_frontier():
+    # pass@1 at its floor: every static w scores 0 (one lucky example at w = 0.5), so at the head's quality
+    # w = 0 is as good and far faster; interpolating the curve by quality once called this head beyond.
+    static = [(0.37, 0.0), (0.58, 0.02), (1.0, 0.0)]  # w = 1, 0.5, 0
+    floor = margins(static, (0.5, 0.0))
+    assert floor["acceptance_margin"] == pytest.approx(-0.5) and floor["quality_margin"] < 0
+
+
+def test_the_frontier_is_the_best_static_point_at_least_as_fast():
+    # quality not monotone in w (noise): w = 0.8 beats w = 0.9 although it is faster
+    static = [(0.11, 0.053), (0.15, 0.035), (0.20, 0.037), (0.26, 0.027)]  # w = 1, 0.9, 0.8, 0.7
+    head = margins(static, (0.15, 0.036))
+    assert head["quality_margin"] == pytest.approx(0.036 - 0.037)  # w = 0.8, not w = 0.9's 0.035
+    assert head["acceptance_margin"] == pytest.approx(0.15 - (0.20 + 0.06 * 0.1))  # on the w 0.8–0.7 segment
+
+
 def point(label, w, acc, quality, n=20):
     counts = [Counts(new_tokens=5, target_passes=2, drafted=10, accepted=acc, wall_time_s=1.0)] * n
     return Point(label, w, counts, quality=[quality + 0.01 * (i % 3) for i in range(n)])
