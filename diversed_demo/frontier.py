@@ -29,7 +29,9 @@ DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HELD_OUT = {
     "summarization": {"spec_bench": "Spec-Bench summarization (CNN/DailyMail), first turns"},
     "general": {"spec_bench": "Spec-Bench first turns, every category (stratified)"},
-    "math": {"gsm8k": "GSM8K test", "arithmetic": "scripted one- and two-step arithmetic (eval split)",
+    # Arithmetic first: the default, and the set a card's primary (drawn) evaluation uses, is the one on
+    # which a 135M target scores clearly above zero; GSM8K is near its floor.
+    "math": {"arithmetic": "scripted one- and two-step arithmetic (eval split)", "gsm8k": "GSM8K test",
              "spec_bench": "Spec-Bench math_reasoning, first turns"},
     "code": {"mbpp": "MBPP test (task ids 11-510), pass@1 in the sandbox"},
 }
