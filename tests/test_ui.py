@@ -308,9 +308,32 @@ def test_the_dial_draws_each_shipped_frontier_card():
         assert "projected speedup (N = 4, c = 0.1)" in projection.layout.title.text
 
 
+def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
+    card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+    primary = card["frontier"]
+    greedy = {**primary, "settings": {**primary["settings"], "temperature": 0.0},
+              "head_point": {**primary["head_point"], "acceptance": 0.5}}
+    other_set = {**greedy, "settings": {**greedy["settings"], "held_out": "another set"},
+                 "head_point": {**primary["head_point"], "acceptance": 0.9}}
+    card["evaluations"] = {"other, greedy": other_set, "spec_bench, greedy": greedy}
+    (tmp_path / "s.json").write_text(json.dumps(card))
+    heads = {"s": tmp_path / "s.safetensors"}
+
+    def head_acceptance(temperature):
+        points = results.shipped_frontiers(heads, temperature)["summarization"].points
+        return float(points[points["kind"] == "head"]["acceptance"].iloc[0])
+    assert head_acceptance(0.0) == 0.5  # greedy on the primary's set, not another set's
+    assert head_acceptance(1.0) == head_acceptance(0.7) == primary["head_point"]["acceptance"]
+    *_, note, _ = app.shipped_dial(heads, "summarization", 4, 0.1, 0.0)
+    assert "T = 0.0" in note
+    del card["evaluations"]["spec_bench, greedy"]  # no greedy evaluation: the primary one is drawn
+    (tmp_path / "s.json").write_text(json.dumps(card))
+    assert head_acceptance(0.0) == primary["head_point"]["acceptance"]
+
+
 def test_a_task_without_a_card_says_how_to_make_one():
     without_code = {name: path for name, path in SHIPPED_HEADS.items() if name != "code"}
-    *_, note, points = app.shipped_dial(results.shipped_frontiers(without_code), "code", 4, 0.1)
+    *_, note, points = app.shipped_dial(without_code, "code", 4, 0.1, 1.0)
     assert points is None and "No shipped frontier card for **code**" in note and "--write-card" in note
 
 

@@ -296,9 +296,10 @@ def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) 
             projection_figure(points, int(n_draft), float(cost_ratio)))
 
 
-def shipped_dial(frontiers: dict, task, n_draft, cost_ratio):
-    """The shipped frontier of `task` (static points, theory line, heads as stars): figures, note, points."""
-    frontier = frontiers.get(task)
+def shipped_dial(head_paths: dict, task, n_draft, cost_ratio, temperature):
+    """The shipped frontier of `task` (static points, theory line, heads as stars) as measured greedily when
+    the sidebar's temperature is 0, else at T = 1: figures, note, points."""
+    frontier = results.shipped_frontiers(head_paths, temperature).get(task)
     if frontier is None:
         note = (f"No shipped frontier card for **{task}** with this pair: run the live sweep below, or "
                 f"`{results.FRONTIER_COMMAND}`.")
@@ -543,7 +544,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                 tasks_with_cards = [t for t in TASKS if t in frontiers]
                 dial_start = tasks_with_cards[0] if tasks_with_cards else "general"
                 *figures_start, note_start, points_start = shipped_dial(
-                    frontiers, dial_start, start.settings.n_draft, presets[0].cost_ratio)
+                    heads_now, dial_start, start.settings.n_draft, presets[0].cost_ratio, start.settings.temperature)
                 gr.Markdown("Acceptance against quality for each static w, with the theory line 1 − w·E[TV] "
                             "(E[TV] from the w = 1 point) and the trained heads as stars; the projected speedup at a "
                             "draft/target cost ratio c you choose. Quality is the task's reward: ROUGE-2 "
@@ -586,11 +587,11 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                         shipped_button = gr.Button("Show the shipped frontier again", elem_id="shipped")
                     dial_table = gr.Dataframe(label="sweep results", interactive=False)
 
-                shipped_inputs = [dial_task, n_draft, cost_ratio]
+                shipped_inputs = [dial_task, n_draft, cost_ratio, temperature]
                 shipped_outputs = [*dial_plots, dial_note, dial_points]
-                dial_task.change(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
+                dial_task.change(bind(shipped_dial, heads_now), shipped_inputs, shipped_outputs,
                                  api_visibility="private")
-                shipped_button.click(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
+                shipped_button.click(bind(shipped_dial, heads_now), shipped_inputs, shipped_outputs,
                                      api_visibility="private")
                 cost_preset.change(bind(preset_cost, presets), cost_preset, cost_ratio, api_visibility="private")
                 gr.on([cost_ratio.change, n_draft.release], respeed, [dial_points, n_draft, cost_ratio], projection_plot,

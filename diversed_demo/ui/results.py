@@ -138,16 +138,16 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def readable_frontier(card) -> bool:
-    """A card the page can draw: static points and a head point, each with an acceptance in [0, 1], and
-    numeric settings where it has them."""
-    points = dig(card, "frontier", "static_points")
-    head = dig(card, "frontier", "head_point")
+def readable_frontier(frontier) -> bool:
+    """An evaluation the page can draw: static points and a head point, each with an acceptance in [0, 1],
+    and numeric settings where it has them."""
+    points = dig(frontier, "static_points")
+    head = dig(frontier, "head_point")
     if not isinstance(points, list) or not isinstance(head, dict):
         return False
     rows_ok = all(isinstance(row, dict) and is_number(row.get("acceptance")) and 0 <= row["acceptance"] <= 1
                   and (row.get("w") is None or is_number(row["w"])) for row in [*points, head])
-    settings = dig(card, "frontier", "settings") or {}
+    settings = dig(frontier, "settings") or {}
     return rows_ok and isinstance(settings, dict) and all(
         is_number(settings[key]) for key in ("n_draft", "max_new_tokens", "temperature") if key in settings)
 
@@ -158,19 +158,32 @@ def head_cards(head_paths: dict[str, Path]) -> dict[str, dict]:
     cards = {}
     for name, path in head_paths.items():
         card, _ = read_json(Path(path).with_suffix(".json"))
-        if readable_frontier(card):
+        if readable_frontier(dig(card, "frontier")):
             cards[name] = card
     return cards
 
 
-def shipped_frontiers(head_paths: dict[str, Path]) -> dict[str, Frontier]:
-    """Per task, the static points of its first head card and every carded head of that task as a star.
+def frontier_at(card: dict, temperature: float | None) -> dict:
+    """The card's evaluation to draw at `temperature`: its greedy one on the primary evaluation's set when
+    decoding is greedy (T = 0) and the card has one, else the primary (T = 1) evaluation."""
+    primary = card["frontier"]
+    if temperature != 0:
+        return primary
+    held_out = dig(primary, "settings", "held_out")
+    return next((e for e in (card.get("evaluations") or {}).values()
+                 if dig(e, "settings", "temperature") == 0 and dig(e, "settings", "held_out") == held_out
+                 and readable_frontier(e)), primary)
+
+
+def shipped_frontiers(head_paths: dict[str, Path], temperature: float | None = None) -> dict[str, Frontier]:
+    """Per task, the static points of its first head card and every carded head of that task as a star,
+    from the cards' evaluations at `temperature` (see `frontier_at`).
 
     Heads of one task were each evaluated with their own static sweep; the first card's sweep is drawn
     (the same settings and held-out set for the shipped ones)."""
     by_task: dict[str, Frontier] = {}
     for name, card in head_cards(head_paths).items():
-        task, frontier = card.get("task") or "general", card["frontier"]
+        task, frontier = card.get("task") or "general", frontier_at(card, temperature)
         n_draft = int(dig(frontier, "settings", "n_draft") or 4)
         head_row = {**frontier["head_point"], "point": name}
         if task not in by_task:
