@@ -50,6 +50,9 @@ class TrainConfig:
     rollouts_per_prompt: int = 4
     max_new_tokens: int = 48
     n_draft: int = 4  # the draft length of the rollouts: the N the head will serve with
+    # 0 trains a greedy head: the loss then sees the one-hot limits of p and q (see sample_rollouts), and
+    # a prompt's rollouts are identical, so the sequence reward's advantages vanish and the acceptance and
+    # dense fidelity terms do the training (warm start, then on-policy dense steps).
     temperature: float = 1.0
     lam: float | None = None  # weight of the acceptance term; None: the task's default (TASK_DEFAULTS)
     # If set, training holds the rollouts' mean acceptance 1 − w·TV at this value by an augmented
@@ -135,8 +138,8 @@ def check_config(config: TrainConfig) -> None:
     if config.rollouts_per_prompt < 2:
         raise ValueError("rollouts_per_prompt must be at least 2: the baseline is the group mean")
     if not (config.lr > 0 and config.lam >= 0 and config.dense_fidelity >= 0 and 0 <= config.w_min < 1
-            and config.temperature > 0):
-        raise ValueError("need lr > 0, λ ≥ 0, dense_fidelity ≥ 0, 0 ≤ w_min < 1 and temperature > 0")
+            and config.temperature >= 0):
+        raise ValueError("need lr > 0, λ ≥ 0, dense_fidelity ≥ 0, 0 ≤ w_min < 1 and temperature ≥ 0 (0: greedy)")
     if config.target_acceptance is not None and not (0 < config.target_acceptance < 1 and config.penalty > 0):
         raise ValueError("target_acceptance needs 0 < target < 1 and penalty > 0")
 
@@ -179,6 +182,11 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
                 rows_k = torch.arange(k, device=tokens.device)
                 p, q = v.target_probs[:k], v.draft_probs[:k]
                 log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
+                if temperature == 0:
+                    # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so
+                    # TV is 1 where the draft's token differs from the target's, H is −log p of the target's
+                    # own token and CE that of the draft's, and the dense term prices each hand-over exactly.
+                    p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
                 for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
                                    ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
                                    ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
@@ -203,6 +211,10 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
             if count:
                 batch[key][i, :count] = value
     return Rollouts(**batch, outputs=outputs)
+
+
+def one_hot_of_argmax(probs: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(probs).scatter_(-1, probs.argmax(-1, keepdim=True), 1.0)
 
 
 def fidelity_cost_quartiles(pair, config: TrainConfig, prompts: int = 6) -> list[float]:

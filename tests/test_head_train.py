@@ -1,4 +1,5 @@
 """Heads (save, load, pair binding) and their training: the acceptance term's sign, reward-driven updates."""
+import math
 import pickle
 
 import pytest
@@ -99,6 +100,32 @@ def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
         q = torch.softmax(pair.draft(torch.tensor([prompt])).logits[0, -1], -1)
     assert torch.allclose(rollouts.target_entropy[:, 0], -(p * p.log()).sum().expand(2), atol=1e-4)
     assert torch.allclose(rollouts.cross_entropy[:, 0], -(q * p.log()).sum().expand(2), atol=1e-4)
+
+
+def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_by(feature_pair):
+    # At T = 0 a hand-over costs the target's log-prob of its own argmax minus that of the draft's.
+    prompt, head = [1, 5, 6, 7], new_head(feature_pair, hidden_size=8, w_init=0.5)
+    rollouts = sample_rollouts(feature_pair, head, prompt, 2, 24, 0.0, torch.Generator().manual_seed(0))
+    assert rollouts.outputs[0] == rollouts.outputs[1]  # greedy: a prompt's rollouts are one
+    mask = rollouts.mask[0] > 0
+    tv, h, ce = rollouts.tv[0][mask], rollouts.target_entropy[0][mask], rollouts.cross_entropy[0][mask]
+    assert set(tv.tolist()) == {0.0, 1.0}  # the argmaxes agree at some positions and not at others
+    assert torch.allclose(h[tv == 0], ce[tv == 0]) and bool((ce[tv == 1] > h[tv == 1]).all())
+    _, events = generate(feature_pair, prompt, mode="dynamic", head=head, n_draft=4, max_new_tokens=24,
+                         temperature=0.0)
+    decided = [e for e in events if e.kind in ("accepted", "resampled")]
+    # the emitted token is the draft's where a differing draft was kept, else the target's own argmax
+    nll = torch.tensor([-math.log(e.p) for e in decided])
+    kept_draft = torch.tensor([e.kind == "accepted" for e in decided]) & (tv == 1)
+    assert torch.allclose(torch.where(kept_draft, ce, h), nll, atol=1e-4)
+
+
+def test_a_greedy_head_trains_from_its_warm_start(pair, tmp_path):
+    result = run_training(pair, tmp_path, lam=1.0, steps=2, temperature=0.0,
+                          warm_start_prompts=4, warm_start_steps=20, target_acceptance=0.8, dense_fidelity=1.0)
+    head = load_head(result.path, pair)
+    assert head.meta["training"]["temperature"] == 0.0 and head.meta["warm_start"]["held_back"]["positions"] > 0
+    assert all(r["reward"] == r["reward"] for r in result.history)  # identical rollouts: no NaN advantages
 
 
 @pytest.mark.parametrize("kind", ["restricted", "feature"])
