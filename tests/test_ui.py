@@ -331,6 +331,32 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
     assert head_acceptance(0.0) == primary["head_point"]["acceptance"]
 
 
+def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
+    card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+    primary = card["frontier"]
+    greedy = {**primary, "settings": {**primary["settings"], "temperature": 0.0},
+              "head_point": {**primary["head_point"], "acceptance": 0.5}}
+    sampled_card = {**card, "evaluations": {"spec_bench, T=1": primary}}
+    greedy_card = {**card, "training": {**card["training"], "temperature": 0.0}, "frontier": greedy,
+                   "evaluations": {"spec_bench, greedy": greedy}}
+    (tmp_path / "s-greedy.json").write_text(json.dumps(greedy_card))  # listed first
+    (tmp_path / "s.json").write_text(json.dumps(sampled_card))
+    heads = {name: tmp_path / f"{name}.safetensors" for name in ("s-greedy", "s")}
+
+    def stars(temperature):
+        points = results.shipped_frontiers(heads, temperature)["summarization"].points
+        return sorted(points[points["kind"] == "head"]["label"])
+    assert stars(1.0) == ["s"] and stars(0.0) == ["s-greedy"]  # s has no greedy evaluation: only the greedy head
+    cards = results.head_cards(heads)
+    assert results.head_for_temperature(cards, "s", 0.0) == "s-greedy"
+    assert results.head_for_temperature(cards, "s-greedy", 0.7) == "s"
+    assert results.head_for_temperature(cards, "s", 1.0) is None  # already the right kind: keep it
+    assert results.head_for_temperature(cards, "not carded", 0.0) is None
+    assert results.arrival_defaults(EXAMPLES, heads).settings.head_name == "s"  # the app opens at T = 1
+    table = results.frontier_table(heads)
+    assert set(table["T"]) == {"greedy", 1.0} and len(table) == 2 * (len(primary["static_points"]) + 1)
+
+
 def test_a_task_without_a_card_says_how_to_make_one():
     without_code = {name: path for name, path in SHIPPED_HEADS.items() if name != "code"}
     *_, note, points = app.shipped_dial(without_code, "code", 4, 0.1, 1.0)

@@ -296,6 +296,11 @@ def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) 
             projection_figure(points, int(n_draft), float(cost_ratio)))
 
 
+def head_for_temperature(cards: dict, head_name, temperature):
+    choice = results.head_for_temperature(cards, head_name, temperature)
+    return gr.skip() if choice is None else choice
+
+
 def shipped_dial(head_paths: dict, task, n_draft, cost_ratio, temperature):
     """The shipped frontier of `task` (static points, theory line, heads as stars) as measured greedily when
     the sidebar's temperature is 0, else at T = 1: figures, note, points."""
@@ -464,6 +469,10 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                     info="0 = greedy", elem_id="temperature")
             seed = gr.Number(start.settings.seed, precision=0, minimum=0, maximum=MAX_SEED, label="seed",
                              elem_id="seed")
+
+        # A task with a head for each kind of decoding: moving to or from greedy switches to the other.
+        temperature.change(bind(head_for_temperature, results.head_cards(heads_now)), [head, temperature], head,
+                           api_visibility="private")
 
         with gr.Tabs(elem_id="tabs") as tabs:
             with gr.Tab("Decode", id="decode"):

@@ -163,27 +163,37 @@ def head_cards(head_paths: dict[str, Path]) -> dict[str, dict]:
     return cards
 
 
-def frontier_at(card: dict, temperature: float | None) -> dict:
-    """The card's evaluation to draw at `temperature`: its greedy one on the primary evaluation's set when
-    decoding is greedy (T = 0) and the card has one, else the primary (T = 1) evaluation."""
+def is_greedy(temperature) -> bool:
+    return temperature == 0
+
+
+def frontier_at(card: dict, temperature: float) -> dict | None:
+    """The card's evaluation on its primary set measured greedily (T = 0) or sampled (T > 0), as
+    `temperature` is; None where it has none of that kind."""
     primary = card["frontier"]
-    if temperature != 0:
-        return primary
     held_out = dig(primary, "settings", "held_out")
-    return next((e for e in (card.get("evaluations") or {}).values()
-                 if dig(e, "settings", "temperature") == 0 and dig(e, "settings", "held_out") == held_out
-                 and readable_frontier(e)), primary)
+    candidates = [primary, *(card.get("evaluations") or {}).values()]
+    return next((e for e in candidates if readable_frontier(e) and dig(e, "settings", "held_out") == held_out
+                 and is_greedy(dig(e, "settings", "temperature")) == is_greedy(temperature)), None)
 
 
 def shipped_frontiers(head_paths: dict[str, Path], temperature: float | None = None) -> dict[str, Frontier]:
-    """Per task, the static points of its first head card and every carded head of that task as a star,
-    from the cards' evaluations at `temperature` (see `frontier_at`).
+    """Per task, the static points of its first head card and every carded head of that task as a star.
 
-    Heads of one task were each evaluated with their own static sweep; the first card's sweep is drawn
-    (the same settings and held-out set for the shipped ones)."""
+    With a temperature, each card's evaluation of that kind (greedy or sampled, see `frontier_at`) is drawn,
+    and a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
+    each evaluated with their own static sweep; the first card's sweep is drawn (the same settings and
+    held-out set for the shipped ones)."""
+    cards = head_cards(head_paths)
+    chosen = {name: card["frontier"] if temperature is None else frontier_at(card, temperature)
+              for name, card in cards.items()}
+    tasks_drawn = {cards[name].get("task") or "general" for name, frontier in chosen.items() if frontier}
     by_task: dict[str, Frontier] = {}
-    for name, card in head_cards(head_paths).items():
-        task, frontier = card.get("task") or "general", frontier_at(card, temperature)
+    for name, card in cards.items():
+        task = card.get("task") or "general"
+        frontier = chosen[name] or (None if task in tasks_drawn else card["frontier"])
+        if frontier is None:
+            continue
         n_draft = int(dig(frontier, "settings", "n_draft") or 4)
         head_row = {**frontier["head_point"], "point": name}
         if task not in by_task:
@@ -197,6 +207,23 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float | None = N
             extra = points_frame([head_row], by_task[task].n_draft)
             by_task[task].points = pd.concat([by_task[task].points, extra], ignore_index=True)
     return by_task
+
+
+def trained_greedy(card: dict) -> bool:
+    return is_greedy(dig(card, "training", "temperature"))
+
+
+def head_for_temperature(cards: dict[str, dict], head_name, temperature):
+    """The head to decode with at `temperature`: `head_name` if it was trained for that kind of decoding
+    (greedy or sampled), else its task's head that was (`<name>-greedy` ↔ `<name>` first); None to keep
+    the user's choice where no such head exists."""
+    card = cards.get(head_name)
+    if card is None or trained_greedy(card) == is_greedy(temperature):
+        return None
+    task = card.get("task")
+    fits = [n for n, c in cards.items() if c.get("task") == task and trained_greedy(c) == is_greedy(temperature)]
+    twin = f"{head_name}-greedy" if is_greedy(temperature) else str(head_name).removesuffix("-greedy")
+    return twin if twin in fits else next(iter(fits), None)
 
 
 def head_margin_text(card: dict) -> str:
@@ -240,18 +267,19 @@ def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
     for name, card in head_cards(head_paths).items():
         frontier, task = card["frontier"], card.get("task") or "general"
         metric = quality_metric(task)
+        temperature = dig(frontier, "settings", "temperature")
         for row in frontier["static_points"] + [frontier["head_point"]]:
             is_head = row.get("w") is None
-            rows.append({"task": task, "quality metric": metric,
+            rows.append({"task": task, "T": "greedy" if is_greedy(temperature) else temperature, "quality metric": metric,
                          "setting": f"DIVERSED head {name}" if is_head else f"static w = {row['w']:g}",
                          "acceptance": fmt(row.get("acceptance")), "quality": fmt(row.get("quality"), ".4g"),
                          "mean w_t": fmt(row.get("mean_w"), ".2f"),
                          "margin over the static frontier": head_margin_text(card) if is_head else "",
                          "prompts": row.get("examples")})
-    columns = ["task", "quality metric", "setting", "acceptance", "quality", "mean w_t",
+    columns = ["task", "T", "quality metric", "setting", "acceptance", "quality", "mean w_t",
                "margin over the static frontier", "prompts"]
-    # A task's static points appear once, however many of its heads carry them.
-    return pd.DataFrame(rows, columns=columns).drop_duplicates(subset=["task", "setting"]).reset_index(drop=True)
+    # A task's static points appear once per temperature, however many of its heads carry them.
+    return pd.DataFrame(rows, columns=columns).drop_duplicates(subset=["task", "T", "setting"]).reset_index(drop=True)
 
 
 def bench_markdown(name: str) -> str:
@@ -288,7 +316,9 @@ def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
     first = examples[0] if examples else None
     cards = head_cards(head_paths)
     task = first.task if first else None
-    name = next((n for n, c in cards.items() if c.get("task") == task), next(iter(cards), None))
+    # the task's head for sampled decoding first: the app opens at T = 1
+    ranked = sorted(cards, key=lambda n: trained_greedy(cards[n]))
+    name = next((n for n in ranked if cards[n].get("task") == task), next(iter(ranked), None))
     if name is None:
         return Defaults(DecodeSettings(mode="static", head_name=next(iter(head_paths), None)),
                         0 if first else None, "no frontier card for this pair: decoder defaults")
