@@ -407,10 +407,16 @@ def test_the_results_table_comes_from_the_cards():
     table = results.frontier_table(SHIPPED_HEADS)
     assert set(table["task"]) == set(TASKS)
     heads = table[table["setting"].str.startswith("DIVERSED")]
-    assert len(heads) == len(TASKS) and heads["margin over the static frontier"].str.contains("±").all()
-    card = json.loads(HEADS_DIR.joinpath("general.json").read_text())
-    row = heads[heads["task"] == "general"].iloc[0]
-    assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])
+    assert heads["margin over the static frontier"].str.contains("±").all()
+    for task in TASKS:  # one row per temperature the card's primary set was measured at
+        card = json.loads(HEADS_DIR.joinpath(f"{task}.json").read_text())
+        measured = {e["settings"]["temperature"] for e in card["evaluations"].values()
+                    if e["settings"]["held_out"] == card["frontier"]["settings"]["held_out"]}
+        rows = heads[heads["task"] == task]
+        assert set(rows["T"]) == {"greedy" if t == 0 else t for t in measured}
+        primary_t = card["frontier"]["settings"]["temperature"]
+        row = rows[rows["T"] == ("greedy" if primary_t == 0 else primary_t)].iloc[0]
+        assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])
 
 
 def test_the_headline_states_each_carded_heads_measured_margin(tmp_path):

@@ -226,10 +226,10 @@ def head_for_temperature(cards: dict[str, dict], head_name, temperature):
     return twin if twin in fits else next(iter(fits), None)
 
 
-def head_margin_text(card: dict) -> str:
-    """'quality +1.44 ± 0.45 (P > 0: 0.997)' from a card's bootstrap margins, or n/a."""
+def head_margin_text(evaluation: dict) -> str:
+    """'quality +1.44 ± 0.45 (P > 0: 0.997)' from an evaluation's bootstrap margins, or n/a."""
     from ..formatting import fmt
-    margin = dig(card, "frontier", "quality_margin")
+    margin = dig(evaluation, "quality_margin")
     if not isinstance(margin, dict) or margin.get("estimate") is None:
         return "n/a"
     return (f"{fmt(margin['estimate'], '+.4g')} ± {fmt(margin.get('stderr'), '.2g')} "
@@ -260,22 +260,25 @@ def headline(head_paths: dict[str, Path]) -> str:
 
 
 def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
-    """The paper-style table: per task, each static w and each head with acceptance, quality and mean w;
-    for heads, the quality margin over the static frontier at their acceptance."""
+    """The paper-style table: per task and temperature (sampled, greedy: each card's evaluations on its
+    primary set), each static w and each head with acceptance, quality and mean w; for heads, the quality
+    margin over the static frontier at their acceptance."""
     from ..formatting import fmt
     rows = []
     for name, card in head_cards(head_paths).items():
-        frontier, task = card["frontier"], card.get("task") or "general"
+        task = card.get("task") or "general"
         metric = quality_metric(task)
-        temperature = dig(frontier, "settings", "temperature")
-        for row in frontier["static_points"] + [frontier["head_point"]]:
-            is_head = row.get("w") is None
-            rows.append({"task": task, "T": "greedy" if is_greedy(temperature) else temperature, "quality metric": metric,
-                         "setting": f"DIVERSED head {name}" if is_head else f"static w = {row['w']:g}",
-                         "acceptance": fmt(row.get("acceptance")), "quality": fmt(row.get("quality"), ".4g"),
-                         "mean w_t": fmt(row.get("mean_w"), ".2f"),
-                         "margin over the static frontier": head_margin_text(card) if is_head else "",
-                         "prompts": row.get("examples")})
+        for frontier in filter(None, (frontier_at(card, 1.0), frontier_at(card, 0.0))):
+            temperature = dig(frontier, "settings", "temperature")
+            for row in frontier["static_points"] + [frontier["head_point"]]:
+                is_head = row.get("w") is None
+                rows.append({"task": task, "T": "greedy" if is_greedy(temperature) else temperature,
+                             "quality metric": metric,
+                             "setting": f"DIVERSED head {name}" if is_head else f"static w = {row['w']:g}",
+                             "acceptance": fmt(row.get("acceptance")), "quality": fmt(row.get("quality"), ".4g"),
+                             "mean w_t": fmt(row.get("mean_w"), ".2f"),
+                             "margin over the static frontier": head_margin_text(frontier) if is_head else "",
+                             "prompts": row.get("examples")})
     columns = ["task", "T", "quality metric", "setting", "acceptance", "quality", "mean w_t",
                "margin over the static frontier", "prompts"]
     # A task's static points appear once per temperature, however many of its heads carry them.
