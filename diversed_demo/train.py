@@ -264,7 +264,9 @@ def lam_for_acceptance(positions: Rollouts, target: float) -> float:
 def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
     """Expected fidelity (mean E_ν[log p] per token) of per-token weights w against a static w with the same
     expected acceptance, and against the per-token optimum (the threshold rule) with that acceptance: the
-    offline measure of how much of the possible gain over the static frontier a head captures."""
+    offline measure of how much of the possible gain over the static frontier a head captures. For a greedy
+    head (one-hot positions) these are the figures of its relaxation, a hand-over with probability 1 − w_t,
+    not of the greedy threshold rule: only the decoded frontier tests that."""
     tv, h, ce = positions.tv[0], positions.target_entropy[0], positions.cross_entropy[0]
     acceptance = float((1 - w * tv).mean())
     fidelity = lambda weights: float(-(weights * h + (1 - weights) * ce).mean())

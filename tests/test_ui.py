@@ -324,7 +324,8 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
         return float(points[points["kind"] == "head"]["acceptance"].iloc[0])
     assert head_acceptance(0.0) == 0.5  # greedy on the primary's set, not another set's
     assert head_acceptance(1.0) == head_acceptance(0.7) == primary["head_point"]["acceptance"]
-    *_, note, _ = app.shipped_dial(heads, "summarization", 4, 0.1, 0.0)
+    frontiers = {greedy: results.shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
+    *_, note, _ = app.shipped_dial(frontiers, "summarization", 4, 0.1, 0.0)
     assert "T = 0.0" in note
     del card["evaluations"]["spec_bench, greedy"]  # no greedy evaluation: the primary one is drawn
     (tmp_path / "s.json").write_text(json.dumps(card))
@@ -359,7 +360,8 @@ def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
 
 def test_a_task_without_a_card_says_how_to_make_one():
     without_code = {name: path for name, path in SHIPPED_HEADS.items() if name != "code"}
-    *_, note, points = app.shipped_dial(without_code, "code", 4, 0.1, 1.0)
+    frontiers = {False: results.shipped_frontiers(without_code), True: results.shipped_frontiers(without_code, 0.0)}
+    *_, note, points = app.shipped_dial(frontiers, "code", 4, 0.1, 1.0)
     assert points is None and "No shipped frontier card for **code**" in note and "--write-card" in note
 
 

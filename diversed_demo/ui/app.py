@@ -301,10 +301,11 @@ def head_for_temperature(cards: dict, head_name, temperature):
     return gr.skip() if choice is None else choice
 
 
-def shipped_dial(head_paths: dict, task, n_draft, cost_ratio, temperature):
+def shipped_dial(frontiers: dict, task, n_draft, cost_ratio, temperature):
     """The shipped frontier of `task` (static points, theory line, heads as stars) as measured greedily when
-    the sidebar's temperature is 0, else at T = 1: figures, note, points."""
-    frontier = results.shipped_frontiers(head_paths, temperature).get(task)
+    the sidebar's temperature is 0, else at T = 1 (`frontiers`: {greedy?: shipped_frontiers}): figures,
+    note, points."""
+    frontier = frontiers[results.is_greedy(temperature)].get(task)
     if frontier is None:
         note = (f"No shipped frontier card for **{task}** with this pair: run the live sweep below, or "
                 f"`{results.FRONTIER_COMMAND}`.")
@@ -444,7 +445,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
     heads_now = list_heads(pair)
     start = results.arrival_defaults(examples, heads_now)
     first_prompt = examples[start.example_index].prompt if start.example_index is not None else ""
-    frontiers = results.shipped_frontiers(heads_now)
+    frontiers = {greedy: results.shipped_frontiers(heads_now, 0.0 if greedy else 1.0) for greedy in (False, True)}
     presets = results.cost_presets()
     public = public_space()
 
@@ -550,10 +551,10 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                 results_link.click(lambda: gr.Tabs(selected="results"), None, tabs, api_visibility="private")
 
             with gr.Tab("Speed–quality dial", id="dial"):
-                tasks_with_cards = [t for t in TASKS if t in frontiers]
+                tasks_with_cards = [t for t in TASKS if t in frontiers[False]]
                 dial_start = tasks_with_cards[0] if tasks_with_cards else "general"
                 *figures_start, note_start, points_start = shipped_dial(
-                    heads_now, dial_start, start.settings.n_draft, presets[0].cost_ratio, start.settings.temperature)
+                    frontiers, dial_start, start.settings.n_draft, presets[0].cost_ratio, start.settings.temperature)
                 gr.Markdown("Acceptance against quality for each static w, with the theory line 1 − w·E[TV] "
                             "(E[TV] from the w = 1 point) and the trained heads as stars; the projected speedup at a "
                             "draft/target cost ratio c you choose. Quality is the task's reward: ROUGE-2 "
@@ -598,9 +599,9 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
 
                 shipped_inputs = [dial_task, n_draft, cost_ratio, temperature]
                 shipped_outputs = [*dial_plots, dial_note, dial_points]
-                dial_task.change(bind(shipped_dial, heads_now), shipped_inputs, shipped_outputs,
+                dial_task.change(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
                                  api_visibility="private")
-                shipped_button.click(bind(shipped_dial, heads_now), shipped_inputs, shipped_outputs,
+                shipped_button.click(bind(shipped_dial, frontiers), shipped_inputs, shipped_outputs,
                                      api_visibility="private")
                 cost_preset.change(bind(preset_cost, presets), cost_preset, cost_ratio, api_visibility="private")
                 gr.on([cost_ratio.change, n_draft.release], respeed, [dial_points, n_draft, cost_ratio], projection_plot,

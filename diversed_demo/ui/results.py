@@ -177,16 +177,15 @@ def frontier_at(card: dict, temperature: float) -> dict | None:
                  and is_greedy(dig(e, "settings", "temperature")) == is_greedy(temperature)), None)
 
 
-def shipped_frontiers(head_paths: dict[str, Path], temperature: float | None = None) -> dict[str, Frontier]:
+def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> dict[str, Frontier]:
     """Per task, the static points of its first head card and every carded head of that task as a star.
 
-    With a temperature, each card's evaluation of that kind (greedy or sampled, see `frontier_at`) is drawn,
-    and a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
+    Each card's evaluation of the temperature's kind (greedy or sampled, see `frontier_at`) is drawn, and
+    a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
     each evaluated with their own static sweep; the first card's sweep is drawn (the same settings and
     held-out set for the shipped ones)."""
     cards = head_cards(head_paths)
-    chosen = {name: card["frontier"] if temperature is None else frontier_at(card, temperature)
-              for name, card in cards.items()}
+    chosen = {name: frontier_at(card, temperature) for name, card in cards.items()}
     tasks_drawn = {cards[name].get("task") or "general" for name, frontier in chosen.items() if frontier}
     by_task: dict[str, Frontier] = {}
     for name, card in cards.items():
