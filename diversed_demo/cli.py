@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from .files import write_text
+
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target: hub id, directory or .gguf (default: embedded smollm2-135m)")
@@ -288,7 +290,7 @@ def run_frontier(args) -> int:
     for name, m in report["heads"].items():
         print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
               f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
-              f"beyond frontier: {m['beyond_frontier']}")
+              f"beyond frontier: {m['beyond_frontier']}\n{name}: {m['verdict']['text']}")
         if m["versus_exact"] is not None:
             v = m["versus_exact"]
             print(f"{name} − exact (w = 1), paired over {v['examples']} examples: quality {v['quality_difference']:+.4f}"
@@ -299,18 +301,17 @@ def run_frontier(args) -> int:
                                 f"T = {args.temperature:g})").write_html(plot)
     print(f"plot: {plot}")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0
 
 
 def print_and_write(report: dict, table: str, json_path: str | None, markdown_path: str | None) -> None:
     """Print a report's Markdown table; write the report as JSON and the table where asked."""
-    from pathlib import Path
     print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        write_text(json_path, json.dumps(report, indent=2) + "\n")
     if markdown_path:
-        Path(markdown_path).write_text(table + "\n")
+        write_text(markdown_path, table + "\n")
 
 
 def add_table_arguments(parser) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 
 def cache_dir() -> Path:
     """The user cache folder: $DIVERSED_CACHE, else diversed-demo in $XDG_CACHE_HOME (~/.cache)."""
@@ -26,5 +24,11 @@ def atomic_write(path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_text(path, text: str) -> None:
+    """Write a report or card atomically, making its folder."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
 def atomic_torch_save(obj, path) -> None:
+    import torch
     atomic_write(path, lambda tmp: torch.save(obj, tmp))

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .decode import Counts, encode_prompt, generate
+from .files import write_text
 from .head import ConstantHead, load_head, pair_identity, resolve_head_path, save_head
 from .rewards import task_reward
 from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
@@ -245,7 +246,34 @@ def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int =
     # as not on a dozen prompts.
     result["beyond_frontier"] = any(result[k]["ci95"] is not None and result[k]["ci95"][0] > 0
                                     for k in ("quality_margin", "acceptance_margin"))
+    result["verdict"] = verdict(result, [p.mean_quality for p in static_points], n)
     return result
+
+
+def verdict(margin: dict, static_qualities: list[float], examples: int) -> dict:
+    """What a frontier margin says, as {"kind", "text"}: beyond, below, unresolved, or floor.
+
+    Floor: the static curve's quality varies over w by less than two standard errors of the margin, so the
+    set cannot tell any setting from another (a small target near zero on GSM8K or MBPP); no claim is made."""
+    def figures(name):
+        m = margin[name]
+        return (f"{name.replace('_', ' ')} {m['estimate']:+.3f} ± {m['stderr']:.3f}, "
+                f"95% CI [{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}], n = {examples}")
+    quality = margin["quality_margin"]
+    if margin["beyond_frontier"]:
+        beyond = [k for k in ("quality_margin", "acceptance_margin")
+                  if margin[k]["ci95"] is not None and margin[k]["ci95"][0] > 0]
+        return {"kind": "beyond", "text": "beyond the static frontier: " + "; ".join(map(figures, beyond))}
+    if quality["ci95"] is None:
+        return {"kind": "unresolved", "text": "the head's acceptance lies outside the static curve's range: no claim"}
+    spread = max(static_qualities) - min(static_qualities)
+    if quality["ci95"][1] < 0:
+        return {"kind": "below", "text": f"below the static frontier at the head's acceptance: {figures('quality_margin')}"}
+    if spread < 2 * quality["stderr"]:
+        return {"kind": "floor", "text": f"no claim: quality varies by {spread:.3f} over static w, less than two "
+                                         f"standard errors of the margin (the set is at the target's floor); "
+                                         f"{figures('quality_margin')}"}
+    return {"kind": "unresolved", "text": f"on the static frontier within its 95% CI: {figures('quality_margin')}"}
 
 
 def frontier_figure(points: list[Point], title: str = "Speed–quality frontier"):
@@ -320,7 +348,7 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
     card = {"head": path.stem, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
             "training": head.meta.get("training"), "warm_start": head.meta.get("warm_start"),
             "train_figures": head.meta.get("train_figures"), "frontier": frontier, "evaluations": evaluations}
-    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    write_text(card_path, json.dumps(card, indent=2) + "\n")
     head.meta["evaluation"], head.meta["evaluations"] = frontier, evaluations
     save_head(head, path)
     return card

@@ -90,6 +90,23 @@ def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
     assert not result["beyond_frontier"]
 
 
+def test_the_verdict_names_beyond_below_floor_and_unresolved():
+    static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
+    assert frontier_margin(static, point("dynamic:h", None, 4, 0.8))["verdict"]["kind"] == "beyond"
+    below = frontier_margin(static, point("dynamic:h", None, 4, 0.5))["verdict"]
+    assert below["kind"] == "below" and "quality margin -0.200 ± 0.000" in below["text"] and "n = 20" in below["text"]
+    noisy = point("dynamic:h", None, 4, 0.7)
+    noisy.quality = [0.72 + (0.5 if i % 2 else -0.5) for i in range(len(noisy.quality))]
+    assert frontier_margin(static, noisy)["verdict"]["kind"] == "unresolved"  # the curve spans 0.4 ≫ the noise
+    # A task at its floor: every static w scores (nearly) nothing, so no margin can be resolved.
+    floor = [point("static:1", 1.0, 2, 0.0), point("static:0", 0.0, 6, 0.0)]
+    for p in floor:
+        p.quality = [1.0 if i == 0 else 0.0 for i in range(20)]
+    head = point("dynamic:h", None, 4, 0.0)
+    head.quality = [1.0 if i == 1 else 0.0 for i in range(20)]
+    assert frontier_margin(floor, head)["verdict"]["kind"] == "floor"
+
+
 def test_heads_of_two_runs_with_one_name_are_both_evaluated():
     labels = head_labels(["runs/a/general.safetensors", "runs/b/general.safetensors", "heads/code.safetensors"])
     assert list(labels) == ["a/general", "b/general", "code"]

@@ -226,13 +226,14 @@ def head_for_temperature(cards: dict[str, dict], head_name, temperature):
 
 
 def head_margin_text(evaluation: dict) -> str:
-    """'quality +1.44 ± 0.45 (P > 0: 0.997)' from an evaluation's bootstrap margins, or n/a."""
+    """'+1.44 ± 0.45 (P > 0: 0.997): beyond' from an evaluation's bootstrap margins and verdict, or n/a."""
     from ..formatting import fmt
     margin = dig(evaluation, "quality_margin")
     if not isinstance(margin, dict) or margin.get("estimate") is None:
         return "n/a"
+    kind = dig(evaluation, "verdict", "kind")
     return (f"{fmt(margin['estimate'], '+.4g')} ± {fmt(margin.get('stderr'), '.2g')} "
-            f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})")
+            f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})" + (f": {kind}" if isinstance(kind, str) else ""))
 
 
 def quality_metric(task: str) -> str:
