@@ -288,9 +288,9 @@ def run_frontier(args) -> int:
         print(f"log: {report['log']['path']} ({report['log']['decodes_reused']} decodes read back)")
     print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, m in report["heads"].items():
-        print(f"{name}: quality margin {m['quality_margin']['estimate']} ± {m['quality_margin']['stderr']}, "
-              f"acceptance margin {m['acceptance_margin']['estimate']} ± {m['acceptance_margin']['stderr']}, "
-              f"beyond frontier: {m['beyond_frontier']}\n{name}: {m['verdict']['text']}")
+        acceptance = m["acceptance_margin"]
+        print(f"{name}: {m['verdict']['text']}\n{name}: acceptance margin at the head's quality "
+              f"{fmt(acceptance['estimate'], '+.4f')} ± {fmt(acceptance['stderr'], '.4f')}")
         if m["versus_exact"] is not None:
             v = m["versus_exact"]
             print(f"{name} − exact (w = 1), paired over {v['examples']} examples: quality {v['quality_difference']:+.4f}"
