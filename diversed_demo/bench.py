@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from .decode import Counts, encode_prompt, generate
+from .decode import Counts, decode_rows, decode_steps, encode_prompt, generate
 from .draft import CachedLM
 from .eagle import Eagle3Draft
 from .formatting import fmt
@@ -239,6 +239,62 @@ def run_bench(pair, examples, modes: dict, n_draft: int | str = 4, max_new_token
     report["streaming_overhead"] = events_s / (seconds - events_s)
     report["goals"] = goals(report)
     return report
+
+
+@torch.inference_mode()
+def run_batch_bench(pair, examples, modes: dict, rows: int, n_draft: int = 4, max_new_tokens: int = 64,
+                    temperature: float = 1.0, seed: int = 0, progress=None) -> dict:
+    """Throughput of `rows` decodes of each question as one batch (how head training decodes a prompt's
+    rollouts) against the same decodes one after another, per mode, in one process; which goes first
+    alternates between questions. Both run the bare loop (no events)."""
+    if not (isinstance(rows, int) and rows >= 2):
+        raise ValueError(f"the batch needs at least 2 rows, not {rows!r}")
+    sequential, batched = defaultdict(Counts), defaultdict(Counts)
+    identical = defaultdict(list)
+    for i, example in enumerate(examples):
+        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+        seeds = [seed + i * rows + r for r in range(rows)]
+        for name, kwargs in modes.items():
+            kwargs = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature, **kwargs}
+            outputs = {}
+            for how in (("alone", "batch") if i % 2 == 0 else ("batch", "alone")):
+                ids = defaultdict(list)
+                start = time.perf_counter()
+                if how == "batch":
+                    for r, step in decode_rows(pair, [prompt_ids] * rows, seeds=seeds, **kwargs):
+                        ids[r] += step.new_ids
+                else:
+                    for r in range(rows):
+                        for step in decode_steps(pair, prompt_ids, seed=seeds[r], **kwargs):
+                            ids[r] += step.new_ids
+                seconds = time.perf_counter() - start
+                tokens = sum(len(v) for v in ids.values())
+                (batched if how == "batch" else sequential)[name] += Counts(new_tokens=tokens, wall_time_s=seconds)
+                outputs[how] = [ids[r] for r in range(rows)]
+            identical[name] += [a == b for a, b in zip(outputs["alone"], outputs["batch"])]
+            if progress is not None:
+                progress()
+    return {"settings": {"examples": len(examples), "rows": rows, "n_draft": n_draft, "max_new_tokens": max_new_tokens,
+                         "temperature": temperature, "seed": seed, "threads": torch.get_num_threads(),
+                         "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device),
+                         "dtype": str(pair.target.dtype).removeprefix("torch.")},
+            "modes": {name: {"tokens_per_second_alone": sequential[name].tokens_per_second,
+                             "tokens_per_second_batch": batched[name].tokens_per_second,
+                             "batch_over_alone": batched[name].tokens_per_second / sequential[name].tokens_per_second,
+                             "identical_outputs": sum(identical[name]) / len(identical[name])}
+                      for name in modes}}
+
+
+def batch_markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = ["| mode | tokens/s, one after another | tokens/s, one batch | batch ÷ one after another | rows identical |",
+             "|---|---|---|---|---|"]
+    for name, row in report["modes"].items():
+        lines.append(f"| {name} | {row['tokens_per_second_alone']:.1f} | {row['tokens_per_second_batch']:.1f} | "
+                     f"{row['batch_over_alone']:.2f}× | {row['identical_outputs']:.0%} |")
+    lines.append(f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, ≤{s['max_new_tokens']} "
+                 f"new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads on {s['device']}.")
+    return "\n".join(lines)
 
 
 def relative_change(value, reference):

@@ -377,6 +377,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vs-transformers", action="store_true", help="also time transformers' generate (greedy)")
+    parser.add_argument("--batch-rows", type=int, default=None, metavar="K",
+                        help="instead: time K decodes of each question as one batch (how head training decodes "
+                             "rollouts) against one after another, per mode (N from --n-draft, 4 where auto)")
     parser.add_argument("--json", default=None, help="write the machine-readable report here")
     parser.add_argument("--markdown", default=None, help="write the Markdown table here")
     parser.add_argument("--plot", default=None, help="write a plotly HTML chart here")
@@ -387,7 +390,7 @@ def add_bench_arguments(parser) -> None:
 def run_bench_command(args) -> int:
     from tqdm.auto import tqdm
 
-    from .bench import bench_figure, markdown_table, parse_modes, run_bench
+    from .bench import batch_markdown, bench_figure, markdown_table, parse_modes, run_batch_bench, run_bench
     from .tasks import app_examples, load_spec_bench
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     # Everything that can be checked without the models is checked before they load.
@@ -401,9 +404,17 @@ def run_bench_command(args) -> int:
     if args.n_draft != "auto" and not (args.n_draft.isdigit() and int(args.n_draft) >= 1):
         raise ValueError(f"--n-draft must be a positive integer or auto, not {args.n_draft!r}")
     n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft)
+    if args.batch_rows is not None and args.batch_rows < 2:
+        raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
+    if args.batch_rows is not None:
+        report = run_batch_bench(pair, examples, modes, args.batch_rows, 4 if n_draft == "auto" else n_draft,
+                                 args.max_new_tokens, args.temperature, args.seed, progress=lambda: bar.update(1))
+        bar.close()
+        print_and_write(report, batch_markdown(report), args.json, args.markdown)
+        return 0
     report = run_bench(pair, examples, modes, n_draft, args.max_new_tokens, args.temperature, args.seed,
                        args.vs_transformers, progress=lambda: bar.update(1))
     bar.close()

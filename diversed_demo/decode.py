@@ -1,10 +1,11 @@
 """The decoder: one loop for target-only, exact speculative and DIVERSED decoding, emitting token events.
 
 Each step the draft proposes up to N tokens (draft.py: a standalone LM or a feature draft, one
-interface), `verify_step` has the target score them and the bonus position in one pass and decides,
-and the loop keeps the accounting and turns the verdict into events. Both models keep a KV cache of the
-emitted sequence; on rejection the caches are cropped back, so the prefix is never recomputed.
-Target-only decoding is the same loop with N = 0: every step then emits the target's own "bonus" token.
+interface), the target scores them and the bonus position in one pass, `verify_step` decides, and the
+loop keeps the accounting and turns the verdict into events. Both models keep a KV cache of the emitted
+sequence; on rejection the caches are cropped back, so the prefix is never recomputed. Target-only
+decoding is the same loop with N = 0: every step then emits the target's own "bonus" token. The loop
+also runs a batch of sequences through one target pass a step (`decode_rows`), which head training uses.
 """
 from __future__ import annotations
 
@@ -202,11 +203,11 @@ class Verdict:
     target_features: torch.Tensor | None  # aux hidden states of the verified positions, for a feature draft
 
 
-def verify_step(target: CachedLM, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler) -> Verdict:
-    """The target scores the unseen part of the sequence and the drafts in one pass; verify against nu."""
+def verify_step(scored, fed: int, draft_tokens, draft_probs, draft_hidden, weigh, sampler) -> Verdict:
+    """Decide one row's drafts from the target's pass over its `fed` unseen tokens and the drafts:
+    scored = (logits [n + 1, V], last hidden [n + 1, H], aux hidden of the fed tokens or None)."""
+    logits, target_hidden, aux = scored
     n = len(draft_tokens)
-    fed = sequence[target.length:]
-    logits, target_hidden, aux = target.forward(torch.cat([fed, draft_tokens]), keep=n + 1)
     target_probs = sampler.probs(logits)
     w = weigh(target_hidden[:n], draft_hidden).float() if n else target_probs.new_ones(0)
     if sampler.greedy:
@@ -214,7 +215,7 @@ def verify_step(target: CachedLM, sequence, draft_tokens, draft_probs, draft_hid
     else:
         n_accepted, next_token, accept_probs = verify_block(draft_tokens, draft_probs, target_probs, w,
                                                             sampler.generator)
-    verified = None if aux is None else aux[: len(fed) + n_accepted]
+    verified = None if aux is None else aux[: fed + n_accepted]
     return Verdict(draft_tokens, draft_probs, target_probs, w, n_accepted, next_token, accept_probs,
                    target_hidden, draft_hidden, verified)
 
@@ -234,44 +235,70 @@ class Step:
 def decode_steps(pair, prompt_ids: list[int], mode: str, ensemble_weight: float = 0.5, head=None,
                  n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
                  seed: int = 0):
-    """The decoding loop, one Step at a time (arguments already checked). Both the event stream and
-    head training's rollouts read it, so they follow one law."""
+    """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
+    for _, step in decode_rows(pair, [prompt_ids], mode, ensemble_weight, head, n_draft, max_new_tokens,
+                               temperature, top_p, [seed]):
+        yield step
+
+
+def decode_rows(pair, prompts: list[list[int]], mode: str, ensemble_weight: float = 0.5, head=None,
+                n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
+                seeds: list[int] = (0,)):
+    """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
+    each step. Every row has its own draft state and its own random stream, so row r follows the law
+    (and, up to rounding, the tokens) of a decode of prompts[r] alone with seeds[r]; the rows share one
+    target pass a step, which streams the target's weights once for all of them. The event stream, the
+    frontier and head training's rollouts all read this loop, so they follow one law."""
     device = pair.target.device
-    sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed))
+    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed)) for seed in seeds]
     stop_ids = eos_ids(pair)
-    draft = make_draft(pair, mode)
-    target = CachedLM(pair.target, pair.vocab_size, draft.aux_layer_ids if draft else ())
+    drafts = [make_draft(pair, mode) for _ in prompts]
+    target = CachedLM(pair.target, pair.vocab_size, drafts[0].aux_layer_ids if drafts[0] else (), rows=len(prompts))
     weigh = weight_rule(mode, ensemble_weight, head)
-    sequence = torch.tensor(prompt_ids, device=device)
-    emitted, index = 0, 0
-    while emitted < max_new_tokens:
+    sequences = [torch.tensor(ids, device=device) for ids in prompts]
+    emitted, active, index = [0] * len(prompts), list(range(len(prompts))), 0
+    while active:
         index += 1
-        # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
-        # the target's first pass over the prompt.
-        n = min(n_draft, max_new_tokens - emitted - 1) if draft and draft.ready(len(sequence)) else 0
-        t0 = time.perf_counter()
-        if n > 0:
-            draft_tokens, draft_probs, draft_hidden = draft.propose(sequence, n, sampler)
-        else:
-            draft_tokens, draft_hidden = sequence.new_empty(0), None
-            draft_probs = torch.empty(0, pair.vocab_size, device=device)
+        proposals, draft_s = [], []
+        for r in active:
+            # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
+            # the target's first pass over the prompt.
+            draft, sequence = drafts[r], sequences[r]
+            n = min(n_draft, max_new_tokens - emitted[r] - 1) if draft and draft.ready(len(sequence)) else 0
+            t0 = time.perf_counter()
+            if n > 0:
+                proposals.append(draft.propose(sequence, n, samplers[r]))
+            else:
+                proposals.append((sequence.new_empty(0), torch.empty(0, pair.vocab_size, device=device), None))
+            draft_s.append(time.perf_counter() - t0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
-        verdict = verify_step(target, sequence, draft_tokens, draft_probs, draft_hidden, weigh, sampler)
-        t2 = time.perf_counter()
-        new_ids = torch.cat([draft_tokens[:verdict.n_accepted], verdict.next_token.view(1)]).tolist()
-        stop_at = next((i + 1 for i, t in enumerate(new_ids) if t in stop_ids), None)
-        new_ids = new_ids[:stop_at]
-        yield Step(index, sequence, verdict, new_ids, stop_at is not None, t1 - t0, t2 - t1)
-        emitted += len(new_ids)
-        sequence = torch.cat([sequence, sequence.new_tensor(new_ids)])
-        if stop_at is not None:
-            break
-        # Keep the caches on the new sequence minus its last token (which is fed next step).
-        target.rollback(len(sequence) - 1)
-        if draft is not None:
-            draft.observe(len(sequence), verdict.target_features)
+        feeds = [torch.cat([sequences[r][target.lengths[i]:], proposal[0]]) for i, (r, proposal)
+                 in enumerate(zip(active, proposals))]
+        scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
+        verdicts = [verify_step(out, len(feed) - len(p[0]), *p, weigh, samplers[r])
+                    for r, out, feed, p in zip(active, scored, feeds, proposals)]
+        verify_s = time.perf_counter() - t1
+        still = []
+        for i, (r, verdict) in enumerate(zip(active, verdicts)):
+            new_ids = torch.cat([verdict.draft_tokens[:verdict.n_accepted], verdict.next_token.view(1)]).tolist()
+            stop_at = next((j + 1 for j, t in enumerate(new_ids) if t in stop_ids), None)
+            new_ids = new_ids[:stop_at]
+            yield r, Step(index, sequences[r], verdict, new_ids, stop_at is not None, draft_s[i], verify_s)
+            emitted[r] += len(new_ids)
+            sequences[r] = torch.cat([sequences[r], sequences[r].new_tensor(new_ids)])
+            if stop_at is not None or emitted[r] >= max_new_tokens:
+                continue
+            still.append(i)
+            # Keep the caches on the new sequence minus its last token (which is fed next step).
+            target.rollback(len(sequences[r]) - 1, i)
+            if drafts[r] is not None:
+                drafts[r].observe(len(sequences[r]), verdict.target_features)
+        if len(still) < len(active):
+            if still:
+                target.keep_rows(still)
+            active = [active[i] for i in still]
 
 
 @torch.inference_mode()

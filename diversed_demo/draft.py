@@ -37,32 +37,88 @@ class Sampler:
 
 
 class CachedLM:
-    """A causal LM with its KV cache and the number of sequence tokens the cache holds."""
+    """A causal LM with its KV cache and the number of sequence tokens the cache holds, for one sequence or
+    a batch of rows.
 
-    def __init__(self, model, vocab_size: int, aux_layer_ids=()):
+    One row crops its cache on rollback. Rows of a batch advance together through one cache (each step
+    feeds every row the same number of slots), so a row's rolled-back entries cannot be cropped while
+    another row still needs the slots after them: they become holes, masked out of attention, and each
+    slot keeps its row's position for the rotary embedding. Trailing slots no row needs are cropped.
+    """
+
+    def __init__(self, model, vocab_size: int, aux_layer_ids=(), rows: int = 1):
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = vocab_size
         self.aux_layer_ids = list(aux_layer_ids)  # hidden_states to return besides the last, for a feature draft
         self.cache = DynamicCache(config=model.config)
-        self.length = 0
+        self.lengths = [0] * rows  # sequence tokens each row's cache holds
+        self.slot_positions = None  # [rows, slots]: each slot's position in its row's sequence, −1 for a hole
+
+    @property
+    def length(self) -> int:
+        return self.lengths[0]
 
     def forward(self, tokens: torch.Tensor, keep: int):
-        """Feed tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last `keep`,
-        and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers)."""
+        """Feed one row's tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last
+        `keep`, and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers)."""
         out = self.decoder(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True,
                            output_hidden_states=bool(self.aux_layer_ids))
-        hidden = out.last_hidden_state[0, -keep:]
+        self.lengths[0] += tokens.numel()
+        return self._outputs(out, 0, tokens.numel(), keep)
+
+    def forward_rows(self, feeds: list[torch.Tensor], keeps: list[int]) -> list[tuple]:
+        """`forward` for every row of the batch in one pass: feeds[r] [k_r] and keeps[r] as there."""
+        if len(feeds) != len(self.lengths):
+            raise ValueError(f"{len(feeds)} feeds for a batch of {len(self.lengths)} rows")
+        if self.slot_positions is None and len(feeds) == 1:  # one sequence: no holes, no mask
+            return [self.forward(feeds[0], keeps[0])]
+        width = max(len(f) for f in feeds)
+        device = feeds[0].device
+        offsets = torch.arange(width, device=device)
+        tokens = torch.stack([torch.cat([f, f.new_zeros(width - len(f))]) for f in feeds])
+        starts = torch.tensor(self.lengths, device=device)[:, None]
+        real = offsets[None] < torch.tensor([len(f) for f in feeds], device=device)[:, None]
+        positions = torch.where(real, starts + offsets, -1)
+        self.slot_positions = positions if self.slot_positions is None else torch.cat([self.slot_positions, positions], 1)
+        out = self.decoder(input_ids=tokens, past_key_values=self.cache, use_cache=True,
+                           attention_mask=(self.slot_positions >= 0).long(), position_ids=(starts + offsets),
+                           output_hidden_states=bool(self.aux_layer_ids))
+        for r, f in enumerate(feeds):
+            self.lengths[r] += len(f)
+        return [self._outputs(out, r, len(f), keep) for r, (f, keep) in enumerate(zip(feeds, keeps))]
+
+    def _outputs(self, out, row: int, fed: int, keep: int):
+        hidden = out.last_hidden_state[row, fed - keep: fed]
         logits = self.lm_head(hidden)[:, : self.vocab_size]
-        self.length += tokens.numel()
-        aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layer_ids], -1) if self.aux_layer_ids else None
+        aux = (torch.cat([out.hidden_states[i][row, :fed] for i in self.aux_layer_ids], -1)
+               if self.aux_layer_ids else None)
         return logits, hidden, aux
 
-    def rollback(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)
-            self.length = length
+    def rollback(self, length: int, row: int = 0) -> None:
+        """Keep the row's first `length` sequence tokens."""
+        if length >= self.lengths[row]:
+            return
+        if self.slot_positions is None:
+            self.cache.crop(length - self.lengths[row])  # transformers takes the number of slots to drop, negated
+            self.lengths[row] = length
+            return
+        self.lengths[row] = length
+        self.slot_positions[row][self.slot_positions[row] >= length] = -1
+        used = (self.slot_positions >= 0).any(0).nonzero()
+        keep = int(used[-1]) + 1 if len(used) else 0
+        if keep < self.slot_positions.shape[1]:
+            self.cache.crop(keep - self.slot_positions.shape[1])
+            self.slot_positions = self.slot_positions[:, :keep]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every other row of the batch (finished decodes)."""
+        index = torch.tensor(rows, device=self.slot_positions.device if self.slot_positions is not None else None)
+        self.cache.batch_select_indices(index)
+        self.lengths = [self.lengths[r] for r in rows]
+        if self.slot_positions is not None:
+            self.slot_positions = self.slot_positions[index]
 
 
 class StandaloneDraft:

@@ -1,8 +1,8 @@
 """Training an ensemble head with sequence-level REINFORCE plus an acceptance term.
 
 Both language models are frozen; only the head trains. Rollouts come from the speculative decoder itself
-(blocks of N drafts verified against nu_t = w_t·p_t + (1 − w_t)·q_t, with the serving N), so they follow
-the law the head serves under for either kind of draft. At every position where w_t decided the token we
+(blocks of N drafts verified against nu_t = w_t·p_t + (1 − w_t)·q_t, with the serving N; a prompt's
+rollouts decode as one batch), so they follow the law the head serves under for either kind of draft. At every position where w_t decided the token we
 keep what the loss needs: the hidden states the head reads, p_t(y_t), q_t(y_t) and TV(p_t, q_t). The loss
 then re-evaluates only the head:
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .decode import decode_steps, encode_prompt
+from .decode import decode_rows, encode_prompt
 from .head import new_head, save_head, user_heads_dir
 from .models import text_config
 from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
@@ -167,34 +167,32 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
     decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
     not, but they are part of each output (`outputs`) that the reward scores.
     """
-    rows, outputs = [], []
-    for _ in range(n):
-        seed = int(torch.randint(2**31 - 1, (), generator=generator))
-        fields = {k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")}
-        output = []
-        for step in decode_steps(pair, prompt_ids, "dynamic", head=head, n_draft=n_draft,
-                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed):
-            v = step.verdict
-            # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
-            k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
-            if k:
-                tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
-                rows_k = torch.arange(k, device=tokens.device)
-                p, q = v.target_probs[:k], v.draft_probs[:k]
-                log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
-                if temperature == 0:
-                    # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so
-                    # TV is 1 where the draft's token differs from the target's, H is −log p of the target's
-                    # own token and CE that of the draft's, and the dense term prices each hand-over exactly.
-                    p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
-                for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
-                                   ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
-                                   ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
-                                   ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1))):
-                    fields[key].append(value)
-            output += step.new_ids
-        rows.append({k: torch.cat(v) if v else None for k, v in fields.items()})
-        outputs.append(output)
+    seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in range(n)]
+    fields = [{k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)]
+    outputs = [[] for _ in range(n)]
+    # The n rollouts decode as one batch: each target pass streams the weights once for all of them.
+    for r, step in decode_rows(pair, [prompt_ids] * n, "dynamic", head=head, n_draft=n_draft,
+                               max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds):
+        v = step.verdict
+        # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
+        k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
+        if k:
+            tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
+            rows_k = torch.arange(k, device=tokens.device)
+            p, q = v.target_probs[:k], v.draft_probs[:k]
+            log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
+            if temperature == 0:
+                # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so
+                # TV is 1 where the draft's token differs from the target's, H is −log p of the target's
+                # own token and CE that of the draft's, and the dense term prices each hand-over exactly.
+                p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
+            for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
+                               ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
+                               ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
+                               ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1))):
+                fields[r][key].append(value)
+        outputs[r] += step.new_ids
+    rows = [{k: torch.cat(v) if v else None for k, v in row.items()} for row in fields]
     length = max(1, max(len(r["tokens"]) if r["tokens"] is not None else 0 for r in rows))
     device = pair.target.device
     batch = {"mask": torch.zeros(n, length, device=device)}

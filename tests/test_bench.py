@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from diversed_demo.bench import markdown_table, parse_modes, run_bench
+from diversed_demo.bench import batch_markdown, markdown_table, parse_modes, run_batch_bench, run_bench
 from diversed_demo.theory import alpha_from_acceptance, analytic_speedup
 from diversed_demo.tasks import Example
 
@@ -152,3 +152,15 @@ def test_bench_runs_a_feature_draft_and_compares_only_target_only_with_transform
                        vs_transformers=True)
     assert set(report["vs_transformers"]) == {"ar"}
     assert report["overall"]["exact"]["acceptance_rate"] is not None and report["costs"]["c"] > 0
+
+
+def test_the_batch_bench_decodes_the_same_rows_both_ways(any_pair):
+    examples = [Example("the cat sat on the", "general"), Example("one two three", "math")]
+    modes = parse_modes("ar,static:0.5", any_pair)
+    report = run_batch_bench(any_pair, examples, modes, rows=3, n_draft=3, max_new_tokens=12)
+    for row in report["modes"].values():
+        assert row["identical_outputs"] == 1.0  # a batch row decodes as its sequence would alone
+        assert row["tokens_per_second_alone"] > 0 and row["batch_over_alone"] > 0
+    assert "| static:0.5 |" in batch_markdown(report) and "3 decodes of each of 2 questions" in batch_markdown(report)
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        run_batch_bench(any_pair, examples, modes, rows=1)

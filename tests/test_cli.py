@@ -23,7 +23,7 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
     ([*GENERATE, "--mode", "dynamic", "--head", "no-such-head"], "no head 'no-such-head'"),
     (["bench", "--modes", "ar,static:2"], "[0, 1]"), (["bench", "--modes", "exact"], "must include ar"),
     (["bench", "--modes", "ar,dynamic:no-such-head"], "no head"), (["bench", "--n-draft", "0"], "--n-draft"),
-    (["bench", "--app-examples", "0"], "--app-examples"),
+    (["bench", "--app-examples", "0"], "--app-examples"), (["bench", "--batch-rows", "1"], "--batch-rows"),
     (["frontier", "--weights", "0,2"], "[0, 1]"), (["frontier", "--head", "no-such-head"], "no head"),
     (["frontier", "--task", "code", "--set", "gsm8k"], "no held-out set 'gsm8k'"),
     (["table", "--sets", "math:mbpp"], "no held-out set 'mbpp'"), (["table", "--sets", "poetry"], "no held-out set"),

@@ -187,8 +187,8 @@ def test_restricted_draft_greedy_matches_target_and_transformers(restricted_pair
 class RecomputingLM(decode.CachedLM):
     """No KV cache at all: every forward recomputes the whole prefix."""
 
-    def __init__(self, model, vocab_size, aux_layer_ids=()):
-        super().__init__(model, vocab_size, aux_layer_ids)
+    def __init__(self, model, vocab_size, aux_layer_ids=(), rows=1):
+        super().__init__(model, vocab_size, aux_layer_ids, rows)
         self.tokens = torch.empty(0, dtype=torch.long)
 
     def forward(self, tokens, keep):
@@ -196,13 +196,13 @@ class RecomputingLM(decode.CachedLM):
         self.tokens = torch.cat([self.tokens, tokens.view(-1)])
         out = self.decoder(input_ids=self.tokens.view(1, -1), output_hidden_states=True)
         hidden = out.last_hidden_state[0, -keep:]
-        self.length = self.tokens.numel()
+        self.lengths = [self.tokens.numel()]
         aux = target_features(out.hidden_states, self.aux_layer_ids)[0, -new:] if self.aux_layer_ids else None
         return self.lm_head(hidden)[:, : self.vocab_size], hidden, aux
 
-    def rollback(self, length):
+    def rollback(self, length, row=0):
         self.tokens = self.tokens[:length]
-        self.length = self.tokens.numel()
+        self.lengths = [self.tokens.numel()]
 
 
 class RecomputingFeatureDraft(decode.FeatureDraft):
@@ -350,3 +350,47 @@ def test_local_directories_load_as_a_pair(tmp_path):
     assert summary.new_tokens >= 1
     with pytest.raises(PairError, match="not a model directory"):
         load_pair(str(tmp_path), draft_dir, "cpu")
+
+
+def run_rows(pair, prompts, seeds, **kwargs):
+    """Each row's steps from one batched decode: {row: [Step, …]}."""
+    rows = collections.defaultdict(list)
+    with torch.inference_mode():
+        for r, step in decode.decode_rows(pair, prompts, seeds=seeds, **kwargs):
+            rows[r].append(step)
+    return rows
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("mode", ["exact", "static", "dynamic"])
+def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, temperature):
+    # Rows of different prompt lengths that stop at different steps (EOS or budget), so the batch pads
+    # prompts, leaves holes where one row rejected drafts that another kept, and drops finished rows.
+    kwargs = dict(mode=mode, n_draft=3, max_new_tokens=24, temperature=temperature,
+                  ensemble_weight=0.4, head=TiltedHead(any_pair.target.config.hidden_size))
+    prompts, seeds = PROMPTS * 2, list(range(8))
+    rows = run_rows(any_pair, prompts, seeds, **kwargs)
+    with torch.inference_mode():
+        alone = [list(decode.decode_steps(any_pair, prompts[r], seed=seeds[r], **kwargs)) for r in range(8)]
+    for r in range(8):
+        assert [s.new_ids for s in rows[r]] == [s.new_ids for s in alone[r]]
+        for batched, single in zip(rows[r], alone[r]):
+            assert batched.verdict.n_accepted == single.verdict.n_accepted
+            assert torch.allclose(batched.verdict.target_probs, single.verdict.target_probs, atol=1e-5)
+            assert torch.allclose(batched.verdict.w, single.verdict.w, atol=1e-5)
+    if (mode, temperature) == ("static", 1.0):  # where relaxed drafts are often kept: the paths were exercised
+        assert len({len(steps) for steps in rows.values()}) > 1  # rows left the batch at different steps
+        assert any(len({rows[r][i].verdict.n_accepted for r in range(8)}) > 1 for i in range(5))  # holes
+
+
+def test_batched_rows_follow_nu(any_pair):
+    # The law of the first two tokens over 3000 rows decoded 500 at a time, against nu computed from scratch.
+    prompt, w, samples = PROMPTS[0], 0.4, 3000
+    law, _ = first_two_law(any_pair, prompt, w, eos=2)
+    counts = collections.Counter()
+    for start in range(0, samples, 500):
+        rows = run_rows(any_pair, [prompt] * 500, list(range(start, start + 500)), mode="static",
+                        ensemble_weight=w, n_draft=2, max_new_tokens=3)
+        for steps in rows.values():
+            counts[tuple(sum((s.new_ids for s in steps), [])[:2])] += 1
+    assert chi_square_pvalue(counts, law) > 0.001
