@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from .decode import Counts, decode_rows, decode_steps, encode_prompt, generate
+from .decode import Counts, Row, decode_rows, decode_steps, encode_prompt, generate
 from .draft import CachedLM
 from .eagle import Eagle3Draft
 from .formatting import fmt
@@ -255,17 +255,17 @@ def run_batch_bench(pair, examples, modes: dict, rows: int, n_draft: int = 4, ma
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         seeds = [seed + i * rows + r for r in range(rows)]
         for name, kwargs in modes.items():
-            kwargs = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature, **kwargs}
+            settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
             outputs = {}
             for how in (("alone", "batch") if i % 2 == 0 else ("batch", "alone")):
                 ids = defaultdict(list)
                 start = time.perf_counter()
                 if how == "batch":
-                    for r, step in decode_rows(pair, [prompt_ids] * rows, seeds=seeds, **kwargs):
+                    for r, step in decode_rows(pair, [Row(prompt_ids, seed, **kwargs) for seed in seeds], **settings):
                         ids[r] += step.new_ids
                 else:
                     for r in range(rows):
-                        for step in decode_steps(pair, prompt_ids, seed=seeds[r], **kwargs):
+                        for step in decode_steps(pair, prompt_ids, seed=seeds[r], **kwargs, **settings):
                             ids[r] += step.new_ids
                 seconds = time.perf_counter() - start
                 tokens = sum(len(v) for v in ids.values())

@@ -171,6 +171,14 @@ def check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature
         raise ValueError(f"top_p must be in (0, 1], not {top_p!r}")
 
 
+def check_context(pair, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """A ValueError where the prompt and the new tokens would not fit the target's context."""
+    limit = getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)
+    if limit and len(prompt_ids) + max_new_tokens > limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"the model's context of {limit} tokens")
+
+
 def make_draft(pair, mode: str):
     """The pair's draft behind the decoder's interface (none for target-only decoding)."""
     if mode == "ar":
@@ -232,31 +240,41 @@ class Step:
     verify_s: float
 
 
+@dataclass
+class Row:
+    """One sequence of a batch: its prompt, its random stream and how w is set for it."""
+    prompt_ids: list[int]
+    seed: int = 0
+    mode: str = "static"
+    ensemble_weight: float = 0.5
+    head: object = None
+
+
 def decode_steps(pair, prompt_ids: list[int], mode: str, ensemble_weight: float = 0.5, head=None,
                  n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
                  seed: int = 0):
     """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
-    for _, step in decode_rows(pair, [prompt_ids], mode, ensemble_weight, head, n_draft, max_new_tokens,
-                               temperature, top_p, [seed]):
+    for _, step in decode_rows(pair, [Row(prompt_ids, seed, mode, ensemble_weight, head)], n_draft,
+                               max_new_tokens, temperature, top_p):
         yield step
 
 
-def decode_rows(pair, prompts: list[list[int]], mode: str, ensemble_weight: float = 0.5, head=None,
-                n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
-                seeds: list[int] = (0,)):
+def decode_rows(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
+                top_p: float = 1.0):
     """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
-    each step. Every row has its own draft state and its own random stream, so row r follows the law
-    (and, up to rounding, the tokens) of a decode of prompts[r] alone with seeds[r]; the rows share one
-    target pass a step, which streams the target's weights once for all of them. The event stream, the
-    frontier and head training's rollouts all read this loop, so they follow one law."""
+    each step. Every row has its own draft state, weight rule and random stream, so row r follows the law
+    (and, up to rounding, the tokens) of a decode of rows[r] alone; the rows share one target pass a step,
+    which streams the target's weights once for all of them (a Step's verify_s is its share of that pass).
+    The event stream, the frontier and head training's rollouts all read this loop: one law."""
     device = pair.target.device
-    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(seed)) for seed in seeds]
+    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(row.seed)) for row in rows]
     stop_ids = eos_ids(pair)
-    drafts = [make_draft(pair, mode) for _ in prompts]
-    target = CachedLM(pair.target, pair.vocab_size, drafts[0].aux_layer_ids if drafts[0] else (), rows=len(prompts))
-    weigh = weight_rule(mode, ensemble_weight, head)
-    sequences = [torch.tensor(ids, device=device) for ids in prompts]
-    emitted, active, index = [0] * len(prompts), list(range(len(prompts))), 0
+    drafts = [make_draft(pair, row.mode) for row in rows]
+    weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
+    aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
+    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows))
+    sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]
+    emitted, active, index = [0] * len(rows), list(range(len(rows))), 0
     while active:
         index += 1
         proposals, draft_s = [], []
@@ -277,9 +295,9 @@ def decode_rows(pair, prompts: list[list[int]], mode: str, ensemble_weight: floa
         feeds = [torch.cat([sequences[r][target.lengths[i]:], proposal[0]]) for i, (r, proposal)
                  in enumerate(zip(active, proposals))]
         scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
-        verdicts = [verify_step(out, len(feed) - len(p[0]), *p, weigh, samplers[r])
+        verdicts = [verify_step(out, len(feed) - len(p[0]), *p, weighs[r], samplers[r])
                     for r, out, feed, p in zip(active, scored, feeds, proposals)]
-        verify_s = time.perf_counter() - t1
+        verify_s = (time.perf_counter() - t1) / len(active)
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
             new_ids = torch.cat([verdict.draft_tokens[:verdict.n_accepted], verdict.next_token.view(1)]).tolist()
@@ -301,6 +319,50 @@ def decode_rows(pair, prompts: list[list[int]], mode: str, ensemble_weight: floa
             active = [active[i] for i in still]
 
 
+@dataclass
+class Tally:
+    """A decode's Summary, counted step by step."""
+    summary: Summary = field(default_factory=lambda: Summary("", 0, 0, 0, 0, 0.0))
+    w_total: float = 0.0
+    w_count: int = 0
+    token_w: list = field(default_factory=list)  # w_t at each output token that w decided
+
+    def add(self, step: Step) -> None:
+        summary, verdict, n = self.summary, step.verdict, len(step.verdict.draft_tokens)
+        summary.target_passes += 1
+        summary.drafted += n
+        summary.accepted += min(verdict.n_accepted, len(step.new_ids))
+        summary.rejected += verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted  # not cut by an EOS
+        verified = verdict.n_accepted + (verdict.n_accepted < n)  # positions whose w mattered
+        self.w_total += float(verdict.w[:verified].sum())
+        self.w_count += verified
+        self.token_w += verdict.w[:min(verified, len(step.new_ids))].tolist()
+        summary.new_tokens += len(step.new_ids)
+        summary.token_ids += step.new_ids
+        summary.wall_time_s += step.draft_s + step.verify_s
+
+    def finish(self, tokenizer, wall_time_s: float | None = None) -> Summary:
+        """The Summary, with its text; wall_time_s replaces the steps' own time (which leaves out the loop's)."""
+        summary = self.summary
+        if wall_time_s is not None:
+            summary.wall_time_s = wall_time_s
+        summary.text = tokenizer.decode(summary.token_ids, skip_special_tokens=True)
+        summary.mean_w = self.w_total / self.w_count if self.w_count else None
+        return summary
+
+
+@torch.inference_mode()
+def decode_batch(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
+                 top_p: float = 1.0) -> list[Tally]:
+    """Decode rows as one batch (arguments already checked): each row's Tally, its summary finished."""
+    tallies = [Tally() for _ in rows]
+    for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature, top_p):
+        tallies[r].add(step)
+    for tally in tallies:
+        tally.finish(pair.tokenizer)
+    return tallies
+
+
 @torch.inference_mode()
 def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: float = 0.5, head=None,
                          n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
@@ -314,36 +376,19 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed)
     tokenizer = pair.tokenizer
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
-    limit = getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)
-    if limit and len(prompt_ids) + max_new_tokens > limit:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's context of {limit} tokens")
-    summary = Summary("", 0, 0, 0, 0, 0.0)
-    w_total, w_count, token_ids = 0.0, 0, []
+    check_context(pair, prompt_ids, max_new_tokens)
+    tally = Tally()
     start = time.perf_counter()
     for step in decode_steps(pair, prompt_ids, mode, ensemble_weight, head, n_draft, max_new_tokens, temperature,
                              top_p, seed):
-        verdict, n = step.verdict, len(step.verdict.draft_tokens)
-        summary.target_passes += 1
-        summary.drafted += n
-        summary.accepted += min(verdict.n_accepted, len(step.new_ids))
-        summary.rejected += verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted  # not cut by an EOS
-        verified = verdict.n_accepted + (verdict.n_accepted < n)  # positions whose w mattered
-        w_total = w_total + verdict.w[:verified].sum()
-        w_count += verified
-        summary.new_tokens += len(step.new_ids)
-        token_ids += step.new_ids
+        tally.add(step)
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(tokenizer, step.sequence, verdict, mode, step.index, step.draft_s * 1e3,
+            events = step_events(tokenizer, step.sequence, step.verdict, mode, step.index, step.draft_s * 1e3,
                                  step.verify_s * 1e3)
             yield from output_events(events, len(step.new_ids))
-            summary.events_s += time.perf_counter() - t3
-    summary.wall_time_s = time.perf_counter() - start
-    summary.token_ids = token_ids
-    summary.text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    summary.mean_w = float(w_total) / w_count if w_count else None
-    yield summary
+            tally.summary.events_s += time.perf_counter() - t3
+    yield tally.finish(tokenizer, time.perf_counter() - start)
 
 
 def output_events(events: list, n_output: int) -> list:

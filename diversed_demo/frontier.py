@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .decode import Counts, encode_prompt, generate
+from .decode import Counts, Row, check_context, decode_batch, encode_prompt
 from .files import write_text
 from .head import ConstantHead, load_head, pair_identity, resolve_head_path, save_head
 from .rewards import task_reward
@@ -131,37 +131,47 @@ def _weights_key(head) -> str:
     return digest.hexdigest()[:16]
 
 
-def decode_example(pair, example, index: int, task: str, *, w: float | None = None, head=None, n_draft: int = 4,
-                   max_new_tokens: int = 64, temperature: float = 1.0) -> dict:
-    """One example decoded (seed = its index) at a static w or with a head: what a point keeps of it."""
-    mode, kwargs = ("dynamic", {"head": head}) if head is not None else ("static", {"ensemble_weight": w})
-    summary, events = generate(pair, example.prompt, mode=mode, n_draft=n_draft, max_new_tokens=max_new_tokens,
-                               temperature=temperature, seed=index, **kwargs)
+def decode_example(pair, example, index: int, task: str, hows: list[dict], n_draft: int = 4,
+                   max_new_tokens: int = 64, temperature: float = 1.0) -> list[dict]:
+    """One example decoded (seed = its index) at each static w ({"w": w}) or head ({"head": head}) of
+    `hows`, all as one batch: what a point keeps of each decode."""
     prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-    quality = task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
-                          output_ids=summary.token_ids or [pair.tokenizer.eos_token_id])
-    token_w = [e.w for e in events if e.w is not None and e.kind != "rejected"] if head is not None else []
-    return {"quality": quality, "counts": asdict(summary.counts), "mean_w": summary.mean_w, "token_w": token_w}
+    check_context(pair, prompt_ids, max_new_tokens)
+    rows = [Row(prompt_ids, index, "dynamic", head=how["head"]) if "head" in how else
+            Row(prompt_ids, index, "static", how["w"]) for how in hows]
+    records = []
+    for how, tally in zip(hows, decode_batch(pair, rows, n_draft, max_new_tokens, temperature)):
+        summary = tally.summary
+        quality = task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
+                              output_ids=summary.token_ids or [pair.tokenizer.eos_token_id])
+        records.append({"quality": quality, "counts": asdict(summary.counts), "mean_w": summary.mean_w,
+                        "token_w": tally.token_w if "head" in how else []})
+    return records
 
 
 def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None = None, progress=None,
           log: DecodeLog | None = None, **decode_kwargs) -> list[Point]:
     """Static points for each w, then one point per head ({name: head}), every one over the same examples.
 
-    Examples are the outer loop, so that a run stopped early has every point on the same examples; with a
-    `log`, decodes it already holds are read back instead of run again."""
+    Examples are the outer loop, so that a run stopped early has every point on the same examples; an
+    example's decodes run as one batch. With a `log`, decodes it already holds are read back instead of
+    run again."""
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
     points += [(Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
                for name, head in (heads or {}).items()]
     for i, example in enumerate(examples):
         prompt_key = hashlib.sha256(example.prompt.encode()).hexdigest()[:12]
-        for point, how, point_key in points:
-            key = f"{point_key}|{i}|{prompt_key}"
-            record = log.get(key) if log is not None else None
-            if record is None:
-                record = decode_example(pair, example, i, task, **how, **decode_kwargs)
+        keys = [f"{point_key}|{i}|{prompt_key}" for _, _, point_key in points]
+        records = {key: log.get(key) for key in keys} if log is not None else {}
+        missing = [(key, how) for key, (_, how, _) in zip(keys, points) if records.get(key) is None]
+        if missing:
+            for (key, _), record in zip(missing, decode_example(pair, example, i, task, [how for _, how in missing],
+                                                                **decode_kwargs)):
+                records[key] = record
                 if log is not None:
                     log.put(key, record)
+        for key, (point, _, _) in zip(keys, points):
+            record = records[key]
             point.quality.append(record["quality"])
             point.counts.append(Counts(**record["counts"]))
             if record["mean_w"] is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .decode import decode_rows, encode_prompt
+from .decode import Row, decode_rows, encode_prompt
 from .head import new_head, save_head, user_heads_dir
 from .models import text_config
 from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
@@ -171,8 +171,8 @@ def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: i
     fields = [{k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)]
     outputs = [[] for _ in range(n)]
     # The n rollouts decode as one batch: each target pass streams the weights once for all of them.
-    for r, step in decode_rows(pair, [prompt_ids] * n, "dynamic", head=head, n_draft=n_draft,
-                               max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds):
+    for r, step in decode_rows(pair, [Row(prompt_ids, seed, "dynamic", head=head) for seed in seeds], n_draft,
+                               max_new_tokens, temperature):
         v = step.verdict
         # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
         k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))

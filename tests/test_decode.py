@@ -352,11 +352,12 @@ def test_local_directories_load_as_a_pair(tmp_path):
         load_pair(str(tmp_path), draft_dir, "cpu")
 
 
-def run_rows(pair, prompts, seeds, **kwargs):
+def run_rows(pair, prompts, seeds, mode, ensemble_weight=0.5, head=None, **kwargs):
     """Each row's steps from one batched decode: {row: [Step, …]}."""
     rows = collections.defaultdict(list)
+    batch = [decode.Row(prompt, seed, mode, ensemble_weight, head) for prompt, seed in zip(prompts, seeds)]
     with torch.inference_mode():
-        for r, step in decode.decode_rows(pair, prompts, seeds=seeds, **kwargs):
+        for r, step in decode.decode_rows(pair, batch, **kwargs):
             rows[r].append(step)
     return rows
 
