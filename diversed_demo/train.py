@@ -87,6 +87,7 @@ class TrainConfig:
                 setattr(self, key, value)
 
 
+WARM_START_BATCH = 8  # prompts decoded together: a few rows cost the target little more than one
 # Measured on the embedded pair. A sequence reward alone (ROUGE, match, pass@1) gives REINFORCE a weak
 # signal next to the acceptance term's exact gradient, so λ must stay small (0.5 drove a summarization
 # head's w to ~0.3 within 8 steps) and the head barely learns which positions matter. With the dense
@@ -125,6 +126,10 @@ class Rollouts:
     cross_entropy: torch.Tensor  # [B, T] CE(q_t, p_t) = −Σ q log p
     outputs: list = field(default_factory=list)  # each rollout's whole output ids (bonus tokens too)
 
+    def select(self, rows: slice) -> "Rollouts":
+        """The rollouts of `rows` (a prompt's group, one prompt of a batch)."""
+        return Rollouts(**{key: getattr(self, key)[rows] for key in self.__dataclass_fields__})
+
 
 def check_config(config: TrainConfig) -> None:
     if config.task not in TASKS:
@@ -158,21 +163,22 @@ def training_examples(config: TrainConfig):
 
 
 @torch.no_grad()
-def sample_rollouts(pair, head, prompt_ids: list[int], n: int, max_new_tokens: int, temperature: float,
+def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                     generator: torch.Generator, n_draft: int = 4) -> Rollouts:
-    """n decodes of one prompt by the speculative decoder itself, with the head choosing w_t.
+    """One decode of each prompt (ids; repeat a prompt for a group of rollouts) by the speculative decoder
+    itself, with the head choosing w_t; all as one batch, so each target pass serves every rollout.
 
     With a feature draft, q at a position depends on how far it is from the last verification, so only
     the real decoding process has the law the head will serve under. Each verified position (where w_t
     decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
     not, but they are part of each output (`outputs`) that the reward scores.
     """
+    n = len(prompts)
     seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in range(n)]
     fields = [{k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)]
     outputs = [[] for _ in range(n)]
-    # The n rollouts decode as one batch: each target pass streams the weights once for all of them.
-    for r, step in decode_rows(pair, [Row(prompt_ids, seed, "dynamic", head=head) for seed in seeds], n_draft,
-                               max_new_tokens, temperature):
+    rows = [Row(prompt_ids, seed, "dynamic", head=head) for prompt_ids, seed in zip(prompts, seeds)]
+    for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature):
         v = step.verdict
         # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
         k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
@@ -223,12 +229,11 @@ def fidelity_cost_quartiles(pair, config: TrainConfig, prompts: int = 6) -> list
     from .head import ConstantHead
     generator = torch.Generator().manual_seed(config.seed)
     ratios = []
-    for example in training_examples(config)[:prompts]:
-        r = sample_rollouts(pair, ConstantHead(1.0), encode_prompt(pair.tokenizer, example.prompt), 1,
-                            config.max_new_tokens, config.temperature, generator, config.n_draft)
-        keep = (r.mask > 0) & (r.tv > 1e-6)  # where the draft differs from the target at all
-        ratios.append((r.cross_entropy - r.target_entropy)[keep] / r.tv[keep])
-    ratios = torch.cat(ratios)
+    r = sample_rollouts(pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, e.prompt)
+                                                  for e in training_examples(config)[:prompts]],
+                        config.max_new_tokens, config.temperature, generator, config.n_draft)
+    keep = (r.mask > 0) & (r.tv > 1e-6)  # where the draft differs from the target at all
+    ratios = (r.cross_entropy - r.target_entropy)[keep] / r.tv[keep]
     if not len(ratios):
         raise ValueError("the draft matched the target at every position: any λ lets it through")
     return torch.quantile(ratios, torch.tensor([0.25, 0.5, 0.75])).tolist()
@@ -345,9 +350,13 @@ def warm_start(pair, head, examples, config: TrainConfig, generator: torch.Gener
 
     from .head import ConstantHead
     prompts = examples[:config.warm_start_prompts]
-    rollouts = [sample_rollouts(pair, ConstantHead(config.w_init), encode_prompt(pair.tokenizer, e.prompt), 1,
-                                config.max_new_tokens, config.temperature, generator, config.n_draft)
-                for e in tqdm(prompts, desc="warm start: decoding", disable=not progress)]
+    rollouts = []  # one per prompt, decoded WARM_START_BATCH prompts at a time
+    for first in tqdm(range(0, len(prompts), WARM_START_BATCH), desc="warm start: decoding", unit="batch",
+                      disable=not progress):
+        chunk = [encode_prompt(pair.tokenizer, e.prompt) for e in prompts[first:first + WARM_START_BATCH]]
+        batch = sample_rollouts(pair, ConstantHead(config.w_init), chunk, config.max_new_tokens,
+                                config.temperature, generator, config.n_draft)
+        rollouts += [batch.select(slice(i, i + 1)) for i in range(len(chunk))]
     cut = max(1, round(0.75 * len(rollouts)))
     fit, held_back = flat_positions(rollouts[:cut]), flat_positions(rollouts[cut:])
     lam = lam_for_acceptance(fit, config.target_acceptance) if config.target_acceptance is not None else config.lam
@@ -454,16 +463,14 @@ def train_head(pair, config: TrainConfig, callback=None, should_stop=None, progr
         first = (step * accelerator.num_processes + accelerator.process_index) * config.prompts_per_step
         batch = [examples[(first + i) % len(examples)] for i in range(config.prompts_per_step)]
         head_model.eval()
-        rollouts, rewards = [], []
-        for example in batch:
-            prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-            r = sample_rollouts(pair, head_model, prompt_ids, config.rollouts_per_prompt, config.max_new_tokens,
-                                config.temperature, generator, config.n_draft)
-            rollouts.append(r)
-            for output_ids in r.outputs:
-                text = pair.tokenizer.decode(output_ids, skip_special_tokens=True)
-                rewards.append(task_reward(config.task, example, text, pair=pair, prompt_ids=prompt_ids,
-                                           output_ids=output_ids))
+        group = config.rollouts_per_prompt
+        prompt_ids = [encode_prompt(pair.tokenizer, example.prompt) for example in batch]
+        every = sample_rollouts(pair, head_model, [ids for ids in prompt_ids for _ in range(group)],
+                                config.max_new_tokens, config.temperature, generator, config.n_draft)
+        rollouts = [every.select(slice(i * group, (i + 1) * group)) for i in range(len(batch))]
+        rewards = [task_reward(config.task, example, pair.tokenizer.decode(output_ids, skip_special_tokens=True),
+                               pair=pair, prompt_ids=ids, output_ids=output_ids)
+                   for example, ids, r in zip(batch, prompt_ids, rollouts) for output_ids in r.outputs]
         rewards_t = torch.tensor(rewards, device=pair.target.device)
         advantages = group_advantages(rewards_t, config.rollouts_per_prompt)
         head_model.train()

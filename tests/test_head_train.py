@@ -77,7 +77,7 @@ def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
 def test_rollouts_are_the_decoders_own_outputs(any_pair):
     # Rollouts come from the decoding process the head serves in, for either kind of draft.
     prompt, head = [1, 5, 6, 7], new_head(any_pair, hidden_size=8)
-    rollouts = sample_rollouts(any_pair, head, prompt, 3, 12, 1.0, torch.Generator().manual_seed(0), n_draft=3)
+    rollouts = sample_rollouts(any_pair, head, [prompt] * 3, 12, 1.0, torch.Generator().manual_seed(0), n_draft=3)
     g = torch.Generator().manual_seed(0)
     seeds = [int(torch.randint(2**31 - 1, (), generator=g)) for _ in range(3)]
     for output, mask, seed in zip(rollouts.outputs, rollouts.mask, seeds):
@@ -94,7 +94,7 @@ def test_rollouts_are_the_decoders_own_outputs(any_pair):
 
 def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
     prompt = [1, 5, 6, 7]
-    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), prompt, 2, 3, 1.0, torch.Generator().manual_seed(0))
+    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), [prompt] * 2, 3, 1.0, torch.Generator().manual_seed(0))
     with torch.no_grad():
         p = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1], -1)
         q = torch.softmax(pair.draft(torch.tensor([prompt])).logits[0, -1], -1)
@@ -105,7 +105,7 @@ def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
 def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_by(feature_pair):
     # At T = 0 a hand-over costs the target's log-prob of its own argmax minus that of the draft's.
     prompt, head = [1, 5, 6, 7], new_head(feature_pair, hidden_size=8, w_init=0.5)
-    rollouts = sample_rollouts(feature_pair, head, prompt, 2, 24, 0.0, torch.Generator().manual_seed(0))
+    rollouts = sample_rollouts(feature_pair, head, [prompt] * 2, 24, 0.0, torch.Generator().manual_seed(0))
     assert rollouts.outputs[0] == rollouts.outputs[1]  # greedy: a prompt's rollouts are one
     mask = rollouts.mask[0] > 0
     tv, h, ce = rollouts.tv[0][mask], rollouts.target_entropy[0][mask], rollouts.cross_entropy[0][mask]
@@ -134,7 +134,7 @@ def test_a_draft_with_no_mass_outside_its_vocabulary_gives_finite_losses(kind, r
     pair = restricted_pair if kind == "restricted" else feature_pair
     torch.manual_seed(0)
     head = new_head(pair, hidden_size=8)
-    rollouts = sample_rollouts(pair, head, [1, 9, 10, 11], 3, 12, 1.0, torch.Generator().manual_seed(0))
+    rollouts = sample_rollouts(pair, head, [[1, 9, 10, 11]] * 3, 12, 1.0, torch.Generator().manual_seed(0))
     for name in ("target_prob", "draft_prob", "tv", "target_entropy", "cross_entropy"):
         assert torch.isfinite(getattr(rollouts, name)).all(), name
     loss, acceptance, _ = head_loss(head, rollouts, torch.tensor([1.0, -1.0, 0.0]), lam=1.0, dense_fidelity=1.0)
@@ -303,7 +303,7 @@ def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_fli
     generator = torch.Generator().manual_seed(config.seed)  # the same rollouts again
     flips = []
     for example in training_examples(config)[:4]:
-        r = sample_rollouts(pair, ConstantHead(1.0), encode_prompt(pair.tokenizer, example.prompt), 1, 12, 1.0,
+        r = sample_rollouts(pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, example.prompt)], 12, 1.0,
                             generator, 3)
         keep = (r.mask > 0) & (r.tv > 1e-6)
         flips.append(((r.cross_entropy - r.target_entropy) > median * r.tv)[keep])
