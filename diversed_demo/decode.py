@@ -288,9 +288,9 @@ def decode_rows(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 1
                 proposals.append(draft.propose(sequence, n, samplers[r]))
             else:
                 proposals.append((sequence.new_empty(0), torch.empty(0, pair.vocab_size, device=device), None))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             draft_s.append(time.perf_counter() - t0)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
         t1 = time.perf_counter()
         feeds = [torch.cat([sequences[r][target.lengths[i]:], proposal[0]]) for i, (r, proposal)
                  in enumerate(zip(active, proposals))]
