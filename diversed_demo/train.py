@@ -88,6 +88,7 @@ class TrainConfig:
 
 
 WARM_START_BATCH = 8  # prompts decoded together: a few rows cost the target little more than one
+GREEDY_SOFTNESS = 0.02  # the width in w of the smoothed greedy keep/reject step (see draft_share)
 # Measured on the embedded pair. A sequence reward alone (ROUGE, match, pass@1) gives REINFORCE a weak
 # signal next to the acceptance term's exact gradient, so λ must stay small (0.5 drove a summarization
 # head's w to ~0.3 within 8 steps) and the head barely learns which positions matter. With the dense
@@ -124,6 +125,7 @@ class Rollouts:
     tv: torch.Tensor  # [B, T] TV(p_t, q_t)
     target_entropy: torch.Tensor  # [B, T] H(p_t) = −Σ p log p
     cross_entropy: torch.Tensor  # [B, T] CE(q_t, p_t) = −Σ q log p
+    greedy_limit: torch.Tensor  # [B, T] greedy decoding keeps the draft's token iff w_t < this; NaN when sampled
     outputs: list = field(default_factory=list)  # each rollout's whole output ids (bonus tokens too)
 
     def select(self, rows: slice) -> "Rollouts":
@@ -187,15 +189,19 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
             rows_k = torch.arange(k, device=tokens.device)
             p, q = v.target_probs[:k], v.draft_probs[:k]
             log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
+            limit = torch.full((k,), float("nan"), device=p.device)
             if temperature == 0:
                 # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so
                 # TV is 1 where the draft's token differs from the target's, H is −log p of the target's
-                # own token and CE that of the draft's, and the dense term prices each hand-over exactly.
+                # own token and CE that of the draft's; whether the draft's token is kept is a threshold
+                # on w_t set by the true p and q (see greedy_limit).
+                limit = greedy_limit(p, q, v.draft_tokens[:k])
                 p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
             for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
                                ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
                                ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
-                               ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1))):
+                               ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1)),
+                               ("greedy_limit", limit)):
                 fields[r][key].append(value)
         outputs[r] += step.new_ids
     rows = [{k: torch.cat(v) if v else None for k, v in row.items()} for row in fields]
@@ -210,8 +216,8 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
                 width = {"target_hidden": text_config(pair.target).hidden_size,
                          "draft_hidden": text_config(pair.draft).hidden_size}.get(key)
                 shape = (n, length, width) if width else (n, length)
-                batch[key] = torch.zeros(shape, device=device,
-                                         dtype=torch.long if key == "tokens" else torch.float32)
+                batch[key] = torch.full(shape, float("nan") if key == "greedy_limit" else 0, device=device,
+                                        dtype=torch.long if key == "tokens" else torch.float32)
             if count:
                 batch[key][i, :count] = value
     return Rollouts(**batch, outputs=outputs)
@@ -219,6 +225,30 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
 
 def one_hot_of_argmax(probs: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, probs.argmax(-1, keepdim=True), 1.0)
+
+
+def greedy_limit(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """[k] the largest w at which argmax(w·p + (1 − w)·q) is still the draft's token x (its argmax of q):
+    greedy verification keeps x iff w_t < this. A token y overtakes x once w·(p(y) − p(x)) exceeds
+    (1 − w)·(q(x) − q(y)); the first to do so sets the limit (1 where no token has more target mass than x)."""
+    rows = torch.arange(len(draft_tokens), device=draft_tokens.device)
+    target_gap = target_probs - target_probs[rows, draft_tokens][:, None]
+    draft_gap = draft_probs[rows, draft_tokens][:, None] - draft_probs
+    crossing = torch.where(target_gap > 0, draft_gap / (draft_gap + target_gap).clamp_min(1e-30),
+                           torch.ones_like(target_gap))
+    return crossing.min(-1).values.clamp(0, 1)
+
+
+def draft_share(w: torch.Tensor, positions: Rollouts, hard: bool = False) -> torch.Tensor:
+    """How much of each position the draft decides, as a function of w_t: its share 1 − w_t of nu when
+    sampling; in greedy decoding 1 where the draft's token is kept (w_t below the position's greedy limit)
+    and 0 where not, smoothed to σ((limit − w_t)/GREEDY_SOFTNESS) so that training has a gradient. With it,
+    acceptance is 1 − TV·(1 − share) and the expected log p is −H − share·(CE − H) in both cases."""
+    limit = positions.greedy_limit
+    sampled = torch.isnan(limit)
+    limit = torch.nan_to_num(limit, nan=0.0)  # a NaN in the unused branch would still poison the gradient
+    greedy = (w < limit).float() if hard else torch.sigmoid((limit - w) / GREEDY_SOFTNESS)
+    return torch.where(sampled, 1 - w, greedy)
 
 
 def fidelity_cost_quartiles(pair, config: TrainConfig, prompts: int = 6) -> list[float]:
@@ -267,19 +297,25 @@ def lam_for_acceptance(positions: Rollouts, target: float) -> float:
 def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
     """Expected fidelity (mean E_ν[log p] per token) of per-token weights w against a static w with the same
     expected acceptance, and against the per-token optimum (the threshold rule) with that acceptance: the
-    offline measure of how much of the possible gain over the static frontier a head captures. For a greedy
-    head (one-hot positions) these are the figures of its relaxation, a hand-over with probability 1 − w_t,
-    not of the greedy threshold rule: only the decoded frontier tests that."""
+    offline measure of how much of the possible gain over the static frontier a head captures. Greedy
+    positions are counted by the greedy rule itself (kept iff w_t is below the position's limit)."""
     tv, h, ce = positions.tv[0], positions.target_entropy[0], positions.cross_entropy[0]
-    acceptance = float((1 - w * tv).mean())
-    fidelity = lambda weights: float(-(weights * h + (1 - weights) * ce).mean())
-    static_w = min(max((1 - acceptance) / float(tv.mean().clamp_min(1e-9)), 0.0), 1.0)
+    share = lambda weights: draft_share(weights, positions, hard=True)[0]  # noqa: E731
+    accepted = lambda weights: float((1 - tv * (1 - share(weights))).mean())  # noqa: E731
+    fidelity = lambda weights: float(-(h + share(weights) * (ce - h)).mean())  # noqa: E731
+    acceptance = accepted(w[None])
+    low, high = 0.0, 1.0  # the static w of that acceptance (acceptance falls as w rises)
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if accepted(torch.full_like(w, middle)[None]) > acceptance else (low, middle)
+    static_w = (low + high) / 2
     try:
         oracle = ((ce - h) > lam_for_acceptance(positions, acceptance) * tv).float()
     except ValueError:  # only at exact decoding's own acceptance (w ≡ 1), up to rounding
         oracle = torch.ones_like(tv)
-    return {"acceptance": acceptance, "fidelity": fidelity(w), "static_fidelity": fidelity(torch.full_like(tv, static_w)),
-            "oracle_fidelity": fidelity(oracle), "w_mean": float(w.mean()), "w_std": float(w.std()),
+    return {"acceptance": acceptance, "fidelity": fidelity(w[None]),
+            "static_fidelity": fidelity(torch.full_like(w, static_w)[None]),
+            "oracle_fidelity": fidelity(oracle[None]), "w_mean": float(w.mean()), "w_std": float(w.std()),
             "positions": len(tv)}
 
 
@@ -325,16 +361,18 @@ def fit_to_positions(head, train: Rollouts, lam: float, steps: int, lr: float, w
 
     The objective is linear in w_t, so its optimum is w_t ∈ {0, 1} and plain gradient ascent saturates the
     sigmoid for every position at once, the majority drowning the rest. Its convex surrogate is used
-    instead: cross-entropy of w_t against the optimum's choice, each position weighted by what the
-    choice is worth there, |CE − H − λ·TV| (cost-sensitive classification of the same objective)."""
-    gain = (train.cross_entropy - train.target_entropy - lam * train.tv)[train.mask > 0]
+    instead: cross-entropy of the target's share (w_t, or at greedy positions whether w_t reaches the
+    limit) against the optimum's choice, each position weighted by what the choice is worth there,
+    |CE − H − λ·TV| (cost-sensitive classification of the same objective)."""
+    kept = train.mask > 0
+    gain = (train.cross_entropy - train.target_entropy - lam * train.tv)[kept]
     label, weight = (gain > 0).float(), gain.abs() / gain.abs().mean().clamp_min(1e-9)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        w = head(train.target_hidden, train.draft_hidden)[train.mask > 0].clamp(1e-6, 1 - 1e-6)
-        loss = torch.nn.functional.binary_cross_entropy(w, label, weight)
+        target_share = 1 - draft_share(head(train.target_hidden, train.draft_hidden), train)[kept]
+        loss = torch.nn.functional.binary_cross_entropy(target_share.clamp(1e-6, 1 - 1e-6), label, weight)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -377,11 +415,12 @@ def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float, de
     log_nu = torch.log(w * rollouts.target_prob + (1 - w) * rollouts.draft_prob + 1e-12)
     tokens = mask.sum().clamp_min(1)
     policy = -(advantages[:, None] * log_nu * mask).sum() / tokens
-    acceptance = ((1 - w * rollouts.tv) * mask).sum() / tokens
+    share = draft_share(w, rollouts)
+    acceptance = ((1 - rollouts.tv * (1 - share)) * mask).sum() / tokens
     mean_w = (w * mask).sum() / tokens
     loss = policy - lam * acceptance
     if dense_fidelity:
-        expected_log_p = -(w * rollouts.target_entropy + (1 - w) * rollouts.cross_entropy)
+        expected_log_p = -(rollouts.target_entropy + share * (rollouts.cross_entropy - rollouts.target_entropy))
         loss = loss - dense_fidelity * (expected_log_p * mask).sum() / tokens
     if target_acceptance is not None:
         loss = loss + penalty / 2 * (acceptance - target_acceptance) ** 2

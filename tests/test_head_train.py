@@ -52,7 +52,8 @@ def fake_rollouts(n, t, tv, seed=0, target_entropy=1.0, cross_entropy=1.0):
                     target_hidden=torch.randn(n, t, 32, generator=g), draft_hidden=torch.randn(n, t, 32, generator=g),
                     target_prob=torch.rand(n, t, generator=g), draft_prob=torch.rand(n, t, generator=g),
                     tv=torch.full((n, t), tv), target_entropy=torch.full((n, t), target_entropy),
-                    cross_entropy=torch.as_tensor(cross_entropy).expand(n, t).clone())
+                    cross_entropy=torch.as_tensor(cross_entropy).expand(n, t).clone(),
+                    greedy_limit=torch.full((n, t), float("nan")))
 
 
 def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
@@ -118,6 +119,25 @@ def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_b
     nll = torch.tensor([-math.log(e.p) for e in decided])
     kept_draft = torch.tensor([e.kind == "accepted" for e in decided]) & (tv == 1)
     assert torch.allclose(torch.where(kept_draft, ce, h), nll, atol=1e-4)
+    # and a differing draft token was kept exactly where w_t lay below the position's greedy limit
+    with torch.no_grad():
+        w = head(rollouts.target_hidden, rollouts.draft_hidden)[0][mask]
+    below = w < rollouts.greedy_limit[0][mask]
+    assert torch.equal(below[tv == 1], kept_draft[tv == 1]) and bool(kept_draft.any()) and not bool(kept_draft[tv == 1].all())
+
+
+def test_the_greedy_limit_is_where_the_ensembles_argmax_leaves_the_drafts_token():
+    from diversed_demo.train import greedy_limit
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
+    q = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
+    x = q.argmax(-1)
+    limit = greedy_limit(p, q, x)
+    argmax_at = lambda w: (w[:, None] * p + (1 - w[:, None]) * q).argmax(-1)  # noqa: E731
+    assert torch.equal(argmax_at((limit - 1e-4).clamp_min(0)), x)
+    moved = limit < 1
+    assert bool(moved.any()) and bool((argmax_at(limit + 1e-4)[moved] != x[moved]).all())
+    assert torch.equal(limit == 1, p.argmax(-1) == x)  # no limit where the target agrees
 
 
 def test_a_greedy_head_trains_from_its_warm_start(pair, tmp_path):
@@ -353,6 +373,33 @@ def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
     assert separates["spearman_w_vs"]["fidelity_cost"] > 0.8  # ranks tied within a kind: at most √0.75
     assert separates["spearman_w_vs"]["tv"] is None  # TV is the same everywhere: it tells nothing
     assert sum(k["positions"] for k in separates["mean_w_by_token"].values()) == len(w)
+
+
+def test_the_greedy_fit_hands_over_by_cost_where_static_w_cannot(pair):
+    # Greedy positions whose draft token always differs (TV 1); the greedy limits are random, so static w
+    # keeps the draft's token where the limit is high, whatever it costs. Costly positions are told apart
+    # by the hidden states: the fitted head must go above the limit there and below it elsewhere.
+    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance
+    def greedy_positions(seed):
+        rollouts, costly = positions_with_two_kinds(seed=seed)
+        rollouts.tv = torch.ones_like(rollouts.tv)
+        rollouts.greedy_limit = 0.2 + 0.6 * torch.rand(rollouts.tv.shape, generator=torch.Generator().manual_seed(seed))
+        return rollouts, costly
+    train, _ = greedy_positions(0)
+    held_back, costly = greedy_positions(1)
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=8, w_init=0.5)
+    lam = lam_for_acceptance(train, 0.5)  # the optimum: keep the costly half for the target
+    fit_to_positions(head, train, lam, steps=200, lr=0.01)
+    with torch.no_grad():
+        w = head(held_back.target_hidden, held_back.draft_hidden)[0]
+    limit = held_back.greedy_limit[0]
+    assert bool((w[costly] >= limit[costly]).float().mean() > 0.85) and bool((w[~costly] < limit[~costly]).float().mean() > 0.85)
+    figures = frontier_gain(w, held_back)
+    assert figures["acceptance"] == pytest.approx(0.5, abs=0.07)
+    # static w at that acceptance hands over the high-limit half, costly or not: (5 − 0.5)/2 nats dearer
+    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (figures["oracle_fidelity"] - figures["static_fidelity"])
+    assert figures["oracle_fidelity"] - figures["static_fidelity"] > 0.5
 
 
 def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
