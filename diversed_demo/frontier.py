@@ -131,16 +131,21 @@ def _weights_key(head) -> str:
     return digest.hexdigest()[:16]
 
 
-def decode_example(pair, example, index: int, task: str, hows: list[dict], n_draft: int = 4,
-                   max_new_tokens: int = 64, temperature: float = 1.0) -> list[dict]:
-    """One example decoded (seed = its index) at each static w ({"w": w}) or head ({"head": head}) of
-    `hows`, all as one batch: what a point keeps of each decode."""
-    prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-    check_context(pair, prompt_ids, max_new_tokens)
+MAX_BATCH_ROWS = 16  # decodes run together: enough to share each target pass, few enough for the caches
+
+
+def decode_examples(pair, task: str, jobs: list[tuple], n_draft: int = 4, max_new_tokens: int = 64,
+                    temperature: float = 1.0) -> list[dict]:
+    """Decodes of held-out examples as one batch, each job (example, index, how) with seed = its index at
+    a static w ({"w": w}) or with a head ({"head": head}): what a point keeps of each decode."""
+    prompts = [encode_prompt(pair.tokenizer, example.prompt) for example, _, _ in jobs]
+    for prompt_ids in prompts:
+        check_context(pair, prompt_ids, max_new_tokens)
     rows = [Row(prompt_ids, index, "dynamic", head=how["head"]) if "head" in how else
-            Row(prompt_ids, index, "static", how["w"]) for how in hows]
+            Row(prompt_ids, index, "static", how["w"]) for prompt_ids, (_, index, how) in zip(prompts, jobs)]
     records = []
-    for how, tally in zip(hows, decode_batch(pair, rows, n_draft, max_new_tokens, temperature)):
+    for prompt_ids, (example, _, how), tally in zip(prompts, jobs, decode_batch(pair, rows, n_draft, max_new_tokens,
+                                                                               temperature)):
         summary = tally.summary
         quality = task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
                               output_ids=summary.token_ids or [pair.tokenizer.eos_token_id])
@@ -153,32 +158,39 @@ def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None
           log: DecodeLog | None = None, **decode_kwargs) -> list[Point]:
     """Static points for each w, then one point per head ({name: head}), every one over the same examples.
 
-    Examples are the outer loop, so that a run stopped early has every point on the same examples; an
-    example's decodes run as one batch. With a `log`, decodes it already holds are read back instead of
-    run again."""
+    Decodes run in example order, up to MAX_BATCH_ROWS at a time as one batch, so that a run stopped early
+    has every point on (nearly) the same examples; with a `log`, decodes it already holds are read back
+    instead of run again."""
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
     points += [(Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
                for name, head in (heads or {}).items()]
-    for i, example in enumerate(examples):
-        prompt_key = hashlib.sha256(example.prompt.encode()).hexdigest()[:12]
-        keys = [f"{point_key}|{i}|{prompt_key}" for _, _, point_key in points]
-        records = {key: log.get(key) for key in keys} if log is not None else {}
-        missing = [(key, how) for key, (_, how, _) in zip(keys, points) if records.get(key) is None]
-        if missing:
-            for (key, _), record in zip(missing, decode_example(pair, example, i, task, [how for _, how in missing],
-                                                                **decode_kwargs)):
-                records[key] = record
-                if log is not None:
-                    log.put(key, record)
-        for key, (point, _, _) in zip(keys, points):
+    keys = [[f"{point_key}|{i}|{hashlib.sha256(example.prompt.encode()).hexdigest()[:12]}"
+             for _, _, point_key in points] for i, example in enumerate(examples)]
+    records = {key: log.get(key) if log is not None else None for row in keys for key in row}
+    missing = [(key, (example, i, how)) for i, example in enumerate(examples)
+               for key, (_, how, _) in zip(keys[i], points) if records[key] is None]
+    if progress is not None:
+        for i, row in enumerate(keys):
+            for key, (point, _, _) in zip(row, points):
+                if records[key] is not None:
+                    progress(point.label, i + 1, len(examples))
+    for first in range(0, len(missing), MAX_BATCH_ROWS):
+        batch = missing[first:first + MAX_BATCH_ROWS]
+        for (key, (_, i, _)), record in zip(batch, decode_examples(pair, task, [job for _, job in batch],
+                                                                   **decode_kwargs)):
+            records[key] = record
+            if log is not None:
+                log.put(key, record)
+            if progress is not None:
+                progress(key.split("|")[0], i + 1, len(examples))
+    for row in keys:
+        for key, (point, _, _) in zip(row, points):
             record = records[key]
             point.quality.append(record["quality"])
             point.counts.append(Counts(**record["counts"]))
             if record["mean_w"] is not None:
                 point.mean_w.append(record["mean_w"])
             point.token_w.extend(record["token_w"])
-            if progress is not None:
-                progress(point.label, i + 1, len(examples))
     return [point for point, _, _ in points]
 
 
