@@ -74,6 +74,8 @@ class CachedLM:
             raise ValueError(f"{len(feeds)} feeds for a batch of {len(self.lengths)} rows")
         if self.slot_positions is None and len(feeds) == 1:  # one sequence: no holes, no mask
             return [self.forward(feeds[0], keeps[0])]
+        if self.slot_positions is None:
+            return self._first_pass(feeds, keeps)
         width = max(len(f) for f in feeds)
         device = feeds[0].device
         offsets = torch.arange(width, device=device)
@@ -88,6 +90,28 @@ class CachedLM:
         for r, f in enumerate(feeds):
             self.lengths[r] += len(f)
         return [self._outputs(out, r, len(f), keep) for r, (f, keep) in enumerate(zip(feeds, keeps))]
+
+    def _first_pass(self, feeds: list[torch.Tensor], keeps: list[int]) -> list[tuple]:
+        """The batch's first pass (the prompts): each distinct feed runs alone, once however many rows share
+        it (an example's points, a prompt's rollouts), so no row pays for another's padding; then the
+        caches join, the shorter ones padded with holes."""
+        alone, outputs = {}, []
+        for feed, keep in zip(feeds, keeps):
+            key = (tuple(feed.tolist()), keep)
+            if key not in alone:
+                single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids)
+                alone[key] = (single, single.forward(feed, keep))
+            outputs.append(alone[key][1])
+        caches = [list(alone[(tuple(f.tolist()), k)][0].cache) for f, k in zip(feeds, keeps)]
+        width = max(len(f) for f in feeds)
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731
+        layers = [(torch.cat([pad(c[i][0]) for c in caches]), torch.cat([pad(c[i][1]) for c in caches]))
+                  for i in range(len(caches[0]))]
+        self.cache = DynamicCache(layers, config=self.model.config)
+        self.lengths = [len(f) for f in feeds]
+        slots = torch.arange(width, device=feeds[0].device)
+        self.slot_positions = torch.stack([torch.where(slots < n, slots, -1) for n in self.lengths])
+        return outputs
 
     def _outputs(self, out, row: int, fed: int, keep: int):
         hidden = out.last_hidden_state[row, fed - keep: fed]
