@@ -1,10 +1,10 @@
 """Training an ensemble head with sequence-level REINFORCE plus an acceptance term.
 
 Both language models are frozen; only the head trains. Rollouts come from the speculative decoder itself
-(blocks of N drafts verified against nu_t = w_t·p_t + (1 − w_t)·q_t, with the serving N; a prompt's
-rollouts decode as one batch), so they follow the law the head serves under for either kind of draft. At every position where w_t decided the token we
-keep what the loss needs: the hidden states the head reads, p_t(y_t), q_t(y_t) and TV(p_t, q_t). The loss
-then re-evaluates only the head:
+(blocks of N drafts verified against nu_t = w_t·p_t + (1 − w_t)·q_t, with the serving N; a step's
+rollouts decode as one batch), so they follow the law the head serves under for either kind of draft. At
+every position where w_t decided the token we keep what the loss needs: the hidden states the head reads,
+p_t(y_t), q_t(y_t) and TV(p_t, q_t). The loss then re-evaluates only the head:
 
     log π(y) = Σ_t log nu_t(y_t)
     loss = −mean_tokens(A · log nu_t(y_t)) − λ · mean_t(1 − w_t·TV_t)
