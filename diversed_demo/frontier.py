@@ -360,8 +360,9 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
     """Add one evaluation to the head's card (<head>.json beside it) and to its metadata; returns the card.
 
     The card keeps every evaluation of this head under "evaluations" (one per held-out set and
-    temperature); "frontier" is the primary one the app draws: T = 1 on the task's default set, else the
-    first written. A card written for another training run of the same file starts afresh."""
+    temperature); "frontier" is the primary one the app draws (evaluate_heads marks it: the task's default
+    set at the kind of decoding the head was trained for), else the first written. A card written for
+    another training run of the same file starts afresh."""
     card_path = path.with_suffix(".json")
     old = json.loads(card_path.read_text()) if card_path.exists() else {}
     same_run = old.get("training") == head.meta.get("training")
@@ -404,6 +405,9 @@ def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float],
         if write_card:
             evaluation = {**report["heads"][name], "head_point": point.row(), "static_points": [p.row() for p in static],
                           "examples": len(examples), "settings": report["settings"], "command": command}
-            primary = temperature == 1 and set_name == next(iter(HELD_OUT[task]))
+            # the evaluation of the kind of decoding the head was trained for (greedy or sampled), on the
+            # task's default set
+            trained_greedy = (head.meta.get("training") or {}).get("temperature") == 0
+            primary = (temperature == 0) == trained_greedy and set_name == next(iter(HELD_OUT[task]))
             write_head_card(paths[name], head, evaluation, evaluation_key(set_name, temperature), primary)
     return report, points

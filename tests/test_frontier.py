@@ -185,3 +185,20 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
         DecodeLog(tmp_path / "log.jsonl", settings)
     with pytest.raises(ValueError, match="another evaluation"):
         DecodeLog(tmp_path / "log.jsonl", {**settings, "temperature": 0.0})
+
+
+@pytest.mark.parametrize("trained_temperature", [0.0, 1.0])
+def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(pair, tmp_path, trained_temperature):
+    import json
+
+    from diversed_demo.frontier import evaluate_heads
+    from diversed_demo.head import save_head
+    head = new_head(pair, hidden_size=8)
+    head.meta.update(task="math", training={"temperature": trained_temperature})
+    path = save_head(head, tmp_path / "h.safetensors")
+    for temperature in (trained_temperature, 1.0 - trained_temperature):  # its own kind first, then the other
+        evaluate_heads(pair, "math", [str(path)], [0.0, 1.0], limit=2, max_new_tokens=4, temperature=temperature,
+                       write_card=True, set_name="arithmetic")
+    card = json.loads(path.with_suffix(".json").read_text())
+    assert card["frontier"]["settings"]["temperature"] == trained_temperature and len(card["evaluations"]) == 2
+    assert card["frontier"]["verdict"]["kind"] in ("beyond", "below", "unresolved", "floor")
