@@ -6,6 +6,7 @@ that needs them, after its values are checked, so bad input fails in a second ra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -346,13 +347,18 @@ def run_table(args) -> int:
             raise ValueError(f"--head takes TASK=HEAD, not {item!r}")
         chosen[task] = head
     head_paths = {task: resolve_head_path(chosen.get(task, task)) for task in dict(sets)}  # fails before loading
+    greedy_paths = {}  # the greedy twin (<head>-greedy) of a head, where one exists, serves T = 0
+    for task, path in head_paths.items():
+        with contextlib.suppress(ValueError):
+            greedy_paths[task] = resolve_head_path(f"{path.stem}-greedy")
     for task, set_name in sets:
         held_out_examples(task, args.limit, None, set_name)
     pair = pair_from_args(args)
     heads = {task: (path.stem, load_head(path, pair)) for task, path in head_paths.items()}
+    greedy_heads = {task: (path.stem, load_head(path, pair)) for task, path in greedy_paths.items()}
     bar = tqdm(total=len(sets) * len(temperatures) * 3 * args.limit, desc="table")
     report = results_table(pair, sets, heads, temperatures, args.limit, args.n_draft, args.max_new_tokens, args.seed,
-                           progress=lambda: bar.update(1))
+                           progress=lambda: bar.update(1), greedy_heads=greedy_heads)
     bar.close()
     report["command"] = " ".join(["diversed-demo"] + sys.argv[1:])
     print_and_write(report, markdown(report), args.json, args.markdown)

@@ -73,14 +73,16 @@ def table_row(pair, task: str, set_name: str, examples, head_name: str, head, te
 
 def results_table(pair, sets: list[tuple[str, str]], heads: dict, temperatures: list[float], limit: int | None,
                   n_draft: int = 4, max_new_tokens: int = 64, seed: int = 0, data: dict | None = None,
-                  progress=None) -> dict:
-    """Every (task, set) at every temperature; heads maps each task to (its head's name, the loaded head)."""
+                  progress=None, greedy_heads: dict | None = None) -> dict:
+    """Every (task, set) at every temperature; heads maps each task to (its head's name, the loaded head),
+    greedy_heads those tasks that have a head trained for greedy decoding, used at T = 0."""
     import torch
     rows = []
     for task, set_name in sets:
         examples = held_out_examples(task, limit, (data or {}).get(set_name), set_name)
         for temperature in temperatures:
-            rows.append(table_row(pair, task, set_name, examples, *heads[task], temperature, n_draft,
+            name, head = (greedy_heads or {}).get(task, heads[task]) if temperature == 0 else heads[task]
+            rows.append(table_row(pair, task, set_name, examples, name, head, temperature, n_draft,
                                   max_new_tokens, seed, progress))
     return {"settings": {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "seed": seed, "limit": limit,
                          "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device),

@@ -34,3 +34,11 @@ def test_sets_name_a_task_and_one_of_its_held_out_sets():
                                                                 ("math", "arithmetic"), ("code", "mbpp")]
     with pytest.raises(ValueError, match="no held-out set"):
         parse_sets("math:mbpp")
+
+
+def test_a_greedy_twin_serves_the_greedy_rows(pair):
+    from diversed_demo.table import results_table
+    report = results_table(pair, [("math", "arithmetic")], {"math": ("math", ConstantHead(1.0))}, [1.0, 0.0], limit=2,
+                           n_draft=3, max_new_tokens=4, greedy_heads={"math": ("math-greedy", ConstantHead(0.0))})
+    assert [(r["temperature"], r["head"]) for r in report["rows"]] == [(1.0, "math"), (0.0, "math-greedy")]
+    assert report["rows"][1]["acceptance"]["diversed"] == 1.0  # w = 0 keeps every draft
