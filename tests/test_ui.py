@@ -358,6 +358,17 @@ def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
     assert set(table["T"]) == {"greedy", 1.0} and len(table) == 2 * (len(primary["static_points"]) + 1)
 
 
+def test_each_temperature_kind_draws_the_heads_trained_for_it():
+    cards = results.head_cards(SHIPPED_HEADS)
+    twins = {card["task"]: name for name, card in cards.items() if results.trained_greedy(card)}
+    assert twins  # greedy twins ship
+    for temperature, expected in ((0.0, lambda task: [twins[task]]), (1.0, lambda task: [task])):
+        frontiers = results.shipped_frontiers(SHIPPED_HEADS, temperature)
+        for task in twins:
+            points = frontiers[task].points
+            assert list(points[points["kind"] == "head"]["label"]) == expected(task)
+
+
 def test_a_task_without_a_card_says_how_to_make_one():
     without_code = {name: path for name, path in SHIPPED_HEADS.items() if name != "code"}
     frontiers = {False: results.shipped_frontiers(without_code), True: results.shipped_frontiers(without_code, 0.0)}
@@ -417,8 +428,10 @@ def test_the_results_table_comes_from_the_cards():
         rows = heads[heads["task"] == task]
         assert set(rows["T"]) == {"greedy" if t == 0 else t for t in measured}
         primary_t = card["frontier"]["settings"]["temperature"]
-        row = rows[rows["T"] == ("greedy" if primary_t == 0 else primary_t)].iloc[0]
+        row = rows[(rows["T"] == ("greedy" if primary_t == 0 else primary_t))
+                   & (rows["setting"] == f"DIVERSED head {task}")].iloc[0]
         assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])
+        assert row["margin over the static frontier"].endswith(": " + card["frontier"]["verdict"]["kind"])
 
 
 def test_the_headline_states_each_carded_heads_measured_margin(tmp_path):

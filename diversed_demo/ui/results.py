@@ -178,13 +178,18 @@ def frontier_at(card: dict, temperature: float) -> dict | None:
 
 
 def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> dict[str, Frontier]:
-    """Per task, the static points of its first head card and every carded head of that task as a star.
+    """Per task, the static points of its first head card and every carded head of that task as a star
+    (its heads trained for the temperature's kind of decoding, where it has any: a greedy twin at T = 0).
 
     Each card's evaluation of the temperature's kind (greedy or sampled, see `frontier_at`) is drawn, and
     a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
     each evaluated with their own static sweep; the first card's sweep is drawn (the same settings and
     held-out set for the shipped ones)."""
     cards = head_cards(head_paths)
+    # a task's heads trained for this kind of decoding, where it has any: the app decodes with those
+    fitting = {card.get("task") or "general" for card in cards.values() if trained_greedy(card) == is_greedy(temperature)}
+    cards = {name: card for name, card in cards.items()
+             if trained_greedy(card) == is_greedy(temperature) or (card.get("task") or "general") not in fitting}
     chosen = {name: frontier_at(card, temperature) for name, card in cards.items()}
     tasks_drawn = {cards[name].get("task") or "general" for name, frontier in chosen.items() if frontier}
     by_task: dict[str, Frontier] = {}
