@@ -261,7 +261,7 @@ def run_batch_bench(pair, examples, modes: dict, rows: int, n_draft: int = 4, ma
                 ids = defaultdict(list)
                 start = time.perf_counter()
                 if how == "batch":
-                    for r, step in decode_rows(pair, [Row(prompt_ids, seed, **kwargs) for seed in seeds], **settings):
+                    for r, step in decode_rows(pair, [Row(prompt_ids, row_seed, **kwargs) for row_seed in seeds], **settings):
                         ids[r] += step.new_ids
                 else:
                     for r in range(rows):
