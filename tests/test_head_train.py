@@ -283,10 +283,13 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
 
 README_FLAGS = ("--warm-start-prompts", "32", "--steps", "6", "--max-new-tokens", "64",
                 "--lr", "2e-4", "--epochs", "4", "--dense-fidelity", "1", "--lam", "5", "--penalty", "20")
-README_TARGET_ACCEPTANCE = {"general": "0.65", "math": "0.65", "summarization": "0.55", "code": "0.75"}
+README_TARGET_ACCEPTANCE = {"general": "0.65", "math": "0.65", "summarization": "0.55", "code": "0.75",
+                            # the greedy twins: README's flags plus --temperature 0 --rollouts-per-prompt 2
+                            "general-greedy": "0.65", "summarization-greedy": "0.72", "math-greedy": "0.72",
+                            "code-greedy": "0.8"}
 
 
-@pytest.mark.parametrize("name", ["summarization", "general", "math", "code"])
+@pytest.mark.parametrize("name", list(README_TARGET_ACCEPTANCE))
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists them)."""
     import argparse
@@ -302,13 +305,15 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
         return TrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
 
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
-    made = config("--task", name, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS)
-    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed",
+    task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
+    greedy = ("--temperature", "0", "--rollouts-per-prompt", "2") if twin else ()
+    made = config("--task", task, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS, *greedy)
+    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed", "temperature",
                 "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt",
                 "warm_start_prompts", "warm_start_steps", "warm_start_lr"):
         assert getattr(made, key) == shipped[key], key
     assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam == 0.15  # the task's own default
-    assert config("--task", name, "--lam", "0.7").lam == 0.7
+    assert config("--task", task, "--lam", "0.7").lam == 0.7
 
 
 def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_flips(pair):
