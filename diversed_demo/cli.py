@@ -335,7 +335,7 @@ def run_table(args) -> int:
     from tqdm.auto import tqdm
 
     from .frontier import held_out_examples
-    from .head import load_head, resolve_head_path
+    from .head import greedy_twin, load_head, resolve_head_path
     from .table import markdown, parse_sets, parse_temperatures, results_table
     sets, temperatures = parse_sets(args.sets), parse_temperatures(args.temperatures)
     if args.limit < 1 or args.n_draft < 1 or args.max_new_tokens < 1:
@@ -350,7 +350,7 @@ def run_table(args) -> int:
     greedy_paths = {}  # the greedy twin (<head>-greedy) of a head, where one exists, serves T = 0
     for task, path in head_paths.items():
         with contextlib.suppress(ValueError):
-            greedy_paths[task] = resolve_head_path(f"{path.stem}-greedy")
+            greedy_paths[task] = resolve_head_path(greedy_twin(path.stem))
     for task, set_name in sets:
         held_out_examples(task, args.limit, None, set_name)
     pair = pair_from_args(args)

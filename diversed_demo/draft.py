@@ -83,7 +83,7 @@ class CachedLM:
         starts = torch.tensor(self.lengths, device=device)[:, None]
         real = offsets[None] < torch.tensor([len(f) for f in feeds], device=device)[:, None]
         positions = torch.where(real, starts + offsets, -1)
-        self.slot_positions = positions if self.slot_positions is None else torch.cat([self.slot_positions, positions], 1)
+        self.slot_positions = torch.cat([self.slot_positions, positions], 1)
         out = self.decoder(input_ids=tokens, past_key_values=self.cache, use_cache=True,
                            attention_mask=(self.slot_positions >= 0).long(), position_ids=(starts + offsets),
                            output_hidden_states=bool(self.aux_layer_ids))
@@ -95,14 +95,15 @@ class CachedLM:
         """The batch's first pass (the prompts): each distinct feed runs alone, once however many rows share
         it (an example's points, a prompt's rollouts), so no row pays for another's padding; then the
         caches join, the shorter ones padded with holes."""
-        alone, outputs = {}, []
+        alone, runs = {}, []  # (tokens, keep) -> (its one-row cache as [(keys, values, …)], its outputs)
         for feed, keep in zip(feeds, keeps):
             key = (tuple(feed.tolist()), keep)
             if key not in alone:
                 single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids)
-                alone[key] = (single, single.forward(feed, keep))
-            outputs.append(alone[key][1])
-        caches = [list(alone[(tuple(f.tolist()), k)][0].cache) for f, k in zip(feeds, keeps)]
+                outputs = single.forward(feed, keep)
+                alone[key] = (list(single.cache), outputs)
+            runs.append(alone[key])
+        caches = [cache for cache, _ in runs]
         width = max(len(f) for f in feeds)
         pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731
         layers = [(torch.cat([pad(c[i][0]) for c in caches]), torch.cat([pad(c[i][1]) for c in caches]))
@@ -111,7 +112,7 @@ class CachedLM:
         self.lengths = [len(f) for f in feeds]
         slots = torch.arange(width, device=feeds[0].device)
         self.slot_positions = torch.stack([torch.where(slots < n, slots, -1) for n in self.lengths])
-        return outputs
+        return [outputs for _, outputs in runs]
 
     def _outputs(self, out, row: int, fed: int, keep: int):
         hidden = out.last_hidden_state[row, fed - keep: fed]
@@ -137,12 +138,11 @@ class CachedLM:
             self.slot_positions = self.slot_positions[:, :keep]
 
     def keep_rows(self, rows: list[int]) -> None:
-        """Drop every other row of the batch (finished decodes)."""
-        index = torch.tensor(rows, device=self.slot_positions.device if self.slot_positions is not None else None)
+        """Drop every other row of the batch (finished decodes; after the batch's first pass)."""
+        index = torch.tensor(rows, device=self.slot_positions.device)
         self.cache.batch_select_indices(index)
         self.lengths = [self.lengths[r] for r in rows]
-        if self.slot_positions is not None:
-            self.slot_positions = self.slot_positions[index]
+        self.slot_positions = self.slot_positions[index]
 
 
 class StandaloneDraft:

@@ -96,6 +96,16 @@ def pair_identity(pair) -> dict:
     return pair._identity
 
 
+def greedy_twin(name: str) -> str:
+    """The name of a head's twin trained for greedy decoding (`<name>-greedy`)."""
+    return f"{name}-greedy"
+
+
+def sampled_twin(name: str) -> str:
+    """The name of a greedy head's twin trained for sampling."""
+    return name.removesuffix("-greedy")
+
+
 def new_head(pair, **kwargs) -> EnsembleHead:
     identity = pair_identity(pair)
     head = EnsembleHead(identity["target_hidden"], identity["draft_hidden"], **kwargs)

@@ -258,7 +258,6 @@ def fidelity_cost_quartiles(pair, config: TrainConfig, prompts: int = 6) -> list
     positions: the scale on which to choose λ for a new pair."""
     from .head import ConstantHead
     generator = torch.Generator().manual_seed(config.seed)
-    ratios = []
     r = sample_rollouts(pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, e.prompt)
                                                   for e in training_examples(config)[:prompts]],
                         config.max_new_tokens, config.temperature, generator, config.n_draft)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..head import greedy_twin, sampled_twin
 from ..models import ASSETS, EMBEDDED_DRAFT_DIR
 from ..rewards import QUALITY_LABEL
 from ..theory import alpha_from_acceptance
@@ -226,7 +227,7 @@ def head_for_temperature(cards: dict[str, dict], head_name, temperature):
         return None
     task = card.get("task")
     fits = [n for n, c in cards.items() if c.get("task") == task and trained_greedy(c) == is_greedy(temperature)]
-    twin = f"{head_name}-greedy" if is_greedy(temperature) else str(head_name).removesuffix("-greedy")
+    twin = greedy_twin(head_name) if is_greedy(temperature) else sampled_twin(str(head_name))
     return twin if twin in fits else next(iter(fits), None)
 
 
