@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import torch
 
+from .attention import stock_attention
 from .decode import Counts, Row, decode_rows, decode_steps, encode_prompt, generate
 from .draft import CachedLM
 from .eagle import Eagle3Draft
@@ -22,7 +23,7 @@ from .head import load_head, resolve_head_path
 from .linear import stock_linear
 from .rewards import fidelity, quality
 from .tasks import REFERENCE_TASKS, builtin_examples
-from .theory import alpha_from_acceptance, analytic_speedup
+from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
@@ -62,6 +63,8 @@ def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 
     for _ in range(calls):
         start = time.perf_counter()
         lm.forward(feed, keep=tokens_per_call)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
         lm.rollback(len(prompt_ids))
     return statistics.median(times) * 1e3
@@ -77,15 +80,17 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
 
 
-def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3) -> dict:
-    """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved)."""
+def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16,
+                  draft_tokens: int = 48) -> dict:
+    """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
+    each a median of `calls` passes, the draft's over a greedy decode of `draft_tokens`)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
     target, draft, verify = [], [], {n: [] for n in n_drafts}
     for _ in range(rounds):
-        target.append(forward_ms(pair.target, prompt_ids, 1))
-        draft.append(draft_token_ms(pair, prompt_ids))
+        target.append(forward_ms(pair.target, prompt_ids, 1, calls))
+        draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
         for n in n_drafts:
-            verify[n].append(forward_ms(pair.target, prompt_ids, n + 1))
+            verify[n].append(forward_ms(pair.target, prompt_ids, n + 1, calls))
     t, d = statistics.median(target), statistics.median(draft)
     verify_ms = {n: statistics.median(times) for n, times in verify.items()}
     return {"target_ms": t, "draft_ms": d, "c": d / t, "verify_ms": verify_ms,
@@ -107,7 +112,8 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens
             counts += summary.counts
         alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
-        chosen[name] = {"n_draft": max(bounds, key=bounds.get), "calibration_alpha": alpha, "bounds": bounds}
+        chosen[name] = {"n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]), "calibration_alpha": alpha,
+                        "bounds": bounds}
     return chosen
 
 
@@ -127,7 +133,7 @@ def transformers_kwargs(mode_kwargs: dict) -> dict | None:
 
 def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
-    on the pair's models with their stock nn.Linear layers (as a transformers user runs them).
+    on the pair's models with their stock nn.Linear layers and attention (as a transformers user runs them).
     The draft's generation config is set for the call and restored after it."""
     extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
@@ -142,7 +148,7 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
         kwargs["assistant_model"] = pair.draft
         kwargs.update(extra)
     try:
-        with stock_linear(pair.target, pair.draft):
+        with stock_linear(pair.target, pair.draft), stock_attention(pair.target, pair.draft):
             start = time.perf_counter()
             out = pair.target.generate(ids, **kwargs)
             seconds = time.perf_counter() - start

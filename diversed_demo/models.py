@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import use_grouped_attention
 from .eagle import WEIGHTS_FILE, Eagle3Draft
 from .files import cache_dir
 from .linear import linear_product, use_fast_linear
@@ -40,6 +41,7 @@ class ModelPair:
     def __post_init__(self):
         for model in (self.target, self.draft):
             use_fast_linear(model)
+            use_grouped_attention(model)
 
     @property
     def vocab_size(self) -> int:

@@ -28,3 +28,8 @@ def alpha_from_acceptance(rate: float, n_draft: int) -> float:
         else:
             high = mid
     return (low + high) / 2
+
+
+def fastest_n_draft(alpha: float, c: float, v: dict[int, float]) -> int:
+    """The draft length with the largest analytic speedup among those whose pass cost v[N] was measured."""
+    return max(v, key=lambda n: analytic_speedup(alpha, n, c, v[n]))

@@ -1,4 +1,4 @@
-"""The pair's linear layers: the fast CPU product must be the same product as nn.Linear's."""
+"""The pair's layers on CPU: the fast linear product and the grouped attention must compute what transformers' own do."""
 from __future__ import annotations
 
 import pytest
@@ -77,3 +77,46 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
         assert gguf_utils.load_gguf_checkpoint is not originals[2]
     assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))
+
+
+def _passes(lm, feeds_per_pass):
+    """Logits of every row of every forward_rows pass (rows rolled back between passes as listed)."""
+    logits = []
+    for feeds, rollbacks in feeds_per_pass:
+        logits += [out[0] for out in lm.forward_rows(feeds, [len(f) for f in feeds])]
+        for row, length in rollbacks:
+            lm.rollback(length, row)
+    return logits
+
+
+def test_grouped_attention_computes_transformers_sdpa():
+    """The target's grouped attention (K/V heads read in place, mask or not) gives transformers' SDPA logits:
+    one sequence (prefill, a one-token pass, a 3-token verification block) and a batch of two rows with a
+    rolled-back row's holes masked out."""
+    from diversed_demo.attention import GROUPED_SDPA, stock_attention
+    from diversed_demo.draft import CachedLM
+    pair = tiny_pair()
+    assert pair.target.config._attn_implementation == GROUPED_SDPA  # tiny models have 4 query heads over 2 K/V
+    one = [([torch.tensor([1, 5, 9, 7, 12, 6])], []), ([torch.tensor([8])], []), ([torch.tensor([4, 11, 13])], [(0, 8)]),
+           ([torch.tensor([10, 14, 15])], [])]
+    batch = [([torch.tensor([1, 5, 9, 7]), torch.tensor([1, 6])], []), ([torch.tensor([8, 4, 11]), torch.tensor([9, 10, 12])], [(0, 5)]),
+             ([torch.tensor([13, 14]), torch.tensor([15, 16])], [])]
+    with torch.inference_mode():
+        for passes, rows in ((one, 1), (batch, 2)):
+            grouped = _passes(CachedLM(pair.target, pair.vocab_size, rows=rows), passes)
+            with stock_attention(pair.target):
+                assert pair.target.config._attn_implementation == "sdpa"
+                stock = _passes(CachedLM(pair.target, pair.vocab_size, rows=rows), passes)
+            for a, b in zip(grouped, stock, strict=True):
+                torch.testing.assert_close(a, b)
+    assert pair.target.config._attn_implementation == GROUPED_SDPA
+
+
+def test_ungrouped_heads_keep_transformers_sdpa():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from diversed_demo.attention import use_grouped_attention
+    config = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4)
+    model = LlamaForCausalLM(config)
+    use_grouped_attention(model)
+    assert model.config._attn_implementation == "sdpa"

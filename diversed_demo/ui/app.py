@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import html
+import importlib.util
 import inspect
 import math
 import os
@@ -21,7 +22,8 @@ import gradio as gr
 import pandas as pd
 
 from .. import train
-from ..decode import MAX_N_DRAFT, MAX_SEED
+from ..bench import measure_costs
+from ..decode import MAX_N_DRAFT, MAX_SEED, encode_prompt
 from ..eagle import Eagle3Draft
 from ..head import list_heads, load_head
 from ..models import ASSETS
@@ -437,13 +439,23 @@ Hover any token to see w_t, p(x), q(x) and its acceptance probability.
 
 # ---------------------------------------------------------------- the app
 
+def opening_costs(pair, examples) -> dict | None:
+    """A quick measurement of the draft's and the verification's costs on this machine (about 3 s for the
+    embedded pair on 2 CPU cores), from which the app picks the draft length it opens with. None on
+    ZeroGPU Spaces, where a GPU is attached only inside a call (the cards' N is kept there)."""
+    if not examples or pair.draft is None or importlib.util.find_spec("spaces") is not None:
+        return None
+    prompt_ids = encode_prompt(pair.tokenizer, examples[0].prompt)
+    return measure_costs(pair, prompt_ids, range(1, 7), rounds=1, calls=6, draft_tokens=16)
+
+
 def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | None = None):
     """The Gradio Blocks app for `pair`. Launch it with `launch(app)` so that its CSS and theme apply."""
     examples = load_examples() if examples is None else examples
     job = job or TrainingJob()
     choices = example_choices(examples)
     heads_now = list_heads(pair)
-    start = results.arrival_defaults(examples, heads_now)
+    start = results.arrival_defaults(examples, heads_now, opening_costs(pair, examples))
     first_prompt = examples[start.example_index].prompt if start.example_index is not None else ""
     frontiers = {greedy: results.shipped_frontiers(heads_now, 0.0 if greedy else 1.0) for greedy in (False, True)}
     presets = results.cost_presets()
