@@ -30,7 +30,7 @@ BENCH_REPORTS = {
     "Spec-Bench, every category": (
         RESULTS_DIR / "bench.json",
         "diversed-demo bench --per-category 2 --max-new-tokens 64 --modes "
-        "ar,exact,static:0.5,dynamic:summarization,dynamic:general --vs-transformers --json results/bench.json"),
+        "ar,exact,static:0.5,dynamic:summarization-greedy,dynamic:general-greedy --vs-transformers --json results/bench.json"),
     "Quality on the referenced categories": (
         RESULTS_DIR / "quality.json",
         "diversed-demo bench --categories summarization,math_reasoning --per-category 20 --max-new-tokens 64 "
