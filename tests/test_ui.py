@@ -452,11 +452,15 @@ def test_the_results_table_comes_from_the_cards():
         assert row["margin over the static frontier"].endswith(": " + card["frontier"]["verdict"]["kind"])
 
 
-def test_the_headline_states_each_carded_heads_measured_margin(tmp_path):
+def test_the_headline_states_each_carded_heads_measured_margin_by_decoding_kind(tmp_path):
     line = results.headline(SHIPPED_HEADS)
+    sampled, greedy = line.split("Sampled (T = 1): ")[1].split("Greedy: ")
     for name in SHIPPED_HEADS:
-        margin = json.loads(HEADS_DIR.joinpath(f"{name}.json").read_text())["frontier"]["quality_margin"]
-        assert f"<b>{name}</b> head: " in line and render.fmt(margin["estimate"], "+.2g") in line
+        card = json.loads(HEADS_DIR.joinpath(f"{name}.json").read_text())
+        claim = (f"<b>{name}</b> {results.quality_metric(card['task'])} "
+                 f"{render.fmt(card['frontier']['quality_margin']['estimate'], '+.2g')}")
+        assert claim in (greedy if results.trained_greedy(card) else sampled)
+        assert f"({card['frontier']['verdict']['kind']})" in line
     assert "nats/token" in line  # fidelity's unit, for the general head
     assert results.headline({"x": tmp_path / "x.safetensors"}) == ""
 

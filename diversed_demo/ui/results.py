@@ -249,20 +249,25 @@ def quality_metric(task: str) -> str:
 
 def headline(head_paths: dict[str, Path]) -> str:
     """One sentence for the page's header: each carded head's quality margin over the static frontier at
-    its own acceptance, or "" where no head has a card."""
+    its own acceptance and its verdict, grouped by the decoding it was trained for (sampled, greedy), or ""
+    where no head has a card."""
     from ..formatting import fmt
-    claims = []
+    groups = {False: [], True: []}
     for name, card in head_cards(head_paths).items():
         margin = dig(card, "frontier", "quality_margin")
         if not isinstance(margin, dict) or not isinstance(margin.get("estimate"), (int, float)):
             continue
         metric = quality_metric(card.get("task") or "general")
-        claims.append(f"<b>{html.escape(name)}</b> head: {metric} {fmt(margin['estimate'], '+.2g')} ± "
-                      f"{fmt(margin.get('stderr'), '.1g')}")
-    if not claims:
+        verdict = dig(card, "frontier", "verdict", "kind")
+        groups[trained_greedy(card)].append(
+            f"<b>{html.escape(name)}</b> {metric} {fmt(margin['estimate'], '+.2g')} ± {fmt(margin.get('stderr'), '.1g')}"
+            + (f" ({html.escape(verdict)})" if isinstance(verdict, str) else ""))
+    parts = [f"{label}: " + "; ".join(claims)
+             for label, claims in (("Sampled (T = 1)", groups[False]), ("Greedy", groups[True])) if claims]
+    if not parts:
         return ""
-    return ("Measured on held-out prompts (each card names its set), at the same acceptance as the static ensemble: "
-            + "; ".join(claims) + " (Speed–quality dial, Results).")
+    return ("Heads against the static frontier at equal acceptance, on held-out prompts (each card names its "
+            "set). " + ". ".join(parts) + ". (Speed–quality dial, Results.)")
 
 
 def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
