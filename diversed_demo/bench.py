@@ -60,12 +60,13 @@ def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
     feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
     times = []
-    for _ in range(calls):
+    for call in range(calls + 1):  # the first, untimed: a pass after the prefill runs cold
         start = time.perf_counter()
         lm.forward(feed, keep=tokens_per_call)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        if call:
+            times.append(time.perf_counter() - start)
         lm.rollback(len(prompt_ids))
     return statistics.median(times) * 1e3
 

@@ -440,7 +440,7 @@ Hover any token to see w_t, p(x), q(x) and its acceptance probability.
 # ---------------------------------------------------------------- the app
 
 def opening_costs(pair, examples) -> dict | None:
-    """A quick measurement of the draft's and the verification's costs on this machine (about 3.5 s for the
+    """A quick measurement of the draft's and the verification's costs on this machine (about 4 s for the
     embedded pair on 2 CPU cores), from which the app picks the draft length it opens with. None on
     ZeroGPU Spaces, where a GPU is attached only inside a call (the cards' N is kept there)."""
     if not examples or pair.draft is None or importlib.util.find_spec("spaces") is not None:
