@@ -354,7 +354,7 @@ def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
     assert results.head_for_temperature(cards, "s-greedy", 0.7) == "s"
     assert results.head_for_temperature(cards, "s", 1.0) is None  # already the right kind: keep it
     assert results.head_for_temperature(cards, "not carded", 0.0) is None
-    assert results.arrival_defaults(EXAMPLES, heads).settings.head_name == "s"  # the app opens at T = 1
+    assert results.arrival_defaults(EXAMPLES, heads).settings.head_name == "s-greedy"  # the app opens greedy
     table = results.frontier_table(heads)
     assert set(table["T"]) == {"greedy", 1.0} and len(table) == 2 * (len(primary["static_points"]) + 1)
 
@@ -392,11 +392,11 @@ def test_broken_cards_are_skipped_not_fatal(tmp_path):
 
 
 def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp_path):
-    card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+    card = json.loads(HEADS_DIR.joinpath("summarization-greedy.json").read_text())
     defaults = results.arrival_defaults(EXAMPLES, SHIPPED_HEADS)
     measured = card["frontier"]["settings"]
     assert defaults.example_index == 0 and defaults.settings.mode == "dynamic"
-    assert defaults.settings.head_name == "summarization"
+    assert defaults.settings.head_name == "summarization-greedy" and measured["temperature"] == 0  # opens greedy
     assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == \
         (measured["n_draft"], measured["temperature"], measured["max_new_tokens"])
     assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
@@ -409,7 +409,7 @@ def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp
 def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine():
     """With measured costs the opening N maximises the analytic speedup at the head card's acceptance: short
     where a pass over more tokens costs much more (a 2-core CPU), longer where extra tokens are nearly free."""
-    card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+    card = json.loads(HEADS_DIR.joinpath("summarization-greedy.json").read_text())  # the head the app opens with
     card_n = card["frontier"]["settings"]["n_draft"]
     alpha = alpha_from_acceptance(card["frontier"]["head_point"]["acceptance"], card_n)
     cpu = {"c": 0.09, "v": {1: 1.13, 2: 1.21, 3: 1.7, 4: 1.8, 5: 1.85, 6: 2.0}}
