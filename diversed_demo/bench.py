@@ -54,21 +54,24 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
 
 
 @torch.inference_mode()
-def forward_ms(model, prompt_ids: list[int], tokens_per_call: int, calls: int = 16) -> float:
-    """Median time of a cached forward of `tokens_per_call` new tokens (with the LM head on all of them)."""
+def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16) -> dict[int, float]:
+    """{k: median time of a cached forward of k new tokens (with the LM head on all of them)} after one
+    prefill of the prompt. The sizes take turns within each call, so a burst of load on a shared machine
+    slows them alike instead of one size; the first turn, after the prefill, runs cold and is not timed."""
     lm = CachedLM(model, model.config.get_text_config().vocab_size)
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
-    feed = torch.tensor(prompt_ids[-tokens_per_call:], device=model.device)
-    times = []
-    for call in range(calls + 1):  # the first, untimed: a pass after the prefill runs cold
-        start = time.perf_counter()
-        lm.forward(feed, keep=tokens_per_call)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        if call:
-            times.append(time.perf_counter() - start)
-        lm.rollback(len(prompt_ids))
-    return statistics.median(times) * 1e3
+    feeds = {k: torch.tensor(prompt_ids[-k:], device=model.device) for k in sorted(set(sizes))}
+    times = {k: [] for k in feeds}
+    for call in range(calls + 1):
+        for k, feed in feeds.items():
+            start = time.perf_counter()
+            lm.forward(feed, keep=k)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if call:
+                times[k].append(time.perf_counter() - start)
+            lm.rollback(len(prompt_ids))
+    return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 
 def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens: int = 48) -> float:
@@ -86,14 +89,12 @@ def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls:
     """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
     each a median of `calls` passes, the draft's over a greedy decode of `draft_tokens`)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
-    target, draft, verify = [], [], {n: [] for n in n_drafts}
+    passes, draft = [], []
     for _ in range(rounds):
-        target.append(forward_ms(pair.target, prompt_ids, 1, calls))
+        passes.append(pass_ms(pair.target, prompt_ids, [1] + [n + 1 for n in n_drafts], calls))
         draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
-        for n in n_drafts:
-            verify[n].append(forward_ms(pair.target, prompt_ids, n + 1, calls))
-    t, d = statistics.median(target), statistics.median(draft)
-    verify_ms = {n: statistics.median(times) for n, times in verify.items()}
+    t, d = statistics.median(p[1] for p in passes), statistics.median(draft)
+    verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}
     return {"target_ms": t, "draft_ms": d, "c": d / t, "verify_ms": verify_ms,
             "v": {n: ms / t for n, ms in verify_ms.items()}}
 

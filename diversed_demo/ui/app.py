@@ -22,7 +22,7 @@ import gradio as gr
 import pandas as pd
 
 from .. import train
-from ..bench import measure_costs
+from ..bench import choose_n_draft, measure_costs
 from ..decode import MAX_N_DRAFT, MAX_SEED, encode_prompt
 from ..eagle import Eagle3Draft
 from ..head import list_heads, load_head
@@ -439,14 +439,21 @@ Hover any token to see w_t, p(x), q(x) and its acceptance probability.
 
 # ---------------------------------------------------------------- the app
 
-def opening_costs(pair, examples) -> dict | None:
-    """A quick measurement of the draft's and the verification's costs on this machine (about 4 s for the
-    embedded pair on 2 CPU cores), from which the app picks the draft length it opens with. None on
-    ZeroGPU Spaces, where a GPU is attached only inside a call (the cards' N is kept there)."""
-    if not examples or pair.draft is None or importlib.util.find_spec("spaces") is not None:
-        return None
-    prompt_ids = encode_prompt(pair.tokenizer, examples[0].prompt)
-    return measure_costs(pair, prompt_ids, range(1, 7), rounds=1, calls=6, draft_tokens=16)
+def opening_draft_length(pair, examples, start: results.Defaults) -> results.Defaults:
+    """`start` at the draft length that pays on this machine for its example and settings: the draft's and
+    the verification's costs timed, and the example decoded for 32 tokens to measure its acceptance (about
+    5.5 s for the embedded pair on 2 CPU cores), as `bench --n-draft auto` chooses. Kept as is on ZeroGPU
+    Spaces, where a GPU is attached only inside a call."""
+    settings = start.settings
+    if start.example_index is None or importlib.util.find_spec("spaces") is not None:
+        return start
+    prompt = examples[start.example_index].prompt
+    mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight,
+            "head": load_head(settings.head_name, pair) if settings.mode == "dynamic" else None}
+    costs = measure_costs(pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16)
+    chosen = choose_n_draft(pair, {"opening": mode}, costs, [prompt], 32, settings.temperature, settings.seed,
+                            probe_n_draft=settings.n_draft)["opening"]
+    return results.with_draft_length(start, chosen["n_draft"], chosen["calibration_alpha"], costs)
 
 
 def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | None = None):
@@ -455,7 +462,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
     job = job or TrainingJob()
     choices = example_choices(examples)
     heads_now = list_heads(pair)
-    start = results.arrival_defaults(examples, heads_now, opening_costs(pair, examples))
+    start = opening_draft_length(pair, examples, results.arrival_defaults(examples, heads_now))
     first_prompt = examples[start.example_index].prompt if start.example_index is not None else ""
     frontiers = {greedy: results.shipped_frontiers(heads_now, 0.0 if greedy else 1.0) for greedy in (False, True)}
     presets = results.cost_presets()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +18,7 @@ import pandas as pd
 from ..head import greedy_twin, sampled_twin
 from ..models import ASSETS, EMBEDDED_DRAFT_DIR
 from ..rewards import QUALITY_LABEL
-from ..theory import alpha_from_acceptance, fastest_n_draft
+from ..theory import alpha_from_acceptance
 from .runs import DecodeSettings
 
 RESULTS_DIR = ASSETS.parent / "results"
@@ -319,15 +319,11 @@ class Defaults:
     note: str
 
 
-def arrival_defaults(examples, head_paths: dict[str, Path], costs: dict | None = None) -> Defaults:
+def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
     """The first example, and DIVERSED with the carded head of that example's task at the settings its
     frontier card was measured with (N, temperature, new tokens); the note says whether the head beat the
     static frontier there. w starts at the head's mean w_t, so the static ensemble spends the same average
     weight.
-
-    With `costs` (bench.measure_costs on this machine), N is instead the fastest draft length by the analytic
-    bound at the head's card acceptance: the card's N was a frontier setting, and which N pays depends on
-    the machine (on a 2-core CPU a pass over 5 tokens costs 1.6 over one, so N = 4 lost to target-only).
 
     Without a carded head (another pair), static w = 0.5 at the decoder's defaults, and the note says so.
     """
@@ -345,24 +341,28 @@ def arrival_defaults(examples, head_paths: dict[str, Path], costs: dict | None =
     frontier = cards[name]["frontier"]
     settings = frontier.get("settings", {})
     mean_w = dig(frontier, "head_point", "mean_w")
-    acceptance = dig(frontier, "head_point", "acceptance")
-    card_n_draft = n_draft = int(settings.get("n_draft", 4))
-    if costs and isinstance(acceptance, (int, float)):
-        n_draft = fastest_n_draft(alpha_from_acceptance(acceptance, card_n_draft), costs["c"], costs["v"])
-    n_note = "" if n_draft == card_n_draft else (
-        f"; N = {n_draft} instead of the card's {card_n_draft}: the fastest here by the analytic bound at the card's "
-        f"acceptance ({acceptance:.2f}), with a draft token costing {costs['c']:.2f} and a pass over N + 1 tokens "
-        f"{costs['v'][n_draft]:.2f} of a target token on this machine")
     defaults = DecodeSettings(
         mode="dynamic", head_name=name,
         ensemble_weight=round(mean_w * 20) / 20 if isinstance(mean_w, (int, float)) else 0.5,
-        n_draft=n_draft, max_new_tokens=int(settings.get("max_new_tokens", 64)),
+        n_draft=int(settings.get("n_draft", 4)), max_new_tokens=int(settings.get("max_new_tokens", 64)),
         temperature=float(settings.get("temperature", 1.0)))
     verdict = ("where the head beat the static frontier" if frontier.get("beyond_frontier")
                else "where the head was not beyond the static frontier")
     return Defaults(defaults, 0 if first else None,
-                    f"settings of {shown_path(Path(head_paths[name]).with_suffix('.json'))}'s frontier run, "
-                    f"{verdict}{n_note}")
+                    f"settings of {shown_path(Path(head_paths[name]).with_suffix('.json'))}'s frontier run, {verdict}")
+
+
+def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) -> Defaults:
+    """`start` at the draft length found fastest on this machine (by the analytic bound at per-token acceptance
+    α with the measured costs); the note says why where it differs from the card's. A card's N is a frontier
+    setting, and which N pays depends on the machine: on a 2-core CPU a pass over 5 tokens costs 1.6–1.9
+    target tokens, and N = 4 lost to target-only on the first example."""
+    if n_draft == start.settings.n_draft:
+        return start
+    note = (f"{start.note}; N = {n_draft}, not {start.settings.n_draft}: the fastest here by the "
+            f"analytic bound at this example's acceptance (α = {alpha:.2f} in a short decode at start), with a draft "
+            f"token costing {costs['c']:.2f} and a pass over N + 1 tokens {costs['v'][n_draft]:.2f} of a target token")
+    return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note)
 
 
 # ---------------------------------------------------------------- the dial in transformers
