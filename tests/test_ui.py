@@ -809,3 +809,13 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
     monkeypatch.setattr(ui_app, "pair_info", lambda pair: {})
     files = ui_app.trace_files({}, None, "decode")
     assert len(files) == 1 and not os.path.isdir(gone)
+
+
+def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, monkeypatch):
+    from diversed_demo.head import HeadError
+
+    def broken(*args, **kwargs):
+        raise HeadError("heads/x.safetensors: weights do not match its config")
+    monkeypatch.setattr(app, "load_head", broken)
+    start = results.Defaults(runs.DecodeSettings(mode="dynamic", head_name="x"), 0, "settings of x's card")
+    assert app.opening_draft_length(pair, EXAMPLES, start) == start

@@ -25,7 +25,7 @@ from .. import train
 from ..bench import choose_n_draft, measure_costs
 from ..decode import MAX_N_DRAFT, MAX_SEED, encode_prompt
 from ..eagle import Eagle3Draft
-from ..head import list_heads, load_head
+from ..head import HeadError, list_heads, load_head
 from ..models import ASSETS
 from ..tasks import TASKS, Example, app_examples
 from ..formatting import fmt
@@ -443,13 +443,17 @@ def opening_draft_length(pair, examples, start: results.Defaults) -> results.Def
     """`start` at the draft length that pays on this machine for its example and settings: the draft's and
     the verification's costs timed, and the example decoded for 32 tokens to measure its acceptance (about
     5.5 s for the embedded pair on 2 CPU cores), as `bench --n-draft auto` chooses. Kept as is on ZeroGPU
-    Spaces, where a GPU is attached only inside a call."""
+    Spaces, where a GPU is attached only inside a call, and where the opening head does not load (the
+    Decode tab then says why, on use)."""
     settings = start.settings
     if start.example_index is None or importlib.util.find_spec("spaces") is not None:
         return start
     prompt = examples[start.example_index].prompt
-    mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight,
-            "head": load_head(settings.head_name, pair) if settings.mode == "dynamic" else None}
+    try:
+        head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None
+    except HeadError:
+        return start
+    mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
     costs = measure_costs(pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16)
     chosen = choose_n_draft(pair, {"opening": mode}, costs, [prompt], 32, settings.temperature, settings.seed,
                             probe_n_draft=settings.n_draft)["opening"]

@@ -355,8 +355,8 @@ def arrival_defaults(examples, head_paths: dict[str, Path]) -> Defaults:
 def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) -> Defaults:
     """`start` at the draft length found fastest on this machine (by the analytic bound at per-token acceptance
     α with the measured costs); the note says why where it differs from the card's. A card's N is a frontier
-    setting, and which N pays depends on the machine: on a 2-core CPU a pass over 5 tokens costs 1.6–1.9
-    target tokens, and N = 4 lost to target-only on the first example."""
+    setting, and which N pays depends on the machine: on a 2-core CPU a pass over 5 tokens costs about 1.5
+    target tokens, and at T = 1 N = 4 lost to target-only on the first example."""
     if n_draft == start.settings.n_draft:
         return start
     note = (f"{start.note}; N = {n_draft}, not {start.settings.n_draft}: the fastest here by the "
