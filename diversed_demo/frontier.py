@@ -21,7 +21,7 @@ import numpy as np
 
 from .decode import Counts, Row, check_context, decode_batch, encode_prompt
 from .files import write_text
-from .head import ConstantHead, load_head, pair_identity, resolve_head_path, save_head
+from .head import ConstantHead, load_head, pair_identity, resolve_head_path, save_head, trained_for_greedy
 from .rewards import task_reward
 from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
 
@@ -407,7 +407,7 @@ def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float],
                           "examples": len(examples), "settings": report["settings"], "command": command}
             # the evaluation of the kind of decoding the head was trained for (greedy or sampled), on the
             # task's default set
-            trained_greedy = (head.meta.get("training") or {}).get("temperature") == 0
-            primary = (temperature == 0) == trained_greedy and set_name == next(iter(HELD_OUT[task]))
+            primary = ((temperature == 0) == trained_for_greedy(head.meta.get("training"))
+                       and set_name == next(iter(HELD_OUT[task])))
             write_head_card(paths[name], head, evaluation, evaluation_key(set_name, temperature), primary)
     return report, points

@@ -96,6 +96,11 @@ def pair_identity(pair) -> dict:
     return pair._identity
 
 
+def trained_for_greedy(training) -> bool:
+    """Whether a head's training record (its metadata's or its card's "training") is of greedy decoding."""
+    return isinstance(training, dict) and training.get("temperature") == 0
+
+
 def greedy_twin(name: str) -> str:
     """The name of a head's twin trained for greedy decoding (`<name>-greedy`)."""
     return f"{name}-greedy"

@@ -52,12 +52,16 @@ def public_space() -> bool:
     return os.environ.get(PUBLIC_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def zero_gpu_space() -> bool:
+    """Whether this is a ZeroGPU Space (its `spaces` package is installed): a GPU is attached only inside a call."""
+    return importlib.util.find_spec("spaces") is not None
+
+
 def on_gpu(fn):
-    """On ZeroGPU Spaces, run `fn` with a GPU attached; elsewhere `spaces` is absent and fn runs as is."""
-    try:
-        import spaces
-    except ImportError:
+    """On ZeroGPU Spaces, run `fn` with a GPU attached; elsewhere fn runs as is."""
+    if not zero_gpu_space():
         return fn
+    import spaces
     return spaces.GPU(fn)
 
 
@@ -446,7 +450,7 @@ def opening_draft_length(pair, examples, start: results.Defaults) -> results.Def
     Spaces, where a GPU is attached only inside a call, and where the opening head does not load (the
     Decode tab then says why, on use)."""
     settings = start.settings
-    if start.example_index is None or importlib.util.find_spec("spaces") is not None:
+    if start.example_index is None or zero_gpu_space():
         return start
     prompt = examples[start.example_index].prompt
     try:

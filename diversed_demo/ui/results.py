@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..head import greedy_twin, sampled_twin
+from ..head import greedy_twin, sampled_twin, trained_for_greedy
 from ..models import ASSETS, EMBEDDED_DRAFT_DIR
 from ..rewards import QUALITY_LABEL
 from ..theory import alpha_from_acceptance
@@ -215,7 +215,7 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> 
 
 
 def trained_greedy(card: dict) -> bool:
-    return is_greedy(dig(card, "training", "temperature"))
+    return trained_for_greedy(card.get("training"))
 
 
 def head_for_temperature(cards: dict[str, dict], head_name, temperature):
