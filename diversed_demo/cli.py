@@ -10,7 +10,7 @@ import contextlib
 import json
 import sys
 
-from .files import write_text
+from .common.files import write_text
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,13 +21,14 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def pair_from_args(args):
-    from .models import EMBEDDED, load_pair
+    from .models.embedded import EMBEDDED
+    from .models.loading import load_pair
     return load_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True)
-    from .decode import MODES
+    from .core.settings import MODES
     parser.add_argument("--mode", choices=MODES, default="static")
     parser.add_argument("--w", type=float, default=0.5, help="static ensemble weight in [0, 1] (1 = exact)")
     parser.add_argument("--head", default=None, help="head file (.safetensors) or name in heads/, for --mode dynamic")
@@ -43,12 +44,14 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args) -> int:
-    from .decode import Summary, check_args, speculative_generate
+    from .core.stats import Summary
+    from .core.settings import check_args
+    from .core.generate import speculative_generate
     # Bad values fail before the models load (seconds), not after.
     check_args(args.mode, args.w, args.head, args.n_draft, args.max_new_tokens, args.temperature, args.top_p,
                args.seed)
     if args.mode == "dynamic":
-        from .head import load_head, resolve_head_path
+        from .models.heads import load_head, resolve_head_path
         resolve_head_path(args.head)  # a missing head fails here too, not after the models load
     pair = pair_from_args(args)
     head = load_head(args.head, pair) if args.mode == "dynamic" else None
@@ -77,7 +80,7 @@ def run_generate(args) -> int:
 
 
 def format_summary(summary) -> str:
-    from .formatting import fmt
+    from .common.formatting import fmt
     mean_w = "" if summary.mean_w is None else f"  mean w {summary.mean_w:.3f}"
     return (f"acceptance {fmt(summary.acceptance_rate)}  tau {fmt(summary.tau, '.2f')}  new tokens {summary.new_tokens}  "
             f"{summary.tokens_per_second:.1f} tok/s  wall {summary.wall_time_s:.2f} s{mean_w}")
@@ -94,8 +97,8 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--out", default=None, help="shard folder (default: assets/draft/data)")
     data.add_argument("--gen-dtype", default="bfloat16", help="the target's dtype while sampling")
     data.set_defaults(func=run_distill_data)
-    from .distill.train import TrainConfig
-    defaults = TrainConfig()
+    from .distill.config import DraftTrainConfig
+    defaults = DraftTrainConfig()
     train = stages.add_parser("train", help="train the feature draft on the generated data (resumable)")
     train.add_argument("--work-dir", default="runs/distill", help="checkpoints and the best draft (default: runs/distill)")
     train.add_argument("--data", default=None, help="shard folder (default: assets/draft/data)")
@@ -129,16 +132,18 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_distill_train(args) -> int:
     from .distill import data
-    from .distill.train import TrainConfig, train_draft
-    from .models import EMBEDDED, load_pair
-    config = TrainConfig(epochs=args.epochs, ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr,
+    from .distill.config import DraftTrainConfig
+    from .distill.train import train_draft
+    from .models.embedded import EMBEDDED
+    from .models.loading import load_pair
+    config = DraftTrainConfig(epochs=args.epochs, ttt_steps=args.ttt_steps, step_decay=args.step_decay, lr=args.lr,
                          warmup_steps=args.warmup_steps, batch_tokens=args.batch_tokens, eval_every=args.eval_every,
                          draft_vocab_size=args.draft_vocab, seed=args.seed, bf16=args.bf16)
     for name, value in (("--epochs", config.epochs), ("--lr", config.lr), ("--batch-tokens", config.batch_tokens),
                         ("--ttt-steps", config.ttt_steps), ("--eval-every", config.eval_every)):
         if not value > 0:
             raise ValueError(f"{name} must be positive, not {value}")
-    from .models import is_eagle3_dir
+    from .models.loading import is_eagle3_dir
     if args.init is not None and not is_eagle3_dir(args.init):
         raise ValueError(f"--init {args.init}: not a saved EAGLE-3 draft (no speculators config.json there)")
     records = data.load_records(args.data or data.SHARDS_DIR)
@@ -160,7 +165,7 @@ def run_distill_export(args) -> int:
 
 def run_distill_measure(args) -> int:
     from .distill import card
-    from .models import load_pair
+    from .models.loading import load_pair
     figures = card.measure(load_pair(), args.per_category, args.max_new_tokens, args.n_draft)
     print(json.dumps(figures, indent=2))
     return 0
@@ -170,7 +175,8 @@ def run_distill_data(args) -> int:
     from tqdm import tqdm
 
     from .distill import data
-    from .models import EMBEDDED, load_pair
+    from .models.embedded import EMBEDDED
+    from .models.loading import load_pair
     pair = load_pair(EMBEDDED, None, "auto", args.gen_dtype)
     bar = tqdm(total=args.tokens, desc="response tokens", unit="tok", dynamic_ncols=True)
 
@@ -185,8 +191,8 @@ def run_distill_data(args) -> int:
 
 
 def add_train_arguments(parser) -> None:
-    from .train import TASK_DEFAULTS, TrainConfig
-    defaults = TrainConfig()
+    from .training.config import TASK_DEFAULTS, HeadTrainConfig
+    defaults = HeadTrainConfig()
     parser.add_argument("--task", default=defaults.task, help="summarization, math, code or general (fidelity)")
     parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
     helps_int = {"warm_start_prompts": "before RL, decode this many training prompts at static w = --w-init and fit "
@@ -222,12 +228,13 @@ def add_train_arguments(parser) -> None:
 
 
 def run_train(args) -> int:
-    from .train import TrainConfig, check_config, train_head
-    fields = TrainConfig.__dataclass_fields__
-    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    from .training.config import HeadTrainConfig, check_config
+    from .training.loop import train_head
+    fields = HeadTrainConfig.__dataclass_fields__
+    config = HeadTrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     check_config(config)
     if args.suggest_lam:
-        from .train import fidelity_cost_quartiles
+        from .training.diagnostics import fidelity_cost_quartiles
         quartiles = fidelity_cost_quartiles(pair_from_args(args), config)
         print(f"(CE − H)/TV quartiles on {config.task}: " + " / ".join(f"{q:.2f}" for q in quartiles))
         return 0
@@ -237,7 +244,8 @@ def run_train(args) -> int:
 
 
 def add_frontier_arguments(parser) -> None:
-    from .frontier import DEFAULT_WEIGHTS, HELD_OUT
+    from .eval.frontier import DEFAULT_WEIGHTS
+    from .eval.held_out import HELD_OUT
     parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
@@ -266,9 +274,11 @@ def run_frontier(args) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .formatting import fmt
-    from .frontier import evaluate_heads, frontier_figure, held_out_examples
-    from .head import resolve_head_path
+    from .common.formatting import fmt
+    from .eval.frontier import evaluate_heads
+    from .eval.frontier_figure import frontier_figure
+    from .eval.held_out import held_out_examples
+    from .models.heads import resolve_head_path
     try:
         weights = [float(w) for w in args.weights.split(",")]
     except ValueError:
@@ -334,9 +344,9 @@ def add_table_arguments(parser) -> None:
 def run_table(args) -> int:
     from tqdm.auto import tqdm
 
-    from .frontier import held_out_examples
-    from .head import greedy_twin, load_head, resolve_head_path
-    from .table import markdown, parse_sets, parse_temperatures, results_table
+    from .eval.held_out import held_out_examples
+    from .models.heads import greedy_twin, load_head, resolve_head_path
+    from .eval.table import markdown, parse_sets, parse_temperatures, results_table
     sets, temperatures = parse_sets(args.sets), parse_temperatures(args.temperatures)
     if args.limit < 1 or args.n_draft < 1 or args.max_new_tokens < 1:
         raise ValueError("--limit, --n-draft and --max-new-tokens must be positive integers")
@@ -366,7 +376,7 @@ def run_table(args) -> int:
 
 
 def add_bench_arguments(parser) -> None:
-    from .bench import DEFAULT_MODES
+    from .eval.bench import DEFAULT_MODES
     parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>")
     parser.add_argument("--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)")
     parser.add_argument("--categories", default=None,
@@ -396,8 +406,9 @@ def add_bench_arguments(parser) -> None:
 def run_bench_command(args) -> int:
     from tqdm.auto import tqdm
 
-    from .bench import batch_markdown, bench_figure, markdown_table, parse_modes, run_batch_bench, run_bench
-    from .tasks import app_examples, load_spec_bench
+    from .eval.bench_report import batch_markdown, bench_figure, markdown_table
+    from .eval.bench import parse_modes, run_batch_bench, run_bench
+    from .eval.tasks import app_examples, load_spec_bench
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     # Everything that can be checked without the models is checked before they load.
     if args.app_examples is not None:
@@ -440,7 +451,7 @@ def add_app_arguments(parser) -> None:
 
 
 def run_app(args) -> int:
-    from .ui import build_app, launch
+    from .ui.app import build_app, launch
     launch(build_app(pair_from_args(args)), server_name=args.host, server_port=args.port, share=args.share)
     return 0
 

@@ -3,9 +3,10 @@ import statistics
 
 import pytest
 
-from diversed_demo.bench import batch_markdown, markdown_table, parse_modes, run_batch_bench, run_bench
-from diversed_demo.theory import alpha_from_acceptance, analytic_speedup
-from diversed_demo.tasks import Example
+from diversed_demo.eval.bench_report import batch_markdown, markdown_table
+from diversed_demo.eval.bench import parse_modes, run_batch_bench, run_bench
+from diversed_demo.eval.theory import alpha_from_acceptance, analytic_speedup
+from diversed_demo.eval.tasks import Example
 
 
 def test_analytic_bound_limits():
@@ -85,7 +86,7 @@ def test_auto_n_draft_picks_each_modes_best_bound(pair):
 
 
 def test_diversed_goal_needs_every_referenced_category_within_five_percent():
-    from diversed_demo.bench import goals
+    from diversed_demo.eval.bench_report import goals
 
     def row(speedup, scores=None, fidelity=-1.0):
         cell = {"speedup": speedup, "quality": scores and sum(scores) / len(scores), "fidelity": fidelity}
@@ -119,7 +120,7 @@ def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
     import json
 
     from diversed_demo.cli import main
-    from diversed_demo.tiny import save_tiny_pair
+    from tiny import save_tiny_pair
     target, draft = save_tiny_pair(tmp_path)
     pair_args = ["--target", target, "--draft", draft, "--device", "cpu"]
     assert main(["bench", *pair_args, "--categories", "poetry"]) == 2

@@ -37,7 +37,7 @@ FIRST_EXAMPLE = next(iter(json.loads((Path(__file__).resolve().parent.parent / "
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`diversed-demo app` on a tiny pair, in a subprocess; its URL once it answers."""
-    from diversed_demo.tiny import save_tiny_pair
+    from tiny import save_tiny_pair
     root = tmp_path_factory.mktemp("browser")
     target, draft = save_tiny_pair(root)
     carded_head(target, draft, root / "heads")
@@ -70,8 +70,8 @@ def server(tmp_path_factory):
 def carded_head(target: str, draft: str, heads: Path) -> None:
     """A fresh head of the tiny pair in the server's heads folder, with the shipped general head's card
     (its frontier figures) bound to it: what the dial and the header draw on arrival."""
-    from diversed_demo.head import HEADS_DIR, new_head, pair_identity, save_head
-    from diversed_demo.models import load_pair
+    from diversed_demo.models.heads import HEADS_DIR, new_head, pair_identity, save_head
+    from diversed_demo.models.loading import load_pair
     pair = load_pair(target, draft, "cpu")
     save_head(new_head(pair), heads / f"{CARDED_HEAD}.safetensors")
     card = json.loads((HEADS_DIR / "general.json").read_text())

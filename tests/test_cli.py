@@ -57,7 +57,7 @@ def test_generate_prints_the_documented_json_and_summary_line(tmp_path, capsys):
     import json
 
     from diversed_demo import cli
-    from diversed_demo.tiny import save_tiny_pair
+    from tiny import save_tiny_pair
     target, draft = save_tiny_pair(tmp_path)
     pair_args = ["--target", target, "--draft", draft, "--device", "cpu", "--no-chat", "--max-new-tokens", "8"]
     assert cli.main(["generate", "--prompt", "the cat", "--json", *pair_args]) == 0

@@ -5,13 +5,16 @@ import pytest
 import torch
 
 from conftest import PROMPTS
-from diversed_demo import decode
-from diversed_demo.decode import generate, speculative_generate
-from diversed_demo.eagle import Eagle3Draft, target_features, ttt_forward
-from diversed_demo.head import ConstantHead
-from diversed_demo.models import PairError, check_tokenizers, load_pair
-from diversed_demo.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
-from diversed_demo.verify import ensemble_probs, total_variation
+from diversed_demo.core import decode, draft, stats
+from diversed_demo.core.events import KINDS, TokenEvent, output_events
+from diversed_demo.core.generate import generate, speculative_generate
+from diversed_demo.models.eagle import Eagle3Draft, target_features
+from diversed_demo.distill.ttt import ttt_forward
+from diversed_demo.core.head import ConstantHead
+from diversed_demo.models.pair import PairError
+from diversed_demo.models.loading import check_tokenizers, load_pair
+from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
+from diversed_demo.core.verify import ensemble_probs, total_variation
 from stats import chi_square_pvalue
 
 
@@ -205,7 +208,7 @@ class RecomputingLM(decode.CachedLM):
         self.lengths = [self.tokens.numel()]
 
 
-class RecomputingFeatureDraft(decode.FeatureDraft):
+class RecomputingFeatureDraft(draft.FeatureDraft):
     """A feature draft without a cache: each proposal recomputes every entry from the verified features."""
 
     def __init__(self, model):
@@ -233,8 +236,8 @@ def test_kv_rollback_matches_full_recomputation(any_pair, monkeypatch, mode, kwa
         cached = list(speculative_generate(any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
                                            **kwargs))
         monkeypatch.setattr(decode, "CachedLM", RecomputingLM)
-        monkeypatch.setattr(decode, "FeatureDraft", RecomputingFeatureDraft)
-        monkeypatch.setattr(decode, "StandaloneDraft", RecomputingStandaloneDraft)
+        monkeypatch.setattr(draft, "FeatureDraft", RecomputingFeatureDraft)
+        monkeypatch.setattr(draft, "StandaloneDraft", RecomputingStandaloneDraft)
         fresh = list(speculative_generate(any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
                                           **kwargs))
         monkeypatch.undo()
@@ -246,7 +249,7 @@ def test_kv_rollback_matches_full_recomputation(any_pair, monkeypatch, mode, kwa
     assert mode == "exact" or "accepted" in kinds  # (exact SD between random tiny models rarely accepts)
 
 
-class RecomputingStandaloneDraft(decode.StandaloneDraft):
+class RecomputingStandaloneDraft(draft.StandaloneDraft):
     def __init__(self, model, vocab_size):
         self.lm = RecomputingLM(model, vocab_size)
 
@@ -261,13 +264,13 @@ def test_events_and_summary_are_consistent(pair):
     assert summary.accepted <= drafted_decided <= summary.drafted
     assert summary.tau == pytest.approx(summary.new_tokens / summary.target_passes)
     # A live tally of the event stream counts what the Summary counts: one accounting for both.
-    tally = decode.Counts(wall_time_s=summary.wall_time_s)
+    tally = stats.Counts(wall_time_s=summary.wall_time_s)
     for e in events:
         tally.add_event(e)
     assert tally == summary.counts and tally.rejected == sum(e.kind == "rejected" for e in events)
     assert (tally + tally).acceptance_rate == summary.acceptance_rate and (tally + tally).tau == summary.tau
     for e in events:
-        assert e.kind in decode.KINDS
+        assert e.kind in KINDS
         if e.kind in ("accepted", "rejected"):
             assert e.w == pytest.approx(0.5) and 0 <= e.accept_prob <= 1 and e.q > 0
     # The events' own cost is timed inside the loop (the bench prices streaming with it); the bare loop has none.
@@ -280,11 +283,11 @@ def test_events_and_summary_are_consistent(pair):
 def test_an_eos_among_accepted_drafts_ends_the_events():
     # [accepted EOS, rejected, resampled] with one output token: the rejection after the EOS is no event.
     def event(kind):
-        return decode.TokenEvent(2, "</s>", kind, step=1)
+        return TokenEvent(2, "</s>", kind, step=1)
     events = [event("accepted"), event("rejected"), event("resampled")]
-    assert decode.output_events(events, 1) == events[:1]
-    assert decode.output_events(events, 2) == events
-    assert decode.output_events(events[1:], 1) == events[1:]
+    assert output_events(events, 1) == events[:1]
+    assert output_events(events, 2) == events
+    assert output_events(events[1:], 1) == events[1:]
 
 
 def test_stops_at_eos_and_max_new_tokens(pair):

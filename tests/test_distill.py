@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from diversed_demo.distill import data
+from diversed_demo.distill import batches, ttt
 from diversed_demo.distill import train as distill
-from diversed_demo.tiny import tiny_model
+from diversed_demo.distill.config import DraftTrainConfig
+from tiny import tiny_model
 from stats import chi_square_pvalue
 
 
@@ -64,7 +66,7 @@ def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
 
 
 def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch):
-    from diversed_demo.tiny import tiny_tokenizer
+    from tiny import tiny_tokenizer
     monkeypatch.setattr(data, "training_prompts", lambda: {"instructions": ["the cat", "a dog ran"], "gsm8k": ["one two"],
                                                            "general": [], "summarization": [], "mbpp": [],
                                                            "humaneval": []})
@@ -79,10 +81,10 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
 
 
 def test_training_raises_heldout_agreement_at_every_draft_position(tmp_path, target, records):
-    config = distill.TrainConfig(ttt_steps=3, lr=3e-3, warmup_steps=5, epochs=2, batch_tokens=512, eval_every=1000,
+    config = DraftTrainConfig(ttt_steps=3, lr=3e-3, warmup_steps=5, epochs=2, batch_tokens=512, eval_every=1000,
                                  draft_vocab_size=32, bf16=False)
     heldout, train_records = records[:20], records[20:]
-    vocab = distill.frequent_tokens(train_records, 32, always=[2])
+    vocab = batches.frequent_tokens(train_records, 32, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
     before = distill.evaluate(draft, target, heldout, 3, config)
     embedding_before, lm_head_before = draft.embed_tokens.weight.clone(), draft.lm_head.weight.clone()
@@ -96,9 +98,9 @@ def test_training_raises_heldout_agreement_at_every_draft_position(tmp_path, tar
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, records):
-    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=3,
+    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=3,
                                  draft_vocab_size=32, bf16=False)
-    vocab = distill.frequent_tokens(records, 32, always=[2])
+    vocab = batches.frequent_tokens(records, 32, always=[2])
 
     def run(work_dir, minutes=None):
         draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
@@ -120,12 +122,12 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
 def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target, records):
     # q is 0 outside the draft vocabulary (once `distill --loss rkl` turned that into 0·(−inf) = NaN): the KL is
     # taken over the draft vocabulary and 1 − TV needs no logarithm.
-    config = distill.TrainConfig(ttt_steps=2, batch_tokens=512, bf16=False)
-    vocab = distill.frequent_tokens(records, 8, always=[2])
+    config = DraftTrainConfig(ttt_steps=2, batch_tokens=512, bf16=False)
+    vocab = batches.frequent_tokens(records, 8, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
-    batch = distill.make_batch(records[:8], 3, config.max_length, target.device)
+    batch = batches.make_batch(records[:8], 3, config.max_length, target.device)
     assert not torch.isin(batch["ids"][batch["predicts_response"]], torch.tensor(vocab)).all()  # tokens outside
-    loss, per_step = distill.ttt_loss(draft, target, batch, config)
+    loss, per_step = ttt.ttt_loss(draft, target, batch, config)
     loss.backward()
     assert torch.isfinite(loss) and all(math.isfinite(x) for x in per_step)
     assert all(torch.isfinite(p.grad).all() for p in draft.parameters() if p.grad is not None)
@@ -135,20 +137,20 @@ def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target,
 
 def test_frequent_tokens_and_heldout_split():
     records = [{"key": "gsm8k/1/s0", "response_ids": [5, 5, 6, 7, 7, 7]}, {"key": "gsm8k/1/greedy", "response_ids": [8]}]
-    assert distill.frequent_tokens(records, 2) == [5, 7]
-    assert distill.frequent_tokens(records, 3, always=[2]) == [2, 5, 7]
+    assert batches.frequent_tokens(records, 2) == [5, 7]
+    assert batches.frequent_tokens(records, 3, always=[2]) == [2, 5, 7]
     # both responses to one prompt fall on the same side of the split
-    assert len({distill.is_heldout(r, 0.5) for r in records}) == 1
+    assert len({batches.is_heldout(r, 0.5) for r in records}) == 1
 
 
 def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, records):
     import json
 
     from diversed_demo.distill import card
-    from diversed_demo.models import load_eagle3
-    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=2,
+    from diversed_demo.models.loading import load_eagle3
+    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=2,
                                  draft_vocab_size=32, bf16=False)
-    vocab = distill.frequent_tokens(records, 32, always=[2])
+    vocab = batches.frequent_tokens(records, 32, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
     work = tmp_path / "run"
     state = distill.train(draft, target, records[20:], records[:20], 3, config, work, lambda m: None)
@@ -172,9 +174,9 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
 def test_training_continues_from_a_saved_draft(tmp_path, target, records):
     """`distill train --init DIR` starts from a committed draft: its weights and vocabulary, with the
     embedding and LM head still frozen; a fresh machine goes on from where the last one's export stopped."""
-    config = distill.TrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=1000,
+    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=1000,
                                  draft_vocab_size=32, bf16=False)
-    vocab = distill.frequent_tokens(records, 32, always=[2])
+    vocab = batches.frequent_tokens(records, 32, always=[2])
     first = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
     state = distill.train(first, target, records[20:], records[:20], 3, config, tmp_path / "a", lambda m: None)
     again = distill.continue_from(tmp_path / "a" / "best", target)

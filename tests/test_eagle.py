@@ -5,10 +5,13 @@ import pytest
 import torch
 
 from conftest import PROMPTS, tiny_feature_pair
-from diversed_demo import decode
-from diversed_demo.draft import FeatureDraft, Sampler
-from diversed_demo.eagle import target_features, ttt_forward
-from diversed_demo.models import PairError, load_eagle3
+from diversed_demo.core.generate import generate
+from diversed_demo.core.draft import FeatureDraft
+from diversed_demo.core.sampling import Sampler
+from diversed_demo.models.eagle import target_features
+from diversed_demo.distill.ttt import ttt_forward
+from diversed_demo.models.pair import PairError
+from diversed_demo.models.loading import load_eagle3
 
 
 def test_decoding_chain_equals_the_training_unroll(feature_pair):
@@ -32,7 +35,7 @@ def test_decoding_chain_equals_the_training_unroll(feature_pair):
 def test_no_event_follows_an_accepted_eos(pair):
     # An EOS among the accepted drafts ends the output: the draft rejected after it is not an event.
     for seed in range(100):
-        summary, events = decode.generate(pair, PROMPTS[0], mode="static", ensemble_weight=0.3, n_draft=6,
+        summary, events = generate(pair, PROMPTS[0], mode="static", ensemble_weight=0.3, n_draft=6,
                                           max_new_tokens=40, seed=seed)
         if summary.token_ids and summary.token_ids[-1] == 2:
             last = max(i for i, e in enumerate(events) if e.kind != "rejected")
@@ -54,13 +57,13 @@ def test_saved_draft_reloads_identically(feature_pair, tmp_path):
 
 
 def test_feature_draft_loads_through_load_pair(tmp_path):
-    from diversed_demo.models import load_pair
-    from diversed_demo.tiny import save_tiny_pair
+    from diversed_demo.models.loading import load_pair
+    from tiny import save_tiny_pair
     target_dir, _ = save_tiny_pair(tmp_path)  # the same tiny target as tiny_feature_pair's
     base = tiny_feature_pair()
     base.draft.save(tmp_path / "eagle", dtype=torch.float32)
     loaded = load_pair(target_dir, str(tmp_path / "eagle"), "cpu")
-    summary, _ = decode.generate(loaded, PROMPTS[1], mode="exact", n_draft=3, max_new_tokens=12, temperature=0)
-    reference, _ = decode.generate(loaded, PROMPTS[1], mode="ar", max_new_tokens=12, temperature=0)
+    summary, _ = generate(loaded, PROMPTS[1], mode="exact", n_draft=3, max_new_tokens=12, temperature=0)
+    reference, _ = generate(loaded, PROMPTS[1], mode="ar", max_new_tokens=12, temperature=0)
     assert loaded.draft_name == str(tmp_path / "eagle") and summary.drafted > 0
     assert summary.token_ids == reference.token_ids

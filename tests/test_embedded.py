@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-from diversed_demo.decode import generate
-from diversed_demo.head import load_head
-from diversed_demo.eagle import Eagle3Draft
-from diversed_demo.models import load_pair
+from diversed_demo.core.generate import generate
+from diversed_demo.models.heads import load_head
+from diversed_demo.models.eagle import Eagle3Draft
+from diversed_demo.models.loading import load_pair
 
 pytestmark = pytest.mark.embedded
 
@@ -78,7 +78,8 @@ def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypa
     """The cached conversion reads the GGUF once (models._gguf_read_once); its weights, tokenizer and config
     must be exactly what transformers' own, unmemoised path gives."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from diversed_demo.models import _converted_gguf_dir, embedded_gguf_path
+    from diversed_demo.models.gguf_cache import _converted_gguf_dir
+    from diversed_demo.models.embedded import embedded_gguf_path
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
     gguf_path = embedded_gguf_path()
     converted = _converted_gguf_dir(gguf_path)

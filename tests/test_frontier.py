@@ -2,10 +2,12 @@
 import pytest
 import torch
 
-from diversed_demo.decode import Counts
-from diversed_demo.frontier import Point, frontier_margin, head_labels, margins, sweep
-from diversed_demo.head import ConstantHead, new_head
-from diversed_demo.tasks import Example
+from diversed_demo.core.stats import Counts
+from diversed_demo.eval.frontier import Point, head_labels, sweep
+from diversed_demo.eval.margins import frontier_margin, margins
+from diversed_demo.core.head import ConstantHead
+from diversed_demo.models.heads import new_head
+from diversed_demo.eval.tasks import Example
 
 
 def test_margins_against_an_interpolated_frontier():
@@ -68,7 +70,7 @@ def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
 
 
 def test_the_difference_to_exact_decoding_is_paired_over_examples():
-    from diversed_demo.frontier import versus_exact
+    from diversed_demo.eval.margins import versus_exact
     exact = point("static:1", 1.0, 2, 0.5)
     exact.quality = [0.1 * i for i in range(20)]  # examples differ a lot; the head trails each by 0.05 ± 0.01
     head = point("dynamic:h", None, 4, 0.0)
@@ -116,8 +118,8 @@ def test_heads_of_two_runs_with_one_name_are_both_evaluated():
     ("math", "gsm8k", "gsm8k", 100), ("math", "arithmetic", "arithmetic", 100), ("code", "mbpp", "mbpp", 100),
     ("summarization", None, "summarization", 50)])  # the sizes the results table asks of each
 def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size):
-    from diversed_demo.frontier import held_out_examples
-    from diversed_demo.tasks import MBPP_TEST_IDS, builtin_examples
+    from diversed_demo.eval.held_out import held_out_examples
+    from diversed_demo.eval.tasks import MBPP_TEST_IDS, builtin_examples
     examples = held_out_examples(task, size, set_name=set_name)
     assert len(examples) == size and {e.category for e in examples} == {category} and {e.task for e in examples} == {task}
     if task == "code":
@@ -128,7 +130,7 @@ def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size)
 
 
 def test_general_held_out_prompts_are_stratified_in_every_prefix():
-    from diversed_demo.frontier import held_out_examples
+    from diversed_demo.eval.held_out import held_out_examples
     examples = held_out_examples("general", 100)
     categories = [e.category for e in examples]
     assert len(set(categories)) == 13 and len(categories) == 100
@@ -139,8 +141,8 @@ def test_general_held_out_prompts_are_stratified_in_every_prefix():
 def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     import json
 
-    from diversed_demo.frontier import evaluation_key, write_head_card
-    from diversed_demo.head import load_head, save_head
+    from diversed_demo.eval.cards import evaluation_key, write_head_card
+    from diversed_demo.models.heads import load_head, save_head
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"steps": 3}, warm_start={"lam": 2.0})
     path = save_head(head, tmp_path / "math.safetensors")
@@ -159,7 +161,7 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
 
 
 def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_path):
-    from diversed_demo.frontier import DecodeLog
+    from diversed_demo.eval.decode_log import DecodeLog
     examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran"]]
     heads = {"half": ConstantHead(0.5)}
     settings = {"task": "general", "temperature": 1.0}
@@ -191,8 +193,8 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
 def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(pair, tmp_path, trained_temperature):
     import json
 
-    from diversed_demo.frontier import evaluate_heads
-    from diversed_demo.head import save_head
+    from diversed_demo.eval.frontier import evaluate_heads
+    from diversed_demo.models.heads import save_head
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"temperature": trained_temperature})
     path = save_head(head, tmp_path / "h.safetensors")

@@ -5,10 +5,13 @@ import pickle
 import pytest
 import torch
 
-from diversed_demo.decode import generate
-from diversed_demo.head import HeadError, list_heads, load_head, new_head, save_head
-from diversed_demo.tiny import tiny_model, tiny_pair
-from diversed_demo.train import Rollouts, TrainConfig, group_advantages, head_loss, sample_rollouts, train_head
+from diversed_demo.core.generate import generate
+from diversed_demo.models.heads import HeadError, list_heads, load_head, new_head, save_head
+from tiny import tiny_model, tiny_pair
+from diversed_demo.training.rollouts import Rollouts, sample_rollouts
+from diversed_demo.training.config import HeadTrainConfig
+from diversed_demo.training.objective import group_advantages, head_loss
+from diversed_demo.training.loop import train_head
 
 
 def test_head_round_trip_and_use_in_decoding(pair, tmp_path):
@@ -127,7 +130,7 @@ def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_b
 
 
 def test_the_greedy_limit_is_where_the_ensembles_argmax_leaves_the_drafts_token():
-    from diversed_demo.train import greedy_limit
+    from diversed_demo.training.rollouts import greedy_limit
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
     q = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
@@ -185,7 +188,7 @@ def test_group_advantages_are_centred_per_prompt():
 
 
 def run_training(pair, tmp_path, lam, steps=12, callback=None, should_stop=None, lr=0.05, **kwargs):
-    config = TrainConfig(task="general", steps=steps, prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
+    config = HeadTrainConfig(task="general", steps=steps, prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
                          lam=lam, lr=lr, warmup_steps=1, hidden_size=8, w_init=0.5, seed=0,
                          out=str(tmp_path / f"h{lam}.safetensors"), run_dir=str(tmp_path / f"run{lam}"), **kwargs)
     return train_head(pair, config, callback=callback, should_stop=should_stop, progress=False)
@@ -239,7 +242,7 @@ def test_target_acceptance_moves_lam_against_the_gap_and_survives_resume(pair, t
 
 def test_cancel_keeps_a_checkpoint_and_resume_continues(pair, tmp_path):
     records = []
-    config = TrainConfig(task="general", steps=6, prompts_per_step=1, rollouts_per_prompt=2, max_new_tokens=4,
+    config = HeadTrainConfig(task="general", steps=6, prompts_per_step=1, rollouts_per_prompt=2, max_new_tokens=4,
                          hidden_size=8, out=str(tmp_path / "c.safetensors"), run_dir=str(tmp_path / "crun"))
     result = train_head(pair, config, callback=records.append, should_stop=lambda: len(records) >= 3, progress=False)
     assert result.cancelled and result.path is None and result.checkpoint.exists()
@@ -252,15 +255,15 @@ def test_cancel_keeps_a_checkpoint_and_resume_continues(pair, tmp_path):
 
 def test_bad_training_input_is_refused(pair, tmp_path):
     with pytest.raises(ValueError, match="rollouts_per_prompt"):
-        train_head(pair, TrainConfig(rollouts_per_prompt=1), progress=False)
+        train_head(pair, HeadTrainConfig(rollouts_per_prompt=1), progress=False)
     with pytest.raises(ValueError, match="unknown task"):
-        train_head(pair, TrainConfig(task="poetry"), progress=False)
+        train_head(pair, HeadTrainConfig(task="poetry"), progress=False)
     with pytest.raises(ValueError, match="target_acceptance"):
-        train_head(pair, TrainConfig(target_acceptance=1.5), progress=False)
+        train_head(pair, HeadTrainConfig(target_acceptance=1.5), progress=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hello"}\nnot json\n')
     with pytest.raises(ValueError, match="line 2"):
-        train_head(pair, TrainConfig(prompts_path=str(bad)), progress=False)
+        train_head(pair, HeadTrainConfig(prompts_path=str(bad)), progress=False)
 
 
 def test_list_heads_finds_user_heads_for_this_pair_only(pair, heads_dir):
@@ -299,10 +302,10 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     from diversed_demo.cli import add_train_arguments
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
-    fields = TrainConfig.__dataclass_fields__
+    fields = HeadTrainConfig.__dataclass_fields__
 
     def config(*argv):
-        return TrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
+        return HeadTrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
 
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
     task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
@@ -319,10 +322,12 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
 def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_flips(pair):
     """At λ = the median of (CE − H)/TV, the dense term's per-token optimum (w → 1 where CE − H > λ·TV)
     keeps the target on half the verified positions and lets the draft through on the other half."""
-    from diversed_demo.decode import encode_prompt
-    from diversed_demo.head import ConstantHead
-    from diversed_demo.train import fidelity_cost_quartiles, sample_rollouts, training_examples
-    config = TrainConfig(task="general", max_new_tokens=12, n_draft=3, seed=3)
+    from diversed_demo.core.prompt import encode_prompt
+    from diversed_demo.core.head import ConstantHead
+    from diversed_demo.training.diagnostics import fidelity_cost_quartiles
+    from diversed_demo.training.rollouts import sample_rollouts
+    from diversed_demo.training.config import training_examples
+    config = HeadTrainConfig(task="general", max_new_tokens=12, n_draft=3, seed=3)
     low, median, high = fidelity_cost_quartiles(pair, config, prompts=4)
     assert low <= median <= high
     generator = torch.Generator().manual_seed(config.seed)  # the same rollouts again
@@ -346,7 +351,7 @@ def positions_with_two_kinds(n=400, seed=0):
 
 
 def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
-    from diversed_demo.train import lam_for_acceptance
+    from diversed_demo.training.objective import lam_for_acceptance
     g = torch.Generator().manual_seed(1)
     rollouts = fake_rollouts(1, 500, tv=0.0, seed=1, cross_entropy=1 + 4 * torch.rand(500, generator=g))
     rollouts.tv = 0.2 + 0.6 * torch.rand(1, 500, generator=g)
@@ -359,7 +364,9 @@ def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
 
 
 def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
-    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance, what_separates
+    from diversed_demo.training.warm_start import fit_to_positions
+    from diversed_demo.training.diagnostics import frontier_gain, what_separates
+    from diversed_demo.training.objective import lam_for_acceptance
     train, _ = positions_with_two_kinds(seed=0)
     held_back, costly = positions_with_two_kinds(seed=1)
     torch.manual_seed(0)
@@ -384,7 +391,9 @@ def test_the_greedy_fit_hands_over_by_cost_where_static_w_cannot(pair):
     # Greedy positions whose draft token always differs (TV 1); the greedy limits are random, so static w
     # keeps the draft's token where the limit is high, whatever it costs. Costly positions are told apart
     # by the hidden states: the fitted head must go above the limit there and below it elsewhere.
-    from diversed_demo.train import fit_to_positions, frontier_gain, lam_for_acceptance
+    from diversed_demo.training.warm_start import fit_to_positions
+    from diversed_demo.training.diagnostics import frontier_gain
+    from diversed_demo.training.objective import lam_for_acceptance
     def greedy_positions(seed):
         rollouts, costly = positions_with_two_kinds(seed=seed)
         rollouts.tv = torch.ones_like(rollouts.tv)
@@ -423,7 +432,7 @@ def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
 
 
 def test_lam_is_never_negative_even_where_the_draft_beats_the_target_on_its_own_tokens():
-    from diversed_demo.train import lam_for_acceptance
+    from diversed_demo.training.objective import lam_for_acceptance
     rollouts = fake_rollouts(1, 50, tv=0.3, target_entropy=2.0, cross_entropy=1.0)  # CE < H everywhere
     assert lam_for_acceptance(rollouts, 0.7) == 0.0
 
@@ -432,5 +441,5 @@ def test_lam_is_never_negative_even_where_the_draft_beats_the_target_on_its_own_
                                         ("3.5", "number"), (",", "punctuation"), (" (", "punctuation"),
                                         ("\n", "whitespace"), ("  ", "whitespace")])
 def test_tokens_are_told_apart_by_kind(text, kind):
-    from diversed_demo.train import token_kind
+    from diversed_demo.training.diagnostics import token_kind
     assert token_kind(text) == kind

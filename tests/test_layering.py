@@ -1,12 +1,15 @@
-"""Layering: which package modules each module imports (at the top or inside a function), and that nothing
-imports the layers on top (cli, ui) from below. `python tests/test_layering.py` prints the graph."""
+"""Layering: the package's folders are its layers, and a module imports only from its own layer or those
+below (at the top of the file or inside a function). `python tests/test_layering.py` prints the graph."""
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "diversed_demo"
-TOP = {"cli": set(), "ui": {"cli"}}  # the top layers (a module or a package), and who may import each
+# Bottom to top: core is the decoding algorithm over any models; models loads and runs them; eval and
+# training measure and fit heads; distill makes the draft; ui and cli face the user.
+LAYERS = ["common", "core", "models", "eval", "training", "distill", "ui", "cli"]
 
 
 def module_name(path: Path) -> str:
@@ -19,34 +22,43 @@ def layer(module: str) -> str:
     return module.split(".")[0]
 
 
+def imported_modules(path: Path, package: list[str], modules: set[str]) -> set[str]:
+    """The package modules a file imports, relative (`from ..core import decode`) or absolute."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            stem = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:  # `from . import tasks` names a module; `from .tasks import X` a member
+                member = f"{stem}.{alias.name}".lstrip(".")
+                imported.add(member if member in modules else stem)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            imported.update(n.removeprefix("diversed_demo.") for n in names if n.startswith("diversed_demo."))
+    return imported
+
+
 def import_graph() -> dict[str, list[str]]:
-    """module -> the package modules it imports, e.g. "distill.card" -> ["bench", "decode", "distill.data", …]."""
-    modules = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if module_name(p)}
+    """module -> the package modules it imports, e.g. "core.decode" -> ["core.cache", "core.draft", …]."""
+    paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if module_name(p)}
     graph = {}
-    for name, path in modules.items():
+    for name, path in paths.items():
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package[: len(package) - node.level + 1]
-                stem = ".".join(base + ([node.module] if node.module else []))
-                for alias in node.names:  # `from . import tasks` names a module; `from .tasks import X` a member
-                    imported.add(f"{stem}.{alias.name}".lstrip(".") if f"{stem}.{alias.name}".lstrip(".") in modules
-                                 else stem)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                imported.update(n.removeprefix("diversed_demo.") for n in names if n.startswith("diversed_demo."))
-        graph[name] = sorted(m for m in imported if m in modules and m != name)
+        imported = imported_modules(path, package, set(paths))
+        graph[name] = sorted(m for m in imported if m in paths and m != name)
     return graph
 
 
-def test_nothing_imports_the_top_layers_from_below():
+def test_every_module_lives_in_a_layer():
+    assert {layer(m) for m in import_graph()} <= set(LAYERS)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
     graph = import_graph()
-    assert {"cli", "ui", "ui.app", "decode", "distill.train"} <= set(graph)
+    assert {"cli", "ui.app", "core.decode", "models.loading", "training.loop", "distill.train"} <= set(graph)
     for module, imported in graph.items():
-        for top, allowed in TOP.items():
-            if layer(module) != top and layer(module) not in allowed:
-                assert all(layer(m) != top for m in imported), f"{module} imports {top}"
+        for other in imported:
+            assert LAYERS.index(layer(other)) <= LAYERS.index(layer(module)), f"{module} imports {other}"
 
 
 def test_the_package_has_no_import_cycles():
@@ -58,8 +70,14 @@ def test_the_package_has_no_import_cycles():
             for imported in graph[module]:
                 visit(imported, path + [module])
             done.add(module)
+
     for module in graph:
         visit(module, [])
+
+
+def test_test_helpers_do_not_ship_in_the_package():
+    assert not (PACKAGE / "tiny.py").exists()
+    assert not any("tiny" in path.stem for path in PACKAGE.rglob("*.py"))
 
 
 if __name__ == "__main__":

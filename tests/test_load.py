@@ -9,8 +9,8 @@ import pytest
 from diversed_demo import ui
 from diversed_demo.ui.runs import TrainingJob
 from conftest import free_port
-from diversed_demo.models import load_pair
-from diversed_demo.tiny import save_tiny_pair
+from diversed_demo.models.loading import load_pair
+from tiny import save_tiny_pair
 
 CLIENTS = 8
 PROMPTS = ["the cat sat on", "a dog ran under the", "one plus two is", "def x return y"]

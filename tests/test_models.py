@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diversed_demo import linear
-from diversed_demo.linear import FastLinear, linear_product, stock_linear
-from diversed_demo.tiny import tiny_pair
+from diversed_demo.models import linear
+from diversed_demo.models.linear import FastLinear, linear_product, stock_linear
+from tiny import tiny_pair
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 65, 200])
@@ -61,7 +61,7 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
     tensor-name map, and outside it gguf is left as it was."""
     import gguf
     from gguf import GGUFWriter
-    from diversed_demo.models import _gguf_read_once
+    from diversed_demo.models.gguf_cache import _gguf_read_once
     path = tmp_path / "tiny.gguf"
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
@@ -93,8 +93,8 @@ def test_grouped_attention_computes_transformers_sdpa():
     """The target's grouped attention (K/V heads read in place, mask or not) gives transformers' SDPA logits:
     one sequence (prefill, a one-token pass, a 3-token verification block) and a batch of two rows with a
     rolled-back row's holes masked out."""
-    from diversed_demo.attention import GROUPED_SDPA, stock_attention
-    from diversed_demo.draft import CachedLM
+    from diversed_demo.models.attention import GROUPED_SDPA, stock_attention
+    from diversed_demo.core.cache import CachedLM
     pair = tiny_pair()
     assert pair.target.config._attn_implementation == GROUPED_SDPA  # tiny models have 4 query heads over 2 K/V
     one = [([torch.tensor([1, 5, 9, 7, 12, 6])], []), ([torch.tensor([8])], []), ([torch.tensor([4, 11, 13])], [(0, 8)]),
@@ -114,7 +114,7 @@ def test_grouped_attention_computes_transformers_sdpa():
 
 def test_ungrouped_heads_keep_transformers_sdpa():
     from transformers import LlamaConfig, LlamaForCausalLM
-    from diversed_demo.attention import use_grouped_attention
+    from diversed_demo.models.attention import use_grouped_attention
     config = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=4)
     model = LlamaForCausalLM(config)

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from diversed_demo.rewards import (SUMMARIZATION_REWARD, build_program, extract_code, fidelity, final_number,
-                                   math_exact_match, network_namespace_command, pass_at_1, quality, rouge,
-                                   run_sandboxed, task_reward)
-from diversed_demo.tasks import Example, humaneval_example, mbpp_example
-from diversed_demo.tiny import tiny_pair
+from diversed_demo.eval.rewards import SUMMARIZATION_REWARD, fidelity, final_number, math_exact_match, quality, rouge, task_reward
+from diversed_demo.eval.code_reward import build_program, extract_code, pass_at_1
+from diversed_demo.eval.sandbox import network_namespace_command, run_sandboxed
+from diversed_demo.eval.tasks import Example, humaneval_example, mbpp_example
+from tiny import tiny_pair
 
 # ---------------------------------------------------------------------------------------------------
 # Summarization
@@ -114,7 +114,7 @@ def test_humaneval_body_and_whole_function():
 
 
 def test_humaneval_canonical_solutions_pass():
-    from diversed_demo.tasks import load_humaneval
+    from diversed_demo.eval.tasks import load_humaneval
     for example in load_humaneval(limit=3):
         assert pass_at_1(example, example.reference) == 1.0
 

@@ -16,8 +16,9 @@ from safetensors.torch import load_file  # noqa: E402
 from speculators import SpeculatorModelConfig  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
 
-from diversed_demo.eagle import target_features, ttt_forward  # noqa: E402
-from diversed_demo.tiny import tiny_eagle3, tiny_model  # noqa: E402
+from diversed_demo.models.eagle import target_features
+from diversed_demo.distill.ttt import ttt_forward  # noqa: E402
+from tiny import tiny_eagle3, tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -1,9 +1,9 @@
 """The paper-style results table on a tiny pair: its three modes, paired quality and the Markdown."""
 import pytest
 
-from diversed_demo.head import ConstantHead
-from diversed_demo.table import markdown, parse_sets, table_row
-from diversed_demo.tasks import Example
+from diversed_demo.core.head import ConstantHead
+from diversed_demo.eval.table import markdown, parse_sets, table_row
+from diversed_demo.eval.tasks import Example
 
 EXAMPLES = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran", "a big red"]]
 
@@ -37,7 +37,7 @@ def test_sets_name_a_task_and_one_of_its_held_out_sets():
 
 
 def test_a_greedy_twin_serves_the_greedy_rows(pair):
-    from diversed_demo.table import results_table
+    from diversed_demo.eval.table import results_table
     report = results_table(pair, [("math", "arithmetic")], {"math": ("math", ConstantHead(1.0))}, [1.0, 0.0], limit=2,
                            n_draft=3, max_new_tokens=4, greedy_heads={"math": ("math-greedy", ConstantHead(0.0))})
     assert [(r["temperature"], r["head"]) for r in report["rows"]] == [(1.0, "math"), (0.0, "math-greedy")]

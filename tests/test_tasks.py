@@ -2,11 +2,8 @@ import json
 
 import pytest
 
-from diversed_demo.rewards import final_number, math_exact_match, quality
-from diversed_demo.tasks import (MBPP_TEST_IDS, MBPP_TRAIN_IDS, PROMPTS_DIR, SUMMARIZE, TASKS, app_examples,
-                                 arithmetic_examples,
-                                 builtin_examples, data_dir, load_from_hub, load_gsm8k, load_humaneval,
-                                 load_jsonl_prompts, load_mbpp, load_spec_bench)
+from diversed_demo.eval.rewards import final_number, math_exact_match, quality
+from diversed_demo.eval.tasks import MBPP_TEST_IDS, MBPP_TRAIN_IDS, PROMPTS_DIR, SUMMARIZE, TASKS, app_examples, arithmetic_examples, builtin_examples, data_dir, load_from_hub, load_gsm8k, load_humaneval, load_jsonl_prompts, load_mbpp, load_spec_bench
 
 
 def write_lines(path, lines):

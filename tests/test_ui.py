@@ -10,9 +10,11 @@ import gradio as gr
 import pandas as pd
 import pytest
 
-from diversed_demo.decode import Summary, TokenEvent, generate
-from diversed_demo.head import HEADS_DIR
-from diversed_demo.tasks import TASKS, Example
+from diversed_demo.core.stats import Summary
+from diversed_demo.core.events import TokenEvent
+from diversed_demo.core.generate import generate
+from diversed_demo.models.heads import HEADS_DIR
+from diversed_demo.eval.tasks import TASKS, Example
 from diversed_demo.ui import app, render, results, runs, trace
 
 PROMPT = "the cat sat on"
@@ -45,7 +47,7 @@ def heads_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def saved_head(pair, heads_dir):
     """A freshly initialised head for the tiny pair, saved in the user heads folder: its name."""
-    from diversed_demo.head import new_head, save_head
+    from diversed_demo.models.heads import new_head, save_head
     save_head(new_head(pair), heads_dir / "fresh.safetensors")
     return "fresh"
 
@@ -140,8 +142,8 @@ def test_diversed_needs_a_head(pair, heads_dir):
 
 
 def test_a_head_of_another_pair_is_refused(pair, heads_dir):
-    from diversed_demo.head import new_head, save_head
-    from diversed_demo.tiny import tiny_pair
+    from diversed_demo.models.heads import new_head, save_head
+    from tiny import tiny_pair
     other = tiny_pair(target_seed=7, draft_seed=8)
     save_head(new_head(other), heads_dir / "other.safetensors")
     assert "other" not in app.head_choices(pair)
@@ -170,7 +172,7 @@ def test_w_chart_has_a_point_per_verified_draft(pair):
 
 
 def test_one_mode_list():
-    from diversed_demo.decode import MODES
+    from diversed_demo.core.settings import MODES
     assert list(runs.MODE_LABELS.values()) == list(MODES) and runs.COMPARE_MODES == tuple(runs.MODE_LABELS)
 
 
@@ -469,7 +471,8 @@ def test_the_headline_states_each_carded_heads_measured_margin_by_decoding_kind(
 
 
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
-    from diversed_demo.bench import markdown_table, parse_modes, run_bench
+    from diversed_demo.eval.bench_report import markdown_table
+    from diversed_demo.eval.bench import parse_modes, run_bench
     name = next(iter(results.BENCH_REPORTS))
     path, command = tmp_path / "bench.json", results.BENCH_REPORTS[name][1]
     monkeypatch.setitem(results.BENCH_REPORTS, name, (path, command))
@@ -651,7 +654,7 @@ def test_without_a_card_the_app_arrives_with_the_example_and_says_how_to_draw_a_
 def test_with_a_carded_head_the_app_arrives_with_its_settings_and_its_frontier_drawn(pair, saved_head, heads_dir,
                                                                                       monkeypatch, costs):
     """Its card's settings; N the fastest by the costs measured at start (none: the card's)."""
-    from diversed_demo.head import pair_identity
+    from diversed_demo.models.heads import pair_identity
     card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
     card.update(head=saved_head, pair=pair_identity(pair))
     (heads_dir / f"{saved_head}.json").write_text(json.dumps(card))
@@ -812,7 +815,7 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
 
 
 def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, monkeypatch):
-    from diversed_demo.head import HeadError
+    from diversed_demo.models.heads import HeadError
 
     def broken(*args, **kwargs):
         raise HeadError("heads/x.safetensors: weights do not match its config")

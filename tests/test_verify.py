@@ -4,8 +4,8 @@ import collections
 import pytest
 import torch
 
-from diversed_demo.verify import (acceptance_prob, ensemble_probs, residual_probs, sampling_probs,
-                                  total_variation, verify_block, verify_block_greedy)
+from diversed_demo.core.verify import acceptance_prob, ensemble_probs, residual_probs, total_variation, verify_block, verify_block_greedy
+from diversed_demo.core.sampling import sampling_probs
 from stats import chi_square_pvalue
 
 

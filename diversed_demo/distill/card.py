@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
-from ..bench import measure_costs
-from ..decode import Counts, encode_prompt, generate
-from ..files import atomic_write
-from ..models import EMBEDDED_DRAFT_DIR
-from ..tasks import load_spec_bench
+from ..eval.costs import measure_costs
+from ..core.stats import Counts
+from ..core.prompt import encode_prompt
+from ..core.generate import generate
+from ..common.files import atomic_write
+from ..models.embedded import EMBEDDED_DRAFT_DIR
+from ..eval.tasks import load_spec_bench
 from . import data
 
 CARD = "card.json"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from .. import tasks
-from ..decode import encode_prompt
-from ..files import atomic_write
-from ..models import ASSETS
+from ..eval import tasks
+from ..core.prompt import encode_prompt
+from ..common.files import atomic_write
+from ..common.paths import ASSETS
 
 SHARDS_DIR = ASSETS / "draft" / "data"  # the generated responses (committed), not tasks.data_dir()'s data sets
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"

@@ -13,137 +13,30 @@ written atomically and resumed automatically.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import random
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..eagle import Eagle3Draft, new_config, target_features, ttt_forward
-from ..optim import adamw_with_schedule, load_checkpoint, save_checkpoint
-
-
-@dataclass
-class TrainConfig:
-    ttt_steps: int = 4
-    step_decay: float = 0.8
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    epochs: float = 2.0
-    batch_tokens: int = 6144  # padded tokens per batch
-    max_length: int = 1024
-    eval_every: int = 100
-    heldout_fraction: float = 0.02
-    draft_vocab_size: int = 8192
-    seed: int = 0
-    # bf16 autocast pays on GPUs and on CPUs with AMX; on AVX-512 CPUs without bf16 (this project's
-    # machines) a training step is 2.5x slower than in fp32.
-    bf16: bool = False
-
-
-def is_heldout(record: dict, fraction: float) -> bool:
-    """Held out by a hash of the prompt (not the sample), so no held-out prompt is ever trained on."""
-    prompt_key = record["key"].rsplit("/", 1)[0]
-    return int(hashlib.sha256(prompt_key.encode()).hexdigest()[:8], 16) / 2**32 < fraction
-
-
-def frequent_tokens(records: list[dict], size: int, always=()) -> list[int]:
-    """The `size` most frequent response tokens (ties to the smaller id), sorted, with `always` included."""
-    counts = Counter(t for r in records for t in r["response_ids"])
-    chosen = set(always)
-    for token, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if len(chosen) >= size:
-            break
-        chosen.add(token)
-    return sorted(chosen)
-
-
-def batches(records: list[dict], batch_tokens: int, max_length: int, seed: int) -> list[list[int]]:
-    """Indices of records grouped by similar length, batch order shuffled by `seed`."""
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]))
-    groups, current, width = [], [], 0
-    for i in order:
-        length = min(len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]), max_length)
-        if current and max(width, length) * (len(current) + 1) > batch_tokens:
-            groups.append(current)
-            current, width = [], 0
-        current.append(i)
-        width = max(width, length)
-    if current:
-        groups.append(current)
-    random.Random(seed).shuffle(groups)
-    return groups
-
-
-def make_batch(records: list[dict], pad_id: int, max_length: int, device) -> dict[str, torch.Tensor]:
-    """Right-padded ids [B, T], the real-token mask and the mask of positions whose next token is a response token."""
-    seqs = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in records]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    real = torch.zeros(len(seqs), width, dtype=torch.bool)
-    predicts_response = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for row, (seq, record) in enumerate(zip(seqs, records)):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        real[row, : len(seq)] = True
-        # position t predicts token t + 1: a response token from t = len(prompt) − 1 to len(seq) − 2
-        predicts_response[row, len(record["prompt_ids"]) - 1: len(seq) - 1] = True
-    return {"ids": ids.to(device), "real": real.to(device), "predicts_response": predicts_response.to(device)}
+from ..models.eagle import Eagle3Draft, new_config
+from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from .batches import batches
+from .batches import coverage
+from .batches import frequent_tokens
+from .batches import is_heldout
+from .ttt import label_rows
+from .batches import make_batch
+from .ttt import target_pass
+from .ttt import ttt_loss
+from .ttt import unroll
+from .config import DraftTrainConfig
 
 
 @torch.no_grad()
-def target_pass(target, batch, aux_layer_ids, autocast: bool):
-    """The target's aux features [B, T, n_aux·H] and final hidden states [B, T, H] (normed)."""
-    with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=autocast):
-        out = target.model(input_ids=batch["ids"], attention_mask=batch["real"].long(), output_hidden_states=True)
-    return target_features(out.hidden_states, aux_layer_ids).float(), out.last_hidden_state.float()
-
-
-def unroll(draft: Eagle3Draft, features, batch, steps: int, autocast: bool):
-    """The draft's hidden states per TTT step, on positions 0..T − steps − 1 (token inputs stay in range)."""
-    length = batch["ids"].shape[1] - steps
-    positions = torch.arange(length, device=features.device).expand(len(features), -1)
-    with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=autocast):
-        return ttt_forward(draft, features[:, :length], batch["ids"], positions, batch["real"][:, :length], steps)
-
-
-def label_rows(batch, steps: int, length: int):
-    """For each TTT step: the mask of roots i whose label (the token at i + 2 + step, i.e. the target's
-    distribution at i + 1 + step) is a response token, and where that label sits among all such positions."""
-    predicts = batch["predicts_response"]
-    row_of = predicts.flatten().long().cumsum(0).view_as(predicts) - 1
-    out = []
-    for step in range(steps):
-        label_pos = slice(1 + step, 1 + step + length)
-        mask = predicts[:, label_pos]
-        out.append((mask, row_of[:, label_pos][mask]))
-    return out
-
-
-def ttt_loss(draft: Eagle3Draft, target, batch, config: TrainConfig):
-    """Weighted forward KL over the TTT steps, and the per-step mean KL (for logging)."""
-    features, final = target_pass(target, batch, draft.aux_layer_ids, config.bf16)
-    outputs = unroll(draft, features, batch, config.ttt_steps, config.bf16)
-    with torch.autocast(final.device.type, dtype=torch.bfloat16, enabled=config.bf16), torch.no_grad():
-        # the target's LM-head rows of the draft vocabulary are the draft's (frozen) lm_head
-        target_logp = torch.log_softmax(draft.lm_head(final[batch["predicts_response"]]).float(), dim=-1)
-    total, per_step = 0.0, []
-    for step, (hidden, (mask, rows)) in enumerate(zip(outputs, label_rows(batch, config.ttt_steps, outputs[0].shape[1]))):
-        with torch.autocast(final.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-            draft_logp = torch.log_softmax(draft.draft_logits(hidden[mask]).float(), dim=-1)
-        labels = target_logp[rows]
-        step_loss = (labels.exp() * (labels - draft_logp)).sum(-1).mean() if len(rows) else hidden.sum() * 0
-        per_step.append(step_loss.item())
-        total = total + config.step_decay ** step * step_loss
-    return total, per_step
-
-
-@torch.no_grad()
-def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, config: TrainConfig) -> dict:
+def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, config: DraftTrainConfig) -> dict:
     """Per draft position (1..ttt_steps): top-1 agreement with the target and 1 − TV against its full
     distribution (q is 0 outside the draft vocabulary), on response tokens of held-out records.
     Tokens are teacher-forced, as in an accepted chain."""
@@ -176,7 +69,7 @@ def score(metrics: dict) -> float:
     return total
 
 
-def init_draft(target, vocab_ids: list[int], config: TrainConfig, aux_layer_ids=None, verifier: str = "") -> Eagle3Draft:
+def init_draft(target, vocab_ids: list[int], config: DraftTrainConfig, aux_layer_ids=None, verifier: str = "") -> Eagle3Draft:
     torch.manual_seed(config.seed)
     draft = Eagle3Draft(new_config(target.config, aux_layer_ids, len(vocab_ids), verifier))
     draft.embed_tokens.weight = target.get_input_embeddings().weight
@@ -188,7 +81,7 @@ def init_draft(target, vocab_ids: list[int], config: TrainConfig, aux_layer_ids=
 
 def continue_from(directory, target) -> Eagle3Draft:
     """A saved draft, in fp32 and trainable, except the embedding and LM head (the target's, as in init_draft)."""
-    from ..models import load_eagle3
+    from ..models.loading import load_eagle3
     draft = load_eagle3(directory, target).float().train()
     for name, parameter in draft.named_parameters():
         parameter.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
@@ -196,7 +89,7 @@ def continue_from(directory, target) -> Eagle3Draft:
 
 
 def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[dict], pad_id: int,
-          config: TrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
+          config: DraftTrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
     `minutes` stops early (after a checkpoint); a rerun resumes."""
     work_dir = Path(work_dir)
@@ -262,7 +155,7 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
     return state
 
 
-def train_draft(pair, records: list[dict], config: TrainConfig, work_dir, minutes: float | None = None,
+def train_draft(pair, records: list[dict], config: DraftTrainConfig, work_dir, minutes: float | None = None,
                 command: str = "", init_from=None) -> dict:
     """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log.
 
@@ -308,10 +201,3 @@ def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (cuda)"
     return f"cpu, {torch.get_num_threads()} threads"
-
-
-def coverage(records: list[dict], token_ids: list[int]) -> float:
-    """Share of response tokens inside the draft vocabulary."""
-    inside = set(token_ids)
-    tokens = [t for r in records for t in r["response_ids"]]
-    return sum(t in inside for t in tokens) / max(len(tokens), 1)

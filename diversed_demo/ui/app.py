@@ -21,19 +21,18 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import train
-from ..bench import choose_n_draft, measure_costs
-from ..decode import MAX_N_DRAFT, MAX_SEED, encode_prompt
-from ..eagle import Eagle3Draft
-from ..head import HeadError, list_heads, load_head
-from ..models import ASSETS
-from ..tasks import TASKS, Example, app_examples
-from ..formatting import fmt
+from ..training import config as train_config, loop as train_loop
+from ..eval.costs import choose_n_draft, measure_costs
+from ..core.settings import MAX_N_DRAFT, MAX_SEED
+from ..core.prompt import encode_prompt
+from ..core.draft import is_feature_draft
+from ..models.heads import HeadError, list_heads, load_head
+from ..common.paths import ASSETS
+from ..eval.tasks import TASKS, Example, app_examples
+from ..common.formatting import fmt
 from . import results
-from .render import (DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, legend_html, projection_figure, quality_figure,
-                     render_tokens, run_panel_html, speed_figure, stats_html, training_figure, w_chart)
-from .runs import (COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob,
-                   resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status)
+from .render import DIAL_HEIGHT, acceptance_figure, comparison_charts, figure, legend_html, projection_figure, quality_figure, render_tokens, run_panel_html, speed_figure, stats_html, training_figure, w_chart
+from .runs import COMPARE_MODES, MODE_LABELS, MODE_NAMES, Comparison, DecodeRun, DecodeSettings, TrainingJob, resolve_head, speedup, stream_comparison, stream_decode, throttled, training_status
 from .trace import load_trace, read_trace, run_labels, trace_of, write_trace
 
 CSS_PATH = ASSETS / "app.css"
@@ -334,7 +333,7 @@ def preset_cost(presets: list, label):
 @on_gpu
 def on_sweep(pair, examples, task, n_prompts, weights, tokens, n_draft, temperature, cost_ratio, progress=gr.Progress()):
     """Re-measure the frontier on the task's example prompts: (points, figures, note, table)."""
-    from ..frontier import sweep
+    from ..eval.frontier import sweep
     with user_errors():
         chosen = [e for e in examples if e.task == task][: int(n_prompts)]
         if not chosen:
@@ -363,7 +362,7 @@ def snippet(pair, w, temperature, max_new_tokens) -> str:
     local = not all(isinstance(name, str) and "/" in name and not Path(name).expanduser().exists()
                     for name in (pair.target_name, pair.draft_name))
     return results.transformers_snippet(pair.target_name, pair.draft_name, float(w), float(temperature),
-                                        int(max_new_tokens), feature_draft=isinstance(pair.draft, Eagle3Draft),
+                                        int(max_new_tokens), feature_draft=is_feature_draft(pair.draft),
                                         local=local)
 
 
@@ -376,12 +375,12 @@ def on_start_training(pair, job, task, source, upload, steps, rollouts, lam, lr,
                              "run the app locally to train heads")
         if source == "Uploaded JSONL" and not upload:
             raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
-        config = train.TrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
+        config = train_config.HeadTrainConfig(task=task, prompts_path=upload if source == "Uploaded JSONL" else None,
                                    steps=int(steps), rollouts_per_prompt=int(rollouts), lam=float(lam), lr=float(lr))
         # Check settings and prompts here, so that a bad upload is an error message, not a failed run.
-        train.check_config(config)
-        train.training_examples(config)
-    started = job.start(lambda callback, should_stop: train.train_head(
+        train_config.check_config(config)
+        train_config.training_examples(config)
+    started = job.start(lambda callback, should_stop: train_loop.train_head(
         pair, config, callback=callback, should_stop=should_stop, progress=False),
         owner=request.session_hash if request else None)
     if not started:
@@ -404,7 +403,7 @@ def on_cancel_training(job, request: gr.Request):
 
 
 def task_defaults(task):
-    config = train.TrainConfig(task=task)
+    config = train_config.HeadTrainConfig(task=task)
     return config.lam, config.lr
 
 
@@ -671,7 +670,7 @@ def build_app(pair, examples: list[Example] | None = None, job: TrainingJob | No
                                            file_types=[".jsonl"], type="filepath", visible=False, height=120,
                                            elem_id="train-upload")
                 with gr.Row():
-                    defaults = train.TrainConfig(task="general")
+                    defaults = train_config.HeadTrainConfig(task="general")
                     train_steps = gr.Slider(1, 200, value=defaults.steps, step=1, label="steps", elem_id="train-steps",
                                             min_width=160)
                     train_rollouts = gr.Slider(2, 8, value=defaults.rollouts_per_prompt, step=1, min_width=160,

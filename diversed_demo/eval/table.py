@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import statistics
 
-from .decode import Counts, encode_prompt, generate
-from .formatting import fmt
-from .frontier import HELD_OUT, held_out_examples, held_out_set, mean_and_se
+from ..core.stats import Counts
+from ..core.prompt import encode_prompt
+from ..core.generate import generate
+from ..common.formatting import fmt
+from .held_out import HELD_OUT, held_out_examples, held_out_set
+from .margins import mean_and_se
 from .rewards import QUALITY_LABEL, task_reward
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .files import atomic_write
+from ..common.files import atomic_write
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -99,6 +99,8 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    reads_target_features = True  # core.draft serves it as a FeatureDraft
+
     def __init__(self, config: dict):
         super().__init__()
         self.config = config
@@ -219,63 +221,3 @@ def target_features(hidden_states, aux_layer_ids) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- attention patterns
-
-def cached_attention(cache: list, q, k, v):
-    """Decoding: append k, v to `cache` ([keys, values] or empty) and attend causally over it."""
-    if cache:
-        cache[0], cache[1] = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-    else:
-        cache[:] = [k, v]
-    keys, values = cache
-    new, total = q.shape[2], keys.shape[2]
-    mask = None
-    if new > 1:  # the new positions see the cache and each other causally
-        mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(total - new)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-
-
-def ttt_attention(q, k0, v0, diag_keys, diag_values, mask0):
-    """Training-time test (EAGLE-3): at unroll step j, the query at position i sees the step-0 keys of
-    positions ≤ i (mask0 [B, 1, T, T]) and the keys of steps 1..j at position i only, exactly what the
-    drafting chain rooted at i sees when decoding."""
-    groups = q.shape[1] // k0.shape[1]
-    k0, v0 = k0.repeat_interleave(groups, 1), v0.repeat_interleave(groups, 1)
-    scale = q.shape[-1] ** -0.5
-    scores = (q @ k0.transpose(-1, -2) * scale).masked_fill(~mask0, float("-inf"))
-    diag_keys = [k.repeat_interleave(groups, 1) for k in diag_keys]
-    diag_values = [v.repeat_interleave(groups, 1) for v in diag_values]
-    diag = [(q * k).sum(-1, keepdim=True) * scale for k in diag_keys]
-    weights = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-    length = k0.shape[2]
-    out = weights[..., :length] @ v0
-    for s, v in enumerate(diag_values):
-        out = out + weights[..., length + s, None] * v
-    return out
-
-
-def ttt_forward(draft: Eagle3Draft, target_features, token_ids, positions, key_mask, steps: int) -> list[torch.Tensor]:
-    """Unroll the draft `steps` times over whole sequences, as decoding would (teacher-forced tokens).
-
-    target_features [B, T, n_aux·H] at positions 0..T−1, token_ids [B, T + steps] the sequence (the token
-    after position i is token_ids[:, i + 1]), key_mask [B, T] real (not padding) positions.
-    Returns the draft's hidden states per step, [B, T, H] each: step j at position i predicts the token
-    at i + 2 + j, from the target's features up to i and the draft's own steps beyond.
-    """
-    length = target_features.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=token_ids.device).tril()
-    mask0 = (causal & key_mask[:, None, :])[:, None]
-    features = draft.fuse(target_features)
-    k0 = v0 = None
-    diag_keys, diag_values, outputs = [], [], []
-    for step in range(steps):
-        def attend(q, k, v):
-            nonlocal k0, v0
-            if step == 0:
-                k0, v0 = k, v
-                return ttt_attention(q, k0, v0, [], [], mask0)
-            diag_keys.append(k)
-            diag_values.append(v)
-            return ttt_attention(q, k0, v0, diag_keys, diag_values, mask0)
-        features = draft.layer(features, token_ids[:, 1 + step: 1 + step + length], positions + step, attend)
-        outputs.append(features)
-    return outputs

@@ -54,7 +54,7 @@ def save_tiny_pair(directory, target_seed: int = 0, draft_seed: int = 1) -> tupl
 
 def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
     """An in-memory ModelPair of tiny random models (no disk)."""
-    from .models import ModelPair
+    from diversed_demo.models.pair import ModelPair
     target = tiny_model(target_seed, 2)
     draft = draft if draft is not None else tiny_model(draft_seed, 1)
     return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))
@@ -63,7 +63,7 @@ def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
 def tiny_eagle3(target, seed: int = 1, draft_vocab_size: int = 32, aux_layer_ids=(0, 1, 2), sharpness: float = 3.0):
     """A tiny random EAGLE-3 feature draft for `target` (a tiny model), on the target's embedding, proposing
     only the `draft_vocab_size` lowest ids (specials included) so the vocabulary subset is exercised."""
-    from .eagle import Eagle3Draft, new_config
+    from diversed_demo.models.eagle import Eagle3Draft, new_config
     config = new_config(target.config, aux_layer_ids, draft_vocab_size)
     torch.manual_seed(seed)
     draft = Eagle3Draft(config)

@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from ..common.paths import PROMPTS_DIR
+from ..common.paths import SHARED_DATA_DIR
 
 TASKS = {
     "summarization": "summarize a news article; reward: ROUGE-2 F1 against the reference summary",
@@ -19,7 +21,6 @@ TASKS = {
 }
 REFERENCE_TASKS = ("summarization", "math")  # tasks whose reward compares the output with a reference
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 EXAMPLES_FILE = PROMPTS_DIR / "examples.json"  # the app's example prompts, a list per task
 BUILTIN_TRAIN_FRACTION = 0.8  # the project's prompt files: the first 80% train, the rest eval
 # The original MBPP split: 1–10 few-shot, 11–510 test, 511–600 validation, 601–974 train.
@@ -51,7 +52,7 @@ class Example:
 
 def data_dir() -> Path:
     """The shared data folder: $DIVERSED_DATA, else ../shared/data beside the repository."""
-    return Path(os.environ.get("DIVERSED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    return Path(os.environ.get("DIVERSED_DATA") or SHARED_DATA_DIR)
 
 
 def data_file(relative: str) -> Path:

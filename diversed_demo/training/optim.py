@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .files import atomic_torch_save
+from ..common.files import atomic_torch_save
 
 
 def adamw_with_schedule(params, lr: float, warmup_steps: int, total_steps: int, **adamw):

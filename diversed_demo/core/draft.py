@@ -1,0 +1,106 @@
+"""The two kinds of draft, behind the one interface the decoder sees.
+
+A draft proposes n tokens, each with its distribution q over the whole vocabulary and the hidden state
+an ensemble head reads, then learns the verified sequence through `observe` and drops whatever the
+target rejected. Neither kind ever recomputes the prefix: both keep a KV cache and crop it.
+
+- StandaloneDraft: a causal LM of its own (any Hugging Face model that shares the target's tokenizer).
+- FeatureDraft: an EAGLE-3 draft (eagle.py) that reads the target's hidden states of verified
+  positions, so after every verification it restarts from the target's true features.
+"""
+from __future__ import annotations
+
+import torch
+
+from .cache import cached_attention
+from .cache import CachedLM
+from .sampling import Sampler
+
+
+class StandaloneDraft:
+    """A draft LM of its own: it feeds the verified tokens it has not seen, then samples n tokens."""
+
+    aux_layer_ids: list[int] = []
+
+    def __init__(self, model, vocab_size: int):
+        self.lm = CachedLM(model, vocab_size)
+
+    def ready(self, length: int) -> bool:
+        return True
+
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
+        """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H]."""
+        feed, tokens, probs, hidden = sequence[self.lm.length:], [], [], []
+        for _ in range(n):
+            logits, last, _ = self.lm.forward(feed, keep=1)
+            token, q = sampler(logits[0])
+            tokens.append(token.view(1))
+            probs.append(q)
+            hidden.append(last[0])
+            feed = token.view(1)
+        return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
+
+    def observe(self, length: int, target_features=None) -> None:
+        """The sequence is now `length` tokens long; keep the cache on its verified part (all but the last)."""
+        self.lm.rollback(length - 1)
+
+
+class FeatureDraft:
+    """An EAGLE-3 draft over the target's features.
+
+    Its cache entry i holds (target features at i, token i + 1). Proposing feeds the verified entries it
+    has not seen (true features, from `observe`) in one pass, then drafts on its own outputs.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.aux_layer_ids = model.aux_layer_ids
+        self.cache: list = []
+        self.length = 0  # cache entries that are verified
+        self.pending = None  # true features [P, n_aux·H] of positions length .. length + P − 1
+
+    def ready(self, length: int) -> bool:
+        """Whether the features of every verified position but the last are known (not before the target's first pass)."""
+        return self.pending is not None and self.length + len(self.pending) >= length - 1
+
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
+        model, end = self.model, len(sequence) - 1
+        positions = torch.arange(self.length, end, device=sequence.device)
+        features = model.fuse(self.pending[: end - self.length])
+        hidden = model.layer(features[None], sequence[self.length + 1: end + 1][None], positions[None],
+                             self._attend)[0, -1:]
+        self.length, self.pending = end, None
+        tokens, probs, states = [], [], []
+        for step in range(n):
+            token, q = sampler(model.logits(hidden)[0])
+            tokens.append(token.view(1))
+            probs.append(q)
+            states.append(hidden[0])
+            if step < n - 1:  # the draft's own output stands in for the target's features of the next position
+                hidden = model.layer(hidden[None], token.view(1, 1), positions.new_tensor([[end + step]]),
+                                     self._attend)[0]
+        return torch.cat(tokens), torch.stack(probs), torch.stack(states)
+
+    def _attend(self, q, k, v):
+        return cached_attention(self.cache, q, k, v)
+
+    def observe(self, length: int, target_features=None) -> None:
+        """Drop the speculative entries and queue the target's features of newly verified positions."""
+        if self.cache and self.cache[0].shape[2] > self.length:
+            self.cache[:] = [t[:, :, : self.length] for t in self.cache]
+        if target_features is not None:
+            self.pending = target_features if self.pending is None else torch.cat([self.pending, target_features])
+
+
+def is_feature_draft(model) -> bool:
+    """Whether a draft model reads the target's features (an EAGLE-3 draft) rather than tokens alone."""
+    return getattr(model, "reads_target_features", False)
+
+
+def make_draft(pair, mode: str):
+    """The pair's draft behind the decoder's interface (none for target-only decoding)."""
+    if mode == "ar":
+        return None
+    if is_feature_draft(pair.draft):
+        return FeatureDraft(pair.draft)
+    return StandaloneDraft(pair.draft, pair.vocab_size)

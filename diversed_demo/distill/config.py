@@ -1,0 +1,22 @@
+"""TODO."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DraftTrainConfig:
+    ttt_steps: int = 4
+    step_decay: float = 0.8
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    epochs: float = 2.0
+    batch_tokens: int = 6144  # padded tokens per batch
+    max_length: int = 1024
+    eval_every: int = 100
+    heldout_fraction: float = 0.02
+    draft_vocab_size: int = 8192
+    seed: int = 0
+    # bf16 autocast pays on GPUs and on CPUs with AMX; on AVX-512 CPUs without bf16 (this project's
+    # machines) a training step is 2.5x slower than in fp32.
+    bf16: bool = False

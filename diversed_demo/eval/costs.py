@@ -1,0 +1,76 @@
+"""TODO."""
+from __future__ import annotations
+
+import statistics
+import time
+import torch
+from ..core.stats import Counts
+from ..core.generate import generate
+from ..core.cache import CachedLM
+from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
+
+
+@torch.inference_mode()
+def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16) -> dict[int, float]:
+    """{k: median time of a cached forward of k new tokens (with the LM head on all of them)} after one
+    prefill of the prompt. The sizes take turns within each call, so a burst of load on a shared machine
+    slows them alike instead of one size; the first turn, after the prefill, runs cold and is not timed."""
+    lm = CachedLM(model, model.config.get_text_config().vocab_size)
+    lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
+    feeds = {k: torch.tensor(prompt_ids[-k:], device=model.device) for k in sorted(set(sizes))}
+    times = {k: [] for k in feeds}
+    for call in range(calls + 1):
+        for k, feed in feeds.items():
+            start = time.perf_counter()
+            lm.forward(feed, keep=k)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if call:
+                times[k].append(time.perf_counter() - start)
+            lm.rollback(len(prompt_ids))
+    return {k: statistics.median(t) * 1e3 for k, t in times.items()}
+
+
+def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens: int = 48) -> float:
+    """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
+    it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
+    the target's features, sampling), which is what the analytic bound's N·c must price."""
+    _, events = generate(pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens,
+                         temperature=0)
+    steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
+    return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
+
+
+def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16,
+                  draft_tokens: int = 48) -> dict:
+    """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
+    each a median of `calls` passes, the draft's over a greedy decode of `draft_tokens`)."""
+    n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
+    passes, draft = [], []
+    for _ in range(rounds):
+        passes.append(pass_ms(pair.target, prompt_ids, [1] + [n + 1 for n in n_drafts], calls))
+        draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
+    t, d = statistics.median(p[1] for p in passes), statistics.median(draft)
+    verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}
+    return {"target_ms": t, "draft_ms": d, "c": d / t, "verify_ms": verify_ms,
+            "v": {n: ms / t for n, ms in verify_ms.items()}}
+
+
+def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens: int, temperature: float,
+                   seed: int = 0, probe_n_draft: int = 4) -> dict[str, dict]:
+    """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
+    calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
+    chosen = {}
+    for name, kwargs in modes.items():
+        if kwargs["mode"] == "ar":
+            continue
+        counts = Counts()
+        for i, prompt in enumerate(prompts):
+            summary, _ = generate(pair, prompt, n_draft=probe_n_draft, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed + i, **kwargs)
+            counts += summary.counts
+        alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
+        bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
+        chosen[name] = {"n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]), "calibration_alpha": alpha,
+                        "bounds": bounds}
+    return chosen

@@ -1,0 +1,49 @@
+"""TODO."""
+from __future__ import annotations
+
+import copy
+import time
+import torch
+from ..models.attention import stock_attention
+from ..models.linear import stock_linear
+
+
+def transformers_kwargs(mode_kwargs: dict) -> dict | None:
+    """generate() arguments for transformers' equivalent of a mode, or None where it has none: it accepts
+    only 0 < w < 1 as an ensemble weight (w = 1 is its plain assisted generation, w = 0 has no
+    equivalent), and has no EAGLE path."""
+    if mode_kwargs["mode"] == "ar":
+        return {}
+    if mode_kwargs["mode"] == "exact":
+        return {"assisted": True}
+    if mode_kwargs["mode"] == "static":
+        w = mode_kwargs["ensemble_weight"]
+        return {"assisted": True} if w == 1 else {"assisted": True, "assistant_ensemble_weight": w} if 0 < w < 1 else None
+    return None
+
+
+def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
+    """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
+    on the pair's models with their stock nn.Linear layers and attention (as a transformers user runs them).
+    The draft's generation config is set for the call and restored after it."""
+    extra = dict(transformers_kwargs(mode_kwargs))
+    ids = torch.tensor([prompt_ids], device=pair.target.device)
+    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
+    assisted = extra.pop("assisted", False)
+    saved_config = pair.draft.generation_config if assisted else None
+    if assisted:
+        config = copy.deepcopy(saved_config)
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = n_draft, "constant"
+        config.assistant_confidence_threshold = 0.0
+        pair.draft.generation_config = config
+        kwargs["assistant_model"] = pair.draft
+        kwargs.update(extra)
+    try:
+        with stock_linear(pair.target, pair.draft), stock_attention(pair.target, pair.draft):
+            start = time.perf_counter()
+            out = pair.target.generate(ids, **kwargs)
+            seconds = time.perf_counter() - start
+    finally:
+        if assisted:
+            pair.draft.generation_config = saved_config
+    return out[0, len(prompt_ids):].tolist(), seconds

@@ -1,0 +1,67 @@
+"""TODO."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+from pathlib import Path
+import torch
+from ..common.files import cache_dir
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """transformers parses a GGUF's metadata three times (tokenizer, config, weights), converts its fields
+    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: for the embedded
+    target, 26 of the 30 s of a first start. Within one conversion, memoise them: the reader is read-only,
+    the map a pure table, and the metadata is handed out as a copy."""
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
+
+    def load_checkpoint(path, return_tensors=False, **kwargs):  # the tokenizer's and the config's reads share one
+        return checkpoint(path, return_tensors, **kwargs) if return_tensors or kwargs else copy.deepcopy(metadata(path))
+
+    # transformers imports these from their modules at call time, so replacing the attributes reaches it.
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    gguf_utils.load_gguf_checkpoint = load_checkpoint
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
+
+
+def _converted_gguf_dir(gguf_path: Path) -> Path:
+    """Dequantising a GGUF takes seconds: do it once and keep a safetensors copy in the user cache."""
+    with open(gguf_path, "rb") as f:  # keyed by content, so every virtualenv shares one conversion
+        key = hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
+    out = cache_dir() / f"{gguf_path.stem}-{key}"
+    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                          dtype=torch.float32)
+    # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
+    config = gguf_model.config
+    del config.quantization_config
+    config._name_or_path = gguf_path.stem
+    with torch.device("meta"):  # no random init of weights that are overwritten at once
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), assign=True)
+    model.tie_weights()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # another process won the race
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(out)
+    return out

@@ -1,0 +1,51 @@
+"""TODO."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+import torch
+from .attention import use_grouped_attention
+from .linear import use_fast_linear
+
+
+class PairError(ValueError):
+    """A model pair that cannot work together (or cannot be found); the message says why."""
+
+
+@dataclass
+class ModelPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object
+    target_name: str
+    draft_name: str
+    device: torch.device
+
+    def __post_init__(self):
+        for model in (self.target, self.draft):
+            use_fast_linear(model)
+            use_grouped_attention(model)
+
+    @property
+    def vocab_size(self) -> int:
+        # Same tokenizer, but checkpoints may pad their embedding tables differently: compare on the
+        # shared part, which covers every real token.
+        return min(text_config(self.target).vocab_size, text_config(self.draft).vocab_size)
+
+    @property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+
+def text_config(model):
+    """The text config of a Hugging Face model, or the equivalent of a feature draft."""
+    return getattr(model, "text_config", None) or model.config.get_text_config()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary and special tokens: equal fingerprints mean interchangeable ids."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
+    blob = json.dumps([vocab, special], ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
