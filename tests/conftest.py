@@ -2,7 +2,6 @@ import socket
 
 import pytest
 import torch
-
 from tiny import tiny_eagle3, tiny_pair
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
@@ -16,9 +15,11 @@ def pair():
 def tiny_feature_pair():
     """The tiny target with a tiny EAGLE-3 draft reading its features."""
     from diversed_demo.models.pair import ModelPair
+
     base = tiny_pair()
-    return ModelPair(base.target, tiny_eagle3(base.target), base.tokenizer, "tiny-target", "tiny-eagle3",
-                     base.device)
+    return ModelPair(
+        base.target, tiny_eagle3(base.target), base.tokenizer, "tiny-target", "tiny-eagle3", base.device
+    )
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +37,7 @@ def any_pair(request, pair, feature_pair):
 def restricted_pair():
     """A tiny pair whose draft proposes only 20 of the 45 tokens (logits −inf elsewhere)."""
     from diversed_demo.models.vocab import restrict_draft_vocab
+
     pair = tiny_pair()
     restrict_draft_vocab(pair.draft, list(range(0, 40, 2)))
     return pair

@@ -1,4 +1,5 @@
 """Chi-square goodness of fit for sampled tokens against an exact distribution."""
+
 import numpy as np
 from scipy import stats
 

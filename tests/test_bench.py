@@ -1,18 +1,19 @@
 """The bench on a tiny pair: report structure, greedy identity with transformers, analytic bound."""
+
 import statistics
 
 import pytest
 
-from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.bench import parse_modes, run_batch_bench, run_bench
-from diversed_demo.eval.theory import alpha_from_acceptance, analytic_speedup
+from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.tasks import Example
+from diversed_demo.eval.theory import alpha_from_acceptance, analytic_speedup
 
 
 def test_analytic_bound_limits():
     assert analytic_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)  # nothing accepted, free draft: no gain
     assert analytic_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)  # all accepted: N + 1 tokens per pass
-    assert analytic_speedup(0.5, 4, 0.1, 1.2) == pytest.approx((1 - 0.5 ** 5) / 0.5 / (0.4 + 1.2))
+    assert analytic_speedup(0.5, 4, 0.1, 1.2) == pytest.approx((1 - 0.5**5) / 0.5 / (0.4 + 1.2))
 
 
 def test_projected_speedup():
@@ -27,7 +28,7 @@ def test_projected_speedup():
 
 @pytest.mark.parametrize("alpha, n_draft", [(0.0, 4), (0.3, 1), (0.6, 4), (0.95, 8), (1.0, 3)])
 def test_alpha_inverts_the_block_acceptance_rate(alpha, n_draft):
-    rate = sum(alpha ** k for k in range(1, n_draft + 1)) / n_draft
+    rate = sum(alpha**k for k in range(1, n_draft + 1)) / n_draft
     assert alpha_from_acceptance(rate, n_draft) == pytest.approx(alpha, abs=1e-6)
 
 
@@ -40,9 +41,11 @@ def test_parse_modes_rejects_unknown_and_requires_ar(pair):
 
 
 def test_bench_report_on_a_tiny_pair(pair):
-    examples = [Example("the cat sat on the", "general", category="writing"),
-                Example("one two three", "math", reference="#### 4", category="math_reasoning"),
-                Example("a big red dog ran", "general", category="writing")]
+    examples = [
+        Example("the cat sat on the", "general", category="writing"),
+        Example("one two three", "math", reference="#### 4", category="math_reasoning"),
+        Example("a big red dog ran", "general", category="writing"),
+    ]
     modes = parse_modes("ar,exact,static:0.5", pair)
     report = run_bench(pair, examples, modes, n_draft=3, max_new_tokens=16, vs_transformers=True)
     assert set(report["per_category"]) == {"writing", "math_reasoning"}
@@ -71,8 +74,7 @@ def test_bench_report_on_a_tiny_pair(pair):
 def test_auto_n_draft_picks_each_modes_best_bound(pair):
     examples = [Example("the cat sat on the", "general", category="writing")]
     modes = parse_modes("ar,exact,static:0.1", pair)
-    report = run_bench(pair, examples, modes, n_draft="auto", max_new_tokens=8,
-                       candidates=[1, 2, 3])
+    report = run_bench(pair, examples, modes, n_draft="auto", max_new_tokens=8, candidates=[1, 2, 3])
     choice = report["settings"]["n_draft_choice"]
     assert set(choice) == {"exact", "static:0.1"} and "ar" not in report["settings"]["n_draft"]
     for name, c in choice.items():
@@ -91,23 +93,36 @@ def test_diversed_goal_needs_every_referenced_category_within_five_percent():
     def row(speedup, scores=None, fidelity=-1.0):
         cell = {"speedup": speedup, "quality": scores and sum(scores) / len(scores), "fidelity": fidelity}
         return {**cell, "quality_scores": scores} if scores else cell
+
     exact_summaries, exact_answers = [0.10, 0.20, 0.30], [1.0, 0.0, 1.0, 1.0]
     per_category = {
-        "summarization": {"exact": row(1.0, exact_summaries), "static:0.5": row(1.6, [0.30, 0.40, 0.50]),
-                          "static:0.9": row(1.6, [0.092, 0.192, 0.292])},
-        "math_reasoning": {"exact": row(1.0, exact_answers), "static:0.5": row(1.6, [1.0, 0.0, 0.0, 1.0]),
-                           "static:0.9": row(1.6, exact_answers)},
-        "writing": {"exact": row(1.0), "static:0.5": row(1.6), "static:0.9": row(1.6)}}
+        "summarization": {
+            "exact": row(1.0, exact_summaries),
+            "static:0.5": row(1.6, [0.30, 0.40, 0.50]),
+            "static:0.9": row(1.6, [0.092, 0.192, 0.292]),
+        },
+        "math_reasoning": {
+            "exact": row(1.0, exact_answers),
+            "static:0.5": row(1.6, [1.0, 0.0, 0.0, 1.0]),
+            "static:0.9": row(1.6, exact_answers),
+        },
+        "writing": {"exact": row(1.0), "static:0.5": row(1.6), "static:0.9": row(1.6)},
+    }
     # static:0.5's pooled mean beats exact's; its math answers are a third worse all the same.
     overall = {"exact": row(1.0), "static:0.5": row(1.6), "static:0.9": row(1.6)}
     report = {"overall": overall, "per_category": per_category, "vs_transformers": {}, "bound_efficiency": {}}
     result = goals(report)["diversed"]
-    assert result["static:0.5"]["quality_vs_exact"] == pytest.approx({"summarization": 1.0, "math_reasoning": -1 / 3})
+    assert result["static:0.5"]["quality_vs_exact"] == pytest.approx(
+        {"summarization": 1.0, "math_reasoning": -1 / 3}
+    )
     assert not result["static:0.5"]["met"]
     # static:0.9 is 0.008 lower on every summary (−4% of 0.2, with no spread) and identical on math.
-    assert result["static:0.9"]["quality_vs_exact"] == pytest.approx({"summarization": -0.04, "math_reasoning": 0.0})
-    assert result["static:0.9"]["quality_vs_exact_se"] == pytest.approx({"summarization": 0.0, "math_reasoning": 0.0},
-                                                                        abs=1e-12)
+    assert result["static:0.9"]["quality_vs_exact"] == pytest.approx(
+        {"summarization": -0.04, "math_reasoning": 0.0}
+    )
+    assert result["static:0.9"]["quality_vs_exact_se"] == pytest.approx(
+        {"summarization": 0.0, "math_reasoning": 0.0}, abs=1e-12
+    )
     assert result["static:0.9"]["met"]
     # The standard error is that of the per-question differences: ±1 answer in 4 questions.
     se = result["static:0.5"]["quality_vs_exact_se"]["math_reasoning"]
@@ -119,20 +134,60 @@ def test_diversed_goal_needs_every_referenced_category_within_five_percent():
 def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
     import json
 
-    from diversed_demo.cli import main
     from tiny import save_tiny_pair
+
+    from diversed_demo.cli import main
+
     target, draft = save_tiny_pair(tmp_path)
     pair_args = ["--target", target, "--draft", draft, "--device", "cpu"]
     assert main(["bench", *pair_args, "--categories", "poetry"]) == 2
     assert "unknown Spec-Bench categories ['poetry']" in capsys.readouterr().err
     out = tmp_path / "bench.json"
-    assert main(["bench", *pair_args, "--categories", "writing,math_reasoning", "--per-category", "1",
-                 "--modes", "ar,exact", "--n-draft", "2", "--max-new-tokens", "4", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *pair_args,
+                "--categories",
+                "writing,math_reasoning",
+                "--per-category",
+                "1",
+                "--modes",
+                "ar,exact",
+                "--n-draft",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
-    assert set(report["per_category"]) == {"writing", "math_reasoning"} and report["settings"]["examples"] == 2
+    assert (
+        set(report["per_category"]) == {"writing", "math_reasoning"} and report["settings"]["examples"] == 2
+    )
     # the app's own example prompts instead of Spec-Bench: the first is the one the app opens with
-    assert main(["bench", *pair_args, "--app-examples", "2", "--modes", "ar,exact", "--n-draft", "2",
-                 "--max-new-tokens", "4", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *pair_args,
+                "--app-examples",
+                "2",
+                "--modes",
+                "ar,exact",
+                "--n-draft",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["settings"]["examples"] == 2
 
 
@@ -149,8 +204,14 @@ def test_vs_transformers_handles_the_end_weights_and_leaves_the_draft_config_alo
 
 def test_bench_runs_a_feature_draft_and_compares_only_target_only_with_transformers(feature_pair):
     examples = [Example("the cat sat on the", "general", category="writing")]
-    report = run_bench(feature_pair, examples, parse_modes("ar,exact", feature_pair), n_draft=2, max_new_tokens=8,
-                       vs_transformers=True)
+    report = run_bench(
+        feature_pair,
+        examples,
+        parse_modes("ar,exact", feature_pair),
+        n_draft=2,
+        max_new_tokens=8,
+        vs_transformers=True,
+    )
     assert set(report["vs_transformers"]) == {"ar"}
     assert report["overall"]["exact"]["acceptance_rate"] is not None and report["costs"]["c"] > 0
 
@@ -162,6 +223,8 @@ def test_the_batch_bench_decodes_the_same_rows_both_ways(any_pair):
     for row in report["modes"].values():
         assert row["identical_outputs"] == 1.0  # a batch row decodes as its sequence would alone
         assert row["tokens_per_second_alone"] > 0 and row["batch_over_alone"] > 0
-    assert "| static:0.5 |" in batch_markdown(report) and "3 decodes of each of 2 questions" in batch_markdown(report)
+    assert "| static:0.5 |" in batch_markdown(
+        report
+    ) and "3 decodes of each of 2 questions" in batch_markdown(report)
     with pytest.raises(ValueError, match="at least 2 rows"):
         run_batch_bench(any_pair, examples, modes, rows=1)

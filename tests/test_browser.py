@@ -7,6 +7,7 @@ without the browser it is skipped locally and fails in CI. Saves a screenshot of
 page at 390 px) to a temporary folder, or to $DIVERSED_SCREENSHOTS: `make screenshots` refreshes the
 README's (assets/screenshots/) that way.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,33 +20,63 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
 
 pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PROMPT = "the cat sat on the mat and"
 TIMEOUT_MS = 60_000
 CARDED_HEAD = "carded"
-FIRST_EXAMPLE = next(iter(json.loads((Path(__file__).resolve().parent.parent / "assets" / "prompts" /
-                                     "examples.json").read_text()).values()))[0]["prompt"]
+FIRST_EXAMPLE = next(
+    iter(
+        json.loads(
+            (Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examples.json").read_text()
+        ).values()
+    )
+)[0]["prompt"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`diversed-demo app` on a tiny pair, in a subprocess; its URL once it answers."""
     from tiny import save_tiny_pair
+
     root = tmp_path_factory.mktemp("browser")
     target, draft = save_tiny_pair(root)
     carded_head(target, draft, root / "heads")
     port = free_port()
     env = dict(os.environ, DIVERSED_HEADS_DIR=str(root / "heads"), GRADIO_ANALYTICS_ENABLED="False")
     log = open(root / "server.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "diversed_demo.cli", "app", "--target", target, "--draft", draft,
-                                "--device", "cpu", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "diversed_demo.cli",
+            "app",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 120
@@ -72,6 +103,7 @@ def carded_head(target: str, draft: str, heads: Path) -> None:
     (its frontier figures) bound to it: what the dial and the header draw on arrival."""
     from diversed_demo.models.heads import HEADS_DIR, new_head, pair_identity, save_head
     from diversed_demo.models.loading import load_pair
+
     pair = load_pair(target, draft, "cpu")
     save_head(new_head(pair), heads / f"{CARDED_HEAD}.safetensors")
     card = json.loads((HEADS_DIR / "general.json").read_text())
@@ -94,12 +126,18 @@ def page(server, tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         # CI must run this test: there a missing browser is a failure, not a skip.
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            f"no Chromium at {CHROMIUM} (make chromium, i.e. apt-get install chromium, or set $CHROMIUM)")
+            f"no Chromium at {CHROMIUM} (make chromium, i.e. apt-get install chromium, or set $CHROMIUM)"
+        )
     from playwright import sync_api
+
     with sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1440, "height": 1000})
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1440, "height": 1000},
+        )
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
         page.goto(server)
@@ -136,7 +174,9 @@ def test_arrival_shows_an_example_filled_in_and_diversed_with_the_carded_head(pa
     assert page.locator("#prompt textarea").input_value() == FIRST_EXAMPLE
     assert page.get_by_role("radio", name="DIVERSED").is_checked()
     assert page.locator("#head input").input_value() == CARDED_HEAD
-    assert "fidelity" in page.locator(".dd-headline").inner_text()  # the card's measured margin, at first sight
+    assert (
+        "fidelity" in page.locator(".dd-headline").inner_text()
+    )  # the card's measured margin, at first sight
     # The first Generate needs no typing: the example and the measured settings are already there.
     page.locator("#generate").click()
     page.wait_for_selector("#stats .dd-stats[data-state=done][data-mode=dynamic]")
@@ -179,7 +219,10 @@ def test_train_a_head_then_decode_with_it_and_cancel_a_run(page, screenshots):
     status.get_by_text(re.compile("Finished")).wait_for()
     head_name = re.search(r"saved as (\S+)", status.inner_text()).group(1)
     from playwright.sync_api import expect
-    expect(page.locator("#head input")).to_have_value(head_name)  # the same update; the DOM may lag the status
+
+    expect(page.locator("#head input")).to_have_value(
+        head_name
+    )  # the same update; the DOM may lag the status
 
     open_tab(page, "Decode")
     page.get_by_role("radio", name="DIVERSED").check()
@@ -210,8 +253,10 @@ def test_compare_shows_runs_charts_and_table(page, screenshots):
     # The dataframe keeps hidden measuring copies of its cells, so read its text rather than locate cells.
     with_head = bool(page.locator("#head input").input_value())
     modes = ["Target only", "Exact SD", "Static ensemble"] + (["DIVERSED"] if with_head else [])
-    page.wait_for_function("modes => modes.every(mode => document.querySelector('#compare-table').innerText"
-                           ".includes(mode))", arg=modes)
+    page.wait_for_function(
+        "modes => modes.every(mode => document.querySelector('#compare-table').innerText.includes(mode))",
+        arg=modes,
+    )
     page.locator("#compare-acceptance .js-plotly-plot").wait_for()
     page.locator("#compare-elapsed .js-plotly-plot").wait_for()
     assert page.locator(".dd-panel .dd-tok").count() > 0
@@ -233,8 +278,10 @@ def test_compare_shows_runs_charts_and_table(page, screenshots):
 
 
 def plotted_symbols(page, elem_id: str) -> list:
-    return page.evaluate(f"[...document.querySelector('#{elem_id} .js-plotly-plot').data]"
-                         ".map(trace => (trace.marker || {}).symbol || null)")
+    return page.evaluate(
+        f"[...document.querySelector('#{elem_id} .js-plotly-plot').data]"
+        ".map(trace => (trace.marker || {}).symbol || null)"
+    )
 
 
 def test_dial_draws_the_shipped_frontier_without_a_sweep(page, screenshots):
@@ -243,7 +290,9 @@ def test_dial_draws_the_shipped_frontier_without_a_sweep(page, screenshots):
         page.locator(f"#dial-{chart} .js-plotly-plot").wait_for()
     assert "Shipped frontier" in page.locator("#dial-note").inner_text()
     assert "star" in plotted_symbols(page, "dial-quality")  # the head, beside the static points
-    names = page.evaluate("[...document.querySelector('#dial-acceptance .js-plotly-plot').data].map(t => t.name || '')")
+    names = page.evaluate(
+        "[...document.querySelector('#dial-acceptance .js-plotly-plot').data].map(t => t.name || '')"
+    )
     assert any("theory" in name for name in names)
     assert "assistant_ensemble_weight" in page.locator("#dial-snippet").inner_text()
     # A GPU preset moves c, and the projection is redrawn for it.
@@ -267,8 +316,10 @@ def test_dial_sweep_redraws_with_the_users_measurements(page):
 def test_results_tab_draws_the_cards_and_names_missing_reports(page, screenshots):
     open_tab(page, "Results")
     # The dataframe keeps hidden measuring copies of its cells: read its text rather than locate cells.
-    page.wait_for_function("text => document.querySelector('#results-frontier').innerText.includes(text)",
-                           arg=f"DIVERSED head {CARDED_HEAD}")
+    page.wait_for_function(
+        "text => document.querySelector('#results-frontier').innerText.includes(text)",
+        arg=f"DIVERSED head {CARDED_HEAD}",
+    )
     page.get_by_text("--json results/quality.json").first.wait_for()  # the report not shipped yet
     page.screenshot(path=str(screenshots / "results.png"), full_page=True)
 
@@ -350,14 +401,21 @@ def test_the_page_works_390_px_wide(server, page, screenshots):
         # Tabs that do not fit sit behind "More tabs"; the dial's charts stack into one column.
         phone.get_by_role("button", name="More tabs").click()
         phone.locator("#tabs button", has_text="Speed–quality dial").last.click()
-        acceptance, quality = (phone.locator(f"#dial-{chart} .js-plotly-plot") for chart in ("acceptance", "quality"))
+        acceptance, quality = (
+            phone.locator(f"#dial-{chart} .js-plotly-plot") for chart in ("acceptance", "quality")
+        )
         quality.wait_for()
-        assert quality.bounding_box()["y"] >= acceptance.bounding_box()["y"] + acceptance.bounding_box()["height"] - 1
+        assert (
+            quality.bounding_box()["y"]
+            >= acceptance.bounding_box()["y"] + acceptance.bounding_box()["height"] - 1
+        )
         assert phone.evaluate("document.documentElement.scrollWidth") <= 390
     finally:
         phone.close()
 
 
-@pytest.mark.skipif(bool(os.environ.get("DIVERSED_SCREENSHOTS")), reason="refreshing the README's screenshots")
+@pytest.mark.skipif(
+    bool(os.environ.get("DIVERSED_SCREENSHOTS")), reason="refreshing the README's screenshots"
+)
 def test_a_test_run_leaves_the_readme_screenshots_alone(page):
     assert {p.name: p.stat().st_mtime_ns for p in README_SCREENSHOTS.glob("*.png")} == TRACKED_MTIMES

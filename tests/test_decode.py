@@ -1,21 +1,22 @@
 """The decoder on tiny random Llama pairs: exactness, the law of emitted tokens, KV rollback, bad input."""
+
 import collections
 
 import pytest
 import torch
-
 from conftest import PROMPTS
+from stats import chi_square_pvalue
+from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
+
 from diversed_demo.core import decode, draft, stats
 from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
-from diversed_demo.models.eagle import Eagle3Draft, target_features
-from diversed_demo.distill.ttt import ttt_forward
 from diversed_demo.core.head import ConstantHead
-from diversed_demo.models.pair import PairError
-from diversed_demo.models.loading import check_tokenizers, load_pair
-from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 from diversed_demo.core.verify import ensemble_probs, total_variation
-from stats import chi_square_pvalue
+from diversed_demo.distill.ttt import ttt_forward
+from diversed_demo.models.eagle import Eagle3Draft, target_features
+from diversed_demo.models.loading import check_tokenizers, load_pair
+from diversed_demo.models.pair import PairError
 
 
 def hf_generate(pair, prompt, n_draft, max_new_tokens, **kwargs):
@@ -23,9 +24,15 @@ def hf_generate(pair, prompt, n_draft, max_new_tokens, **kwargs):
     pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
     pair.draft.generation_config.assistant_confidence_threshold = 0.0
     ids = torch.tensor([prompt])
-    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft,
-                               do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
-    return out[0, len(prompt):].tolist()
+    out = pair.target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=pair.draft,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        **kwargs,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -42,8 +49,9 @@ def test_greedy_exact_feature_draft_equals_greedy_target(feature_pair):
     for prompt in PROMPTS:
         reference, _ = generate(feature_pair, prompt, mode="ar", max_new_tokens=24, temperature=0)
         for n_draft in (1, 2, 3, 5, 8):
-            summary, _ = generate(feature_pair, prompt, mode="exact", n_draft=n_draft, max_new_tokens=24,
-                                  temperature=0)
+            summary, _ = generate(
+                feature_pair, prompt, mode="exact", n_draft=n_draft, max_new_tokens=24, temperature=0
+            )
             assert summary.token_ids == reference.token_ids, n_draft
 
 
@@ -51,16 +59,18 @@ def test_greedy_exact_feature_draft_equals_greedy_target(feature_pair):
 @pytest.mark.parametrize("n_draft", [1, 3, 5])
 def test_greedy_static_equals_transformers_ensemble(pair, w, n_draft):
     for prompt in PROMPTS:
-        summary, _ = generate(pair, prompt, mode="static", ensemble_weight=w, n_draft=n_draft,
-                              max_new_tokens=20, temperature=0)
+        summary, _ = generate(
+            pair, prompt, mode="static", ensemble_weight=w, n_draft=n_draft, max_new_tokens=20, temperature=0
+        )
         theirs = hf_generate(pair, prompt, n_draft, 20, assistant_ensemble_weight=w)
         assert summary.token_ids == theirs
 
 
 def test_static_w_changes_greedy_output_and_raises_acceptance(pair):
     exact, _ = generate(pair, PROMPTS[1], mode="exact", n_draft=4, max_new_tokens=30, temperature=0)
-    relaxed, _ = generate(pair, PROMPTS[1], mode="static", ensemble_weight=0.1, n_draft=4, max_new_tokens=30,
-                          temperature=0)
+    relaxed, _ = generate(
+        pair, PROMPTS[1], mode="static", ensemble_weight=0.1, n_draft=4, max_new_tokens=30, temperature=0
+    )
     assert relaxed.acceptance_rate > exact.acceptance_rate
 
 
@@ -159,8 +169,9 @@ def test_restricted_draft_has_zero_mass_outside_and_same_logits_inside(restricte
     inside[list(range(0, 40, 2))] = True
     assert torch.isneginf(restricted_logits[:, ~inside]).all()
     assert torch.allclose(restricted_logits[:, inside], full_logits[:, inside], atol=1e-5)
-    summary, events = generate(restricted_pair, PROMPTS[1], mode="static", ensemble_weight=0.5, n_draft=3,
-                               max_new_tokens=30, seed=3)
+    summary, events = generate(
+        restricted_pair, PROMPTS[1], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=30, seed=3
+    )
     assert all(inside[e.token_id] for e in events if e.kind in ("accepted", "rejected"))
 
 
@@ -171,8 +182,9 @@ def test_restricted_draft_keeps_the_law_of_emitted_tokens(restricted_pair, mode,
     law, _ = first_two_law(restricted_pair, prompt, w, eos=2)
     counts = collections.Counter()
     for seed in range(samples):
-        summary, _ = generate(restricted_pair, prompt, mode=mode, ensemble_weight=w, n_draft=2, max_new_tokens=3,
-                              seed=seed)
+        summary, _ = generate(
+            restricted_pair, prompt, mode=mode, ensemble_weight=w, n_draft=2, max_new_tokens=3, seed=seed
+        )
         counts[tuple(summary.token_ids[:2])] += 1
     assert chi_square_pvalue(counts, law) > 0.001
 
@@ -180,10 +192,19 @@ def test_restricted_draft_keeps_the_law_of_emitted_tokens(restricted_pair, mode,
 def test_restricted_draft_greedy_matches_target_and_transformers(restricted_pair):
     for prompt in PROMPTS:
         reference, _ = generate(restricted_pair, prompt, mode="ar", max_new_tokens=20, temperature=0)
-        exact, _ = generate(restricted_pair, prompt, mode="exact", n_draft=3, max_new_tokens=20, temperature=0)
+        exact, _ = generate(
+            restricted_pair, prompt, mode="exact", n_draft=3, max_new_tokens=20, temperature=0
+        )
         assert exact.token_ids == reference.token_ids
-        ours, _ = generate(restricted_pair, prompt, mode="static", ensemble_weight=0.3, n_draft=3,
-                           max_new_tokens=20, temperature=0)
+        ours, _ = generate(
+            restricted_pair,
+            prompt,
+            mode="static",
+            ensemble_weight=0.3,
+            n_draft=3,
+            max_new_tokens=20,
+            temperature=0,
+        )
         assert ours.token_ids == hf_generate(restricted_pair, prompt, 3, 20, assistant_ensemble_weight=0.3)
 
 
@@ -217,8 +238,9 @@ class RecomputingFeatureDraft(draft.FeatureDraft):
 
     def observe(self, length, target_features=None):
         # each verification's features continue where the previous ones stopped
-        self.all_features = (target_features if self.all_features is None
-                             else torch.cat([self.all_features, target_features]))
+        self.all_features = (
+            target_features if self.all_features is None else torch.cat([self.all_features, target_features])
+        )
 
     def ready(self, length):
         return self.all_features is not None
@@ -228,18 +250,26 @@ class RecomputingFeatureDraft(draft.FeatureDraft):
         return super().propose(sequence, n, sampler)
 
 
-@pytest.mark.parametrize("mode,kwargs", [("exact", {}), ("static", {"ensemble_weight": 0.5}),
-                                         ("dynamic", {"head": ConstantHead(0.3)})])
+@pytest.mark.parametrize(
+    "mode,kwargs",
+    [("exact", {}), ("static", {"ensemble_weight": 0.5}), ("dynamic", {"head": ConstantHead(0.3)})],
+)
 def test_kv_rollback_matches_full_recomputation(any_pair, monkeypatch, mode, kwargs):
     kinds = set()
     for seed in range(3):
-        cached = list(speculative_generate(any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
-                                           **kwargs))
+        cached = list(
+            speculative_generate(
+                any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed, **kwargs
+            )
+        )
         monkeypatch.setattr(decode, "CachedLM", RecomputingLM)
         monkeypatch.setattr(draft, "FeatureDraft", RecomputingFeatureDraft)
         monkeypatch.setattr(draft, "StandaloneDraft", RecomputingStandaloneDraft)
-        fresh = list(speculative_generate(any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed,
-                                          **kwargs))
+        fresh = list(
+            speculative_generate(
+                any_pair, PROMPTS[1], mode=mode, n_draft=4, max_new_tokens=40, seed=seed, **kwargs
+            )
+        )
         monkeypatch.undo()
         assert [(e.token_id, e.kind) for e in cached[:-1]] == [(e.token_id, e.kind) for e in fresh[:-1]]
         assert [e.p for e in cached[:-1]] == pytest.approx([e.p for e in fresh[:-1]], rel=1e-4)
@@ -255,7 +285,9 @@ class RecomputingStandaloneDraft(draft.StandaloneDraft):
 
 
 def test_events_and_summary_are_consistent(pair):
-    summary, events = generate(pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=50)
+    summary, events = generate(
+        pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=50
+    )
     emitted = [e for e in events if e.kind != "rejected"]
     assert [e.token_id for e in emitted] == summary.token_ids
     assert summary.new_tokens == len(emitted) <= 50
@@ -275,8 +307,9 @@ def test_events_and_summary_are_consistent(pair):
             assert e.w == pytest.approx(0.5) and 0 <= e.accept_prob <= 1 and e.q > 0
     # The events' own cost is timed inside the loop (the bench prices streaming with it); the bare loop has none.
     assert 0 < summary.events_s < summary.wall_time_s
-    *_, bare = speculative_generate(pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3,
-                                    max_new_tokens=50, emit_events=False)
+    *_, bare = speculative_generate(
+        pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=50, emit_events=False
+    )
     assert bare.events_s == 0 and bare.token_ids == summary.token_ids
 
 
@@ -284,6 +317,7 @@ def test_an_eos_among_accepted_drafts_ends_the_events():
     # [accepted EOS, rejected, resampled] with one output token: the rejection after the EOS is no event.
     def event(kind):
         return TokenEvent(2, "</s>", kind, step=1)
+
     events = [event("accepted"), event("rejected"), event("resampled")]
     assert output_events(events, 1) == events[:1]
     assert output_events(events, 2) == events
@@ -304,21 +338,24 @@ def test_ar_mode_is_target_sampling(pair):
     assert all(e.kind == "ar" for e in events) and summary.acceptance_rate is None and summary.tau == 1
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"prompt": ""}, "prompt is empty"),
-    ({"prompt": "   "}, "prompt is empty"),
-    ({"n_draft": 0}, "n_draft"),
-    ({"n_draft": 1000}, "n_draft"),
-    ({"ensemble_weight": -0.1}, "ensemble weight"),
-    ({"ensemble_weight": 1.5}, "ensemble weight"),
-    ({"mode": "fast"}, "mode"),
-    ({"mode": "dynamic"}, "head"),
-    ({"temperature": -1}, "temperature"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"max_new_tokens": 10_000}, "context"),
-    ({"seed": 10**30}, "seed"),  # once "Overflow when unpacking long long" from torch
-    ({"seed": -1}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": "   "}, "prompt is empty"),
+        ({"n_draft": 0}, "n_draft"),
+        ({"n_draft": 1000}, "n_draft"),
+        ({"ensemble_weight": -0.1}, "ensemble weight"),
+        ({"ensemble_weight": 1.5}, "ensemble weight"),
+        ({"mode": "fast"}, "mode"),
+        ({"mode": "dynamic"}, "head"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": 10_000}, "context"),
+        ({"seed": 10**30}, "seed"),  # once "Overflow when unpacking long long" from torch
+        ({"seed": -1}, "seed"),
+    ],
+)
 def test_bad_inputs_get_clear_errors(pair, kwargs, message):
     args = {"prompt": "the cat", "mode": "static", "ensemble_weight": 0.5, "n_draft": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -340,6 +377,7 @@ def test_pair_with_different_tokenizers_is_refused(tmp_path):
     vocab = renumbered.get_vocab()
     vocab["cat"], vocab["dog"] = vocab["dog"], vocab["cat"]
     from tokenizers import models
+
     renumbered.backend_tokenizer.model = models.WordLevel(vocab=vocab, unk_token="<unk>")
     with pytest.raises(PairError, match="token '(cat|dog)' has id"):
         check_tokenizers(tiny_tokenizer(), renumbered)
@@ -370,8 +408,14 @@ def run_rows(pair, prompts, seeds, mode, ensemble_weight=0.5, head=None, **kwarg
 def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, temperature):
     # Rows of different prompt lengths that stop at different steps (EOS or budget), so the batch pads
     # prompts, leaves holes where one row rejected drafts that another kept, and drops finished rows.
-    kwargs = dict(mode=mode, n_draft=3, max_new_tokens=24, temperature=temperature,
-                  ensemble_weight=0.4, head=TiltedHead(any_pair.target.config.hidden_size))
+    kwargs = dict(
+        mode=mode,
+        n_draft=3,
+        max_new_tokens=24,
+        temperature=temperature,
+        ensemble_weight=0.4,
+        head=TiltedHead(any_pair.target.config.hidden_size),
+    )
     prompts, seeds = PROMPTS * 2, list(range(8))
     rows = run_rows(any_pair, prompts, seeds, **kwargs)
     with torch.inference_mode():
@@ -382,7 +426,10 @@ def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, tempera
             assert batched.verdict.n_accepted == single.verdict.n_accepted
             assert torch.allclose(batched.verdict.target_probs, single.verdict.target_probs, atol=1e-5)
             assert torch.allclose(batched.verdict.w, single.verdict.w, atol=1e-5)
-    if (mode, temperature) == ("static", 1.0):  # where relaxed drafts are often kept: the paths were exercised
+    if (mode, temperature) == (
+        "static",
+        1.0,
+    ):  # where relaxed drafts are often kept: the paths were exercised
         assert len({len(steps) for steps in rows.values()}) > 1  # rows left the batch at different steps
         assert any(len({rows[r][i].verdict.n_accepted for r in range(8)}) > 1 for i in range(5))  # holes
 
@@ -393,8 +440,15 @@ def test_batched_rows_follow_nu(any_pair):
     law, _ = first_two_law(any_pair, prompt, w, eos=2)
     counts = collections.Counter()
     for start in range(0, samples, 500):
-        rows = run_rows(any_pair, [prompt] * 500, list(range(start, start + 500)), mode="static",
-                        ensemble_weight=w, n_draft=2, max_new_tokens=3)
+        rows = run_rows(
+            any_pair,
+            [prompt] * 500,
+            list(range(start, start + 500)),
+            mode="static",
+            ensemble_weight=w,
+            n_draft=2,
+            max_new_tokens=3,
+        )
         for steps in rows.values():
             counts[tuple(sum((s.new_ids for s in steps), [])[:2])] += 1
     assert chi_square_pvalue(counts, law) > 0.001

@@ -1,16 +1,16 @@
 """Making the feature draft: on-policy data, training with the training-time test, resumable checkpoints."""
+
 import collections
 import math
 
 import pytest
 import torch
+from stats import chi_square_pvalue
+from tiny import tiny_model
 
-from diversed_demo.distill import data
-from diversed_demo.distill import batches, ttt
+from diversed_demo.distill import batches, data, ttt
 from diversed_demo.distill import train as distill
 from diversed_demo.distill.config import DraftTrainConfig
-from tiny import tiny_model
-from stats import chi_square_pvalue
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +23,22 @@ def records(target):
     """Responses the tiny target samples at T = 1 to random prompts (tiny on-policy data)."""
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    prompts = [[1] + torch.randint(4, vocab, (int(torch.randint(2, 8, (), generator=g)),), generator=g).tolist()
-               for _ in range(120)]
+    prompts = [
+        [1] + torch.randint(4, vocab, (int(torch.randint(2, 8, (), generator=g)),), generator=g).tolist()
+        for _ in range(120)
+    ]
     responses = data.generate_batch(target, prompts, [False] * len(prompts), 24, 2, 3, g)
-    return [{"key": f"tiny/{i}/s0", "source": "tiny", "greedy": False, "prompt_ids": p, "response_ids": r,
-             "ended": e} for i, (p, (r, e)) in enumerate(zip(prompts, responses))]
+    return [
+        {
+            "key": f"tiny/{i}/s0",
+            "source": "tiny",
+            "greedy": False,
+            "prompt_ids": p,
+            "response_ids": r,
+            "ended": e,
+        }
+        for i, (p, (r, e)) in enumerate(zip(prompts, responses))
+    ]
 
 
 def test_inverse_cdf_sampling_follows_the_distribution():
@@ -45,21 +56,30 @@ def test_batched_generation_greedy_rows_equal_one_by_one_greedy_decoding(target)
     for prompt, greedy, (ids, ended) in zip(prompts, [True, False, True, True], results):
         if not greedy:
             continue
-        reference = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20, eos_token_id=2,
-                                    pad_token_id=3)[0, len(prompt):].tolist()
-        assert ids == reference[:len(ids)] and (ended == (ids[-1] == 2))
+        reference = target.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=20, eos_token_id=2, pad_token_id=3
+        )[0, len(prompt) :].tolist()
+        assert ids == reference[: len(ids)] and (ended == (ids[-1] == 2))
 
 
 def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
-    prompts = {"instructions": [f"i{k}" for k in range(30)], "general": ["g"], "summarization": ["s"],
-               "gsm8k": [f"m{k}" for k in range(400)], "mbpp": [f"c{k}" for k in range(60)], "humaneval": ["h"]}
+    prompts = {
+        "instructions": [f"i{k}" for k in range(30)],
+        "general": ["g"],
+        "summarization": ["s"],
+        "gsm8k": [f"m{k}" for k in range(400)],
+        "mbpp": [f"c{k}" for k in range(60)],
+        "humaneval": ["h"],
+    }
     jobs = data.schedule(prompts, seed=0)
     assert [j.key for j in jobs] == [j.key for j in data.schedule(prompts, seed=0)]
     assert len({j.key for j in jobs}) == len(jobs)
     head = collections.Counter(data.SOURCE_GROUP[j.source] for j in jobs[:200])
     for group, weight in data.SOURCE_WEIGHTS.items():
         assert abs(head[group] / 200 - weight) < 0.02
-    assert sum(j.greedy for j in jobs) == sum(len(v) for v in prompts.values())  # one greedy response per prompt
+    assert sum(j.greedy for j in jobs) == sum(
+        len(v) for v in prompts.values()
+    )  # one greedy response per prompt
     sources = data.training_prompts()
     assert set(sources) == set(data.SAMPLES_PER_PROMPT)
     assert all("spec_bench" not in text for texts in sources.values() for text in texts)
@@ -67,11 +87,23 @@ def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
 
 def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch):
     from tiny import tiny_tokenizer
-    monkeypatch.setattr(data, "training_prompts", lambda: {"instructions": ["the cat", "a dog ran"], "gsm8k": ["one two"],
-                                                           "general": [], "summarization": [], "mbpp": [],
-                                                           "humaneval": []})
+
+    monkeypatch.setattr(
+        data,
+        "training_prompts",
+        lambda: {
+            "instructions": ["the cat", "a dog ran"],
+            "gsm8k": ["one two"],
+            "general": [],
+            "summarization": [],
+            "mbpp": [],
+            "humaneval": [],
+        },
+    )
     tokenizer = tiny_tokenizer()
-    first = data.generate_shards(target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12)
+    first = data.generate_shards(
+        target, tokenizer, tmp_path, target_tokens=30, batch_size=4, max_new_tokens=12
+    )
     records = data.load_records(tmp_path)
     assert first["shards"] == 1 and len(records) == 4
     data.generate_shards(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
@@ -81,8 +113,16 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
 
 
 def test_training_raises_heldout_agreement_at_every_draft_position(tmp_path, target, records):
-    config = DraftTrainConfig(ttt_steps=3, lr=3e-3, warmup_steps=5, epochs=2, batch_tokens=512, eval_every=1000,
-                                 draft_vocab_size=32, bf16=False)
+    config = DraftTrainConfig(
+        ttt_steps=3,
+        lr=3e-3,
+        warmup_steps=5,
+        epochs=2,
+        batch_tokens=512,
+        eval_every=1000,
+        draft_vocab_size=32,
+        bf16=False,
+    )
     heldout, train_records = records[:20], records[20:]
     vocab = batches.frequent_tokens(train_records, 32, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
@@ -98,14 +138,25 @@ def test_training_raises_heldout_agreement_at_every_draft_position(tmp_path, tar
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, records):
-    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=3,
-                                 draft_vocab_size=32, bf16=False)
+    config = DraftTrainConfig(
+        ttt_steps=2,
+        lr=3e-3,
+        warmup_steps=2,
+        epochs=1,
+        batch_tokens=512,
+        eval_every=3,
+        draft_vocab_size=32,
+        bf16=False,
+    )
     vocab = batches.frequent_tokens(records, 32, always=[2])
 
     def run(work_dir, minutes=None):
         draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
-        state = distill.train(draft, target, records[20:], records[:20], 3, config, work_dir, lambda m: None, minutes)
+        state = distill.train(
+            draft, target, records[20:], records[:20], 3, config, work_dir, lambda m: None, minutes
+        )
         return draft, state
+
     straight, done = run(tmp_path / "a")
     _, stopped = run(tmp_path / "b", minutes=1e-9)  # stops at once, after a checkpoint
     assert stopped["step"] == 0
@@ -114,7 +165,9 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
     # The keys a running draft training resumes from (its checkpoint must stay readable across refactors).
     saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
     assert set(saved) == {"model", "optimizer", "scheduler", "state", "config"}
-    assert not any(k.startswith("embed_tokens") for k in saved["model"])  # the target's own tensor is not stored
+    assert not any(
+        k.startswith("embed_tokens") for k in saved["model"]
+    )  # the target's own tensor is not stored
     for name, tensor in straight.state_dict().items():
         assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
 
@@ -126,7 +179,9 @@ def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target,
     vocab = batches.frequent_tokens(records, 8, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
     batch = batches.make_batch(records[:8], 3, config.max_length, target.device)
-    assert not torch.isin(batch["ids"][batch["predicts_response"]], torch.tensor(vocab)).all()  # tokens outside
+    assert not torch.isin(
+        batch["ids"][batch["predicts_response"]], torch.tensor(vocab)
+    ).all()  # tokens outside
     loss, per_step = ttt.ttt_loss(draft, target, batch, config)
     loss.backward()
     assert torch.isfinite(loss) and all(math.isfinite(x) for x in per_step)
@@ -136,7 +191,10 @@ def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target,
 
 
 def test_frequent_tokens_and_heldout_split():
-    records = [{"key": "gsm8k/1/s0", "response_ids": [5, 5, 6, 7, 7, 7]}, {"key": "gsm8k/1/greedy", "response_ids": [8]}]
+    records = [
+        {"key": "gsm8k/1/s0", "response_ids": [5, 5, 6, 7, 7, 7]},
+        {"key": "gsm8k/1/greedy", "response_ids": [8]},
+    ]
     assert batches.frequent_tokens(records, 2) == [5, 7]
     assert batches.frequent_tokens(records, 3, always=[2]) == [2, 5, 7]
     # both responses to one prompt fall on the same side of the split
@@ -148,8 +206,17 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
 
     from diversed_demo.distill import card
     from diversed_demo.models.loading import load_eagle3
-    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=2,
-                                 draft_vocab_size=32, bf16=False)
+
+    config = DraftTrainConfig(
+        ttt_steps=2,
+        lr=3e-3,
+        warmup_steps=2,
+        epochs=1,
+        batch_tokens=512,
+        eval_every=2,
+        draft_vocab_size=32,
+        bf16=False,
+    )
     vocab = batches.frequent_tokens(records, 32, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
     work = tmp_path / "run"
@@ -174,11 +241,21 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
 def test_training_continues_from_a_saved_draft(tmp_path, target, records):
     """`distill train --init DIR` starts from a committed draft: its weights and vocabulary, with the
     embedding and LM head still frozen; a fresh machine goes on from where the last one's export stopped."""
-    config = DraftTrainConfig(ttt_steps=2, lr=3e-3, warmup_steps=2, epochs=1, batch_tokens=512, eval_every=1000,
-                                 draft_vocab_size=32, bf16=False)
+    config = DraftTrainConfig(
+        ttt_steps=2,
+        lr=3e-3,
+        warmup_steps=2,
+        epochs=1,
+        batch_tokens=512,
+        eval_every=1000,
+        draft_vocab_size=32,
+        bf16=False,
+    )
     vocab = batches.frequent_tokens(records, 32, always=[2])
     first = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])
-    state = distill.train(first, target, records[20:], records[:20], 3, config, tmp_path / "a", lambda m: None)
+    state = distill.train(
+        first, target, records[20:], records[:20], 3, config, tmp_path / "a", lambda m: None
+    )
     again = distill.continue_from(tmp_path / "a" / "best", target)
     assert torch.equal(again.draft_token_ids, first.draft_token_ids)
     assert distill.evaluate(again, target, records[:20], 3, config)["agreement"] == state["best"]["agreement"]

@@ -1,17 +1,18 @@
 """The EAGLE-3 feature draft: decoding and training see the same model, its file format, and training."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import PROMPTS, tiny_feature_pair
-from diversed_demo.core.generate import generate
+
 from diversed_demo.core.draft import FeatureDraft
+from diversed_demo.core.generate import generate
 from diversed_demo.core.sampling import Sampler
-from diversed_demo.models.eagle import target_features
 from diversed_demo.distill.ttt import ttt_forward
-from diversed_demo.models.pair import PairError
+from diversed_demo.models.eagle import target_features
 from diversed_demo.models.loading import load_eagle3
+from diversed_demo.models.pair import PairError
 
 
 def test_decoding_chain_equals_the_training_unroll(feature_pair):
@@ -26,8 +27,14 @@ def test_decoding_chain_equals_the_training_unroll(feature_pair):
         tokens, _, states = draft.propose(torch.tensor(context), depth, sampler)
         ids = torch.tensor([context + tokens.tolist()])
         length = len(context) - 1
-        unrolled = ttt_forward(pair.draft, features[None, :length], ids, torch.arange(length)[None],
-                               torch.ones(1, length, dtype=torch.bool), steps=depth)
+        unrolled = ttt_forward(
+            pair.draft,
+            features[None, :length],
+            ids,
+            torch.arange(length)[None],
+            torch.ones(1, length, dtype=torch.bool),
+            steps=depth,
+        )
     for step in range(depth):
         assert torch.allclose(unrolled[step][0, length - 1], states[step], atol=1e-5), step
 
@@ -35,8 +42,9 @@ def test_decoding_chain_equals_the_training_unroll(feature_pair):
 def test_no_event_follows_an_accepted_eos(pair):
     # An EOS among the accepted drafts ends the output: the draft rejected after it is not an event.
     for seed in range(100):
-        summary, events = generate(pair, PROMPTS[0], mode="static", ensemble_weight=0.3, n_draft=6,
-                                          max_new_tokens=40, seed=seed)
+        summary, events = generate(
+            pair, PROMPTS[0], mode="static", ensemble_weight=0.3, n_draft=6, max_new_tokens=40, seed=seed
+        )
         if summary.token_ids and summary.token_ids[-1] == 2:
             last = max(i for i, e in enumerate(events) if e.kind != "rejected")
             assert last == len(events) - 1, seed
@@ -57,8 +65,10 @@ def test_saved_draft_reloads_identically(feature_pair, tmp_path):
 
 
 def test_feature_draft_loads_through_load_pair(tmp_path):
-    from diversed_demo.models.loading import load_pair
     from tiny import save_tiny_pair
+
+    from diversed_demo.models.loading import load_pair
+
     target_dir, _ = save_tiny_pair(tmp_path)  # the same tiny target as tiny_feature_pair's
     base = tiny_feature_pair()
     base.draft.save(tmp_path / "eagle", dtype=torch.float32)

@@ -1,4 +1,5 @@
 """A few checks on the real embedded pair (SmolLM2-135M-Instruct target and its shipped EAGLE-3 draft)."""
+
 import json
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from diversed_demo.core.generate import generate
-from diversed_demo.models.heads import load_head
 from diversed_demo.models.eagle import Eagle3Draft
+from diversed_demo.models.heads import load_head
 from diversed_demo.models.loading import load_pair
 
 pytestmark = pytest.mark.embedded
@@ -29,8 +30,15 @@ def test_embedded_draft_is_a_feature_draft_on_the_target_embedding(embedded):
 def test_embedded_draft_proposes_only_its_vocabulary(embedded):
     vocab = embedded.draft.draft_token_ids.tolist()
     assert len(vocab) < embedded.vocab_size
-    summary, events = generate(embedded, "Write a haiku about the sea.", mode="static", ensemble_weight=0.5,
-                               n_draft=3, max_new_tokens=24, seed=0)
+    summary, events = generate(
+        embedded,
+        "Write a haiku about the sea.",
+        mode="static",
+        ensemble_weight=0.5,
+        n_draft=3,
+        max_new_tokens=24,
+        seed=0,
+    )
     drafted = {e.token_id for e in events if e.kind in ("accepted", "rejected")}
     assert drafted and drafted <= set(vocab)
 
@@ -38,8 +46,15 @@ def test_embedded_draft_proposes_only_its_vocabulary(embedded):
 @pytest.mark.parametrize("name", ["summarization", "general"])
 def test_shipped_heads_load_and_decode_on_the_embedded_pair(embedded, name):
     head = load_head(name, embedded)  # refused if the draft, target or tokenizer changed since training
-    summary, events = generate(embedded, "Summarize: the cat sat on the mat all day.", mode="dynamic", head=head,
-                               n_draft=3, max_new_tokens=12, seed=0)
+    summary, events = generate(
+        embedded,
+        "Summarize: the cat sat on the mat all day.",
+        mode="dynamic",
+        head=head,
+        n_draft=3,
+        max_new_tokens=12,
+        seed=0,
+    )
     assert summary.new_tokens > 0 and 0 <= summary.mean_w <= 1
 
 
@@ -52,25 +67,70 @@ def test_greedy_exact_sd_equals_greedy_target_on_embedded_pair(embedded):
 
 
 def test_cli_generate_json_on_embedded_pair():
-    out = subprocess.run([sys.executable, "-m", "diversed_demo.cli", "generate", "--prompt", "What is 2 + 3?",
-                          "--mode", "static", "--w", "0.5", "--max-new-tokens", "12", "--seed", "1", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diversed_demo.cli",
+            "generate",
+            "--prompt",
+            "What is 2 + 3?",
+            "--mode",
+            "static",
+            "--w",
+            "0.5",
+            "--max-new-tokens",
+            "12",
+            "--seed",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert set(result["summary"]) == {"acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s"}
+    assert set(result["summary"]) == {
+        "acceptance_rate",
+        "tau",
+        "new_tokens",
+        "tokens_per_second",
+        "wall_time_s",
+    }
     emitted = [e for e in result["events"] if e["kind"] != "rejected"]
     assert len(emitted) == result["summary"]["new_tokens"] <= 12
     assert {"token_id", "text", "kind", "w", "p", "q", "accept_prob"} <= set(result["events"][0])
 
 
 def test_cli_plain_output_and_bad_input():
-    out = subprocess.run([sys.executable, "-m", "diversed_demo.cli", "generate", "--prompt", "Say hi.",
-                          "--mode", "exact", "--max-new-tokens", "8", "--temperature", "0"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "diversed_demo.cli",
+            "generate",
+            "--prompt",
+            "Say hi.",
+            "--mode",
+            "exact",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "acceptance" in out.stdout and "tok/s" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "diversed_demo.cli", "generate", "--prompt", "Hi", "--w", "2"],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "diversed_demo.cli", "generate", "--prompt", "Hi", "--w", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "ensemble weight" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -78,15 +138,20 @@ def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypa
     """The cached conversion reads the GGUF once (models._gguf_read_once); its weights, tokenizer and config
     must be exactly what transformers' own, unmemoised path gives."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from diversed_demo.models.gguf_cache import _converted_gguf_dir
+
     from diversed_demo.models.embedded import embedded_gguf_path
+    from diversed_demo.models.gguf_cache import _converted_gguf_dir
+
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
     gguf_path = embedded_gguf_path()
     converted = _converted_gguf_dir(gguf_path)
     ours = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).state_dict()
-    theirs = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                  dtype=torch.float32).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    ).state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     ours_tok = AutoTokenizer.from_pretrained(converted)
     theirs_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    assert ours_tok.get_vocab() == theirs_tok.get_vocab() and ours_tok.chat_template == theirs_tok.chat_template
+    assert (
+        ours_tok.get_vocab() == theirs_tok.get_vocab() and ours_tok.chat_template == theirs_tok.chat_template
+    )

@@ -1,19 +1,22 @@
 """The frontier: interpolated margins, bootstrap, and a sweep on a tiny pair."""
+
 import pytest
 import torch
 
+from diversed_demo.core.head import ConstantHead
 from diversed_demo.core.stats import Counts
 from diversed_demo.eval.frontier import Point, head_labels, sweep
 from diversed_demo.eval.margins import frontier_margin, margins
-from diversed_demo.core.head import ConstantHead
-from diversed_demo.models.heads import new_head
 from diversed_demo.eval.tasks import Example
+from diversed_demo.models.heads import new_head
 
 
 def test_margins_against_an_interpolated_frontier():
     static = [(0.2, 0.9), (0.6, 0.5)]  # acceptance, quality: a straight frontier
     better = margins(static, (0.4, 0.8))
-    assert better["quality_margin"] == pytest.approx(0.1) and better["acceptance_margin"] == pytest.approx(0.1)
+    assert better["quality_margin"] == pytest.approx(0.1) and better["acceptance_margin"] == pytest.approx(
+        0.1
+    )
     worse = margins(static, (0.4, 0.6))
     assert worse["quality_margin"] < 0 and worse["acceptance_margin"] < 0
     assert margins(static, (0.9, 0.95))["quality_margin"] is None  # no extrapolation
@@ -50,14 +53,22 @@ def test_bootstrap_reports_a_clear_win_with_small_uncertainty():
 
 
 def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
-    examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran",
-                                                             "a big red", "then it was"]]
+    examples = [
+        Example(prompt=p, task="general")
+        for p in ["the cat sat on", "one two three", "the dog ran", "a big red", "then it was"]
+    ]
     torch.manual_seed(0)
     spread = new_head(pair, hidden_size=8)
     with torch.no_grad():
         spread.mlp[-1].weight.mul_(50)  # an untrained head whose w clearly varies with the hidden states
-    points = sweep(pair, examples, "general", weights=(0.0, 1.0), heads={"half": ConstantHead(0.5), "spread": spread},
-                   max_new_tokens=12)
+    points = sweep(
+        pair,
+        examples,
+        "general",
+        weights=(0.0, 1.0),
+        heads={"half": ConstantHead(0.5), "spread": spread},
+        max_new_tokens=12,
+    )
     by_label = {p.label: p for p in points}
     # the spread of w_t over positions: none for a constant, some for a head that reads the states
     assert by_label["dynamic:half"].row()["w_std"] == 0.0 and by_label["static:1"].row()["w_std"] is None
@@ -71,20 +82,23 @@ def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
 
 def test_the_difference_to_exact_decoding_is_paired_over_examples():
     from diversed_demo.eval.margins import versus_exact
+
     exact = point("static:1", 1.0, 2, 0.5)
     exact.quality = [0.1 * i for i in range(20)]  # examples differ a lot; the head trails each by 0.05 ± 0.01
     head = point("dynamic:h", None, 4, 0.0)
     head.quality = [q - 0.05 + (0.01 if i % 2 else -0.01) for i, q in enumerate(exact.quality)]
     result = versus_exact([point("static:0", 0.0, 6, 0.2), exact], head)
     assert result["quality_difference"] == pytest.approx(-0.05)
-    assert result["stderr"] == pytest.approx(0.01 / 19 ** 0.5 * (20 / 20) ** 0.5, rel=0.05)
+    assert result["stderr"] == pytest.approx(0.01 / 19**0.5 * (20 / 20) ** 0.5, rel=0.05)
     assert result["acceptance"] == {"exact": 0.2, "head": 0.4} and result["examples"] == 20
     assert versus_exact([point("static:0", 0.0, 6, 0.2)], head) is None  # w = 1 not decoded: nothing to pair
 
 
 def test_a_positive_estimate_within_the_noise_is_not_beyond_the_frontier():
     static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
-    noisy = point("dynamic:h", None, 4, 0.7)  # just above the line, ±0.5 per example: the interval straddles zero
+    noisy = point(
+        "dynamic:h", None, 4, 0.7
+    )  # just above the line, ±0.5 per example: the interval straddles zero
     noisy.quality = [0.72 + (0.5 if i % 2 else -0.5) for i in range(len(noisy.quality))]
     result = frontier_margin(static, noisy)
     assert result["quality_margin"]["estimate"] > 0
@@ -96,10 +110,16 @@ def test_the_verdict_names_beyond_below_floor_and_unresolved():
     static = [point("static:1", 1.0, 2, 0.9), point("static:0", 0.0, 6, 0.5)]
     assert frontier_margin(static, point("dynamic:h", None, 4, 0.8))["verdict"]["kind"] == "beyond"
     below = frontier_margin(static, point("dynamic:h", None, 4, 0.5))["verdict"]
-    assert below["kind"] == "below" and "quality margin -0.200 ± 0.000" in below["text"] and "n = 20" in below["text"]
+    assert (
+        below["kind"] == "below"
+        and "quality margin -0.200 ± 0.000" in below["text"]
+        and "n = 20" in below["text"]
+    )
     noisy = point("dynamic:h", None, 4, 0.7)
     noisy.quality = [0.72 + (0.5 if i % 2 else -0.5) for i in range(len(noisy.quality))]
-    assert frontier_margin(static, noisy)["verdict"]["kind"] == "unresolved"  # the curve spans 0.4 ≫ the noise
+    assert (
+        frontier_margin(static, noisy)["verdict"]["kind"] == "unresolved"
+    )  # the curve spans 0.4 ≫ the noise
     # A task at its floor: every static w scores (nearly) nothing, so no margin can be resolved.
     floor = [point("static:1", 1.0, 2, 0.0), point("static:0", 0.0, 6, 0.0)]
     for p in floor:
@@ -110,18 +130,31 @@ def test_the_verdict_names_beyond_below_floor_and_unresolved():
 
 
 def test_heads_of_two_runs_with_one_name_are_both_evaluated():
-    labels = head_labels(["runs/a/general.safetensors", "runs/b/general.safetensors", "heads/code.safetensors"])
+    labels = head_labels(
+        ["runs/a/general.safetensors", "runs/b/general.safetensors", "heads/code.safetensors"]
+    )
     assert list(labels) == ["a/general", "b/general", "code"]
 
 
-@pytest.mark.parametrize("task, set_name, category, size", [
-    ("math", "gsm8k", "gsm8k", 100), ("math", "arithmetic", "arithmetic", 100), ("code", "mbpp", "mbpp", 100),
-    ("summarization", None, "summarization", 50)])  # the sizes the results table asks of each
+@pytest.mark.parametrize(
+    "task, set_name, category, size",
+    [
+        ("math", "gsm8k", "gsm8k", 100),
+        ("math", "arithmetic", "arithmetic", 100),
+        ("code", "mbpp", "mbpp", 100),
+        ("summarization", None, "summarization", 50),
+    ],
+)  # the sizes the results table asks of each
 def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size):
     from diversed_demo.eval.held_out import held_out_examples
     from diversed_demo.eval.tasks import MBPP_TEST_IDS, builtin_examples
+
     examples = held_out_examples(task, size, set_name=set_name)
-    assert len(examples) == size and {e.category for e in examples} == {category} and {e.task for e in examples} == {task}
+    assert (
+        len(examples) == size
+        and {e.category for e in examples} == {category}
+        and {e.task for e in examples} == {task}
+    )
     if task == "code":
         assert {int(e.id.split("/")[1]) for e in examples} <= set(MBPP_TEST_IDS)
     assert not {e.prompt for e in examples} & {e.prompt for e in builtin_examples(task, "train")}
@@ -131,6 +164,7 @@ def test_held_out_sets_are_the_evaluation_splits(task, set_name, category, size)
 
 def test_general_held_out_prompts_are_stratified_in_every_prefix():
     from diversed_demo.eval.held_out import held_out_examples
+
     examples = held_out_examples("general", 100)
     categories = [e.category for e in examples]
     assert len(set(categories)) == 13 and len(categories) == 100
@@ -143,6 +177,7 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
 
     from diversed_demo.eval.cards import evaluation_key, write_head_card
     from diversed_demo.models.heads import load_head, save_head
+
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"steps": 3}, warm_start={"lam": 2.0})
     path = save_head(head, tmp_path / "math.safetensors")
@@ -157,11 +192,15 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     assert load_head(path, pair).meta["evaluations"] == card["evaluations"]
     head.meta["training"] = {"steps": 4}  # a new training run of the same file: its old figures go
     card = write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
-    assert list(card["evaluations"]) == ["arithmetic, greedy"] and card["frontier"]["settings"]["temperature"] == 0.0
+    assert (
+        list(card["evaluations"]) == ["arithmetic, greedy"]
+        and card["frontier"]["settings"]["temperature"] == 0.0
+    )
 
 
 def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_path):
     from diversed_demo.eval.decode_log import DecodeLog
+
     examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran"]]
     heads = {"half": ConstantHead(0.5)}
     settings = {"task": "general", "temperature": 1.0}
@@ -176,10 +215,19 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
     assert log.reused == 2 * 3  # two examples were logged at three points
     for a, b in zip(fresh, resumed):
         assert a.label == b.label and a.quality == b.quality and a.token_w == b.token_w
-        assert [(c.new_tokens, c.drafted, c.accepted) for c in a.counts] == \
-            [(c.new_tokens, c.drafted, c.accepted) for c in b.counts]
+        assert [(c.new_tokens, c.drafted, c.accepted) for c in a.counts] == [
+            (c.new_tokens, c.drafted, c.accepted) for c in b.counts
+        ]
     assert len(DecodeLog(tmp_path / "log.jsonl", settings).records) == 3 * 3
-    sweep(pair, examples[:1], "general", weights=(), heads={"half": ConstantHead(0.6)}, log=log, max_new_tokens=8)
+    sweep(
+        pair,
+        examples[:1],
+        "general",
+        weights=(),
+        heads={"half": ConstantHead(0.6)},
+        log=log,
+        max_new_tokens=8,
+    )
     assert log.reused == 6  # a head of the same name with other weights is decoded, not read back
     with (tmp_path / "log.jsonl").open("a") as f:
         f.write("garbage\n")
@@ -190,17 +238,31 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
 
 
 @pytest.mark.parametrize("trained_temperature", [0.0, 1.0])
-def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(pair, tmp_path, trained_temperature):
+def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(
+    pair, tmp_path, trained_temperature
+):
     import json
 
     from diversed_demo.eval.frontier import evaluate_heads
     from diversed_demo.models.heads import save_head
+
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"temperature": trained_temperature})
     path = save_head(head, tmp_path / "h.safetensors")
     for temperature in (trained_temperature, 1.0 - trained_temperature):  # its own kind first, then the other
-        evaluate_heads(pair, "math", [str(path)], [0.0, 1.0], limit=2, max_new_tokens=4, temperature=temperature,
-                       write_card=True, set_name="arithmetic")
+        evaluate_heads(
+            pair,
+            "math",
+            [str(path)],
+            [0.0, 1.0],
+            limit=2,
+            max_new_tokens=4,
+            temperature=temperature,
+            write_card=True,
+            set_name="arithmetic",
+        )
     card = json.loads(path.with_suffix(".json").read_text())
-    assert card["frontier"]["settings"]["temperature"] == trained_temperature and len(card["evaluations"]) == 2
+    assert (
+        card["frontier"]["settings"]["temperature"] == trained_temperature and len(card["evaluations"]) == 2
+    )
     assert card["frontier"]["verdict"]["kind"] in ("beyond", "below", "unresolved", "floor")

@@ -1,17 +1,18 @@
 """Heads (save, load, pair binding) and their training: the acceptance term's sign, reward-driven updates."""
+
 import math
 import pickle
 
 import pytest
 import torch
+from tiny import tiny_model, tiny_pair
 
 from diversed_demo.core.generate import generate
 from diversed_demo.models.heads import HeadError, list_heads, load_head, new_head, save_head
-from tiny import tiny_model, tiny_pair
-from diversed_demo.training.rollouts import Rollouts, sample_rollouts
 from diversed_demo.training.config import HeadTrainConfig
-from diversed_demo.training.objective import group_advantages, head_loss
 from diversed_demo.training.loop import train_head
+from diversed_demo.training.objective import group_advantages, head_loss
+from diversed_demo.training.rollouts import Rollouts, sample_rollouts
 
 
 def test_head_round_trip_and_use_in_decoding(pair, tmp_path):
@@ -51,12 +52,18 @@ def test_w_min_bounds_the_head(pair):
 
 def fake_rollouts(n, t, tv, seed=0, target_entropy=1.0, cross_entropy=1.0):
     g = torch.Generator().manual_seed(seed)
-    return Rollouts(tokens=torch.zeros(n, t, dtype=torch.long), mask=torch.ones(n, t),
-                    target_hidden=torch.randn(n, t, 32, generator=g), draft_hidden=torch.randn(n, t, 32, generator=g),
-                    target_prob=torch.rand(n, t, generator=g), draft_prob=torch.rand(n, t, generator=g),
-                    tv=torch.full((n, t), tv), target_entropy=torch.full((n, t), target_entropy),
-                    cross_entropy=torch.as_tensor(cross_entropy).expand(n, t).clone(),
-                    greedy_limit=torch.full((n, t), float("nan")))
+    return Rollouts(
+        tokens=torch.zeros(n, t, dtype=torch.long),
+        mask=torch.ones(n, t),
+        target_hidden=torch.randn(n, t, 32, generator=g),
+        draft_hidden=torch.randn(n, t, 32, generator=g),
+        target_prob=torch.rand(n, t, generator=g),
+        draft_prob=torch.rand(n, t, generator=g),
+        tv=torch.full((n, t), tv),
+        target_entropy=torch.full((n, t), target_entropy),
+        cross_entropy=torch.as_tensor(cross_entropy).expand(n, t).clone(),
+        greedy_limit=torch.full((n, t), float("nan")),
+    )
 
 
 def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
@@ -81,24 +88,35 @@ def test_dense_fidelity_raises_w_only_where_the_draft_costs_fidelity(pair):
 def test_rollouts_are_the_decoders_own_outputs(any_pair):
     # Rollouts come from the decoding process the head serves in, for either kind of draft.
     prompt, head = [1, 5, 6, 7], new_head(any_pair, hidden_size=8)
-    rollouts = sample_rollouts(any_pair, head, [prompt] * 3, 12, 1.0, torch.Generator().manual_seed(0), n_draft=3)
+    rollouts = sample_rollouts(
+        any_pair, head, [prompt] * 3, 12, 1.0, torch.Generator().manual_seed(0), n_draft=3
+    )
     g = torch.Generator().manual_seed(0)
     seeds = [int(torch.randint(2**31 - 1, (), generator=g)) for _ in range(3)]
     for output, mask, seed in zip(rollouts.outputs, rollouts.mask, seeds):
-        summary, events = generate(any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12, seed=seed)
+        summary, events = generate(
+            any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12, seed=seed
+        )
         assert output == summary.token_ids
         decided = [e for e in events if e.kind in ("accepted", "resampled")]
         assert int(mask.sum()) == len(decided)
     with torch.no_grad():
         w = head(rollouts.target_hidden, rollouts.draft_hidden)
-    recorded = [e.w for e in generate(any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12,
-                                      seed=seeds[0])[1] if e.kind in ("accepted", "resampled")]
-    assert w[0, :len(recorded)].tolist() == pytest.approx(recorded, abs=1e-5)
+    recorded = [
+        e.w
+        for e in generate(
+            any_pair, prompt, mode="dynamic", head=head, n_draft=3, max_new_tokens=12, seed=seeds[0]
+        )[1]
+        if e.kind in ("accepted", "resampled")
+    ]
+    assert w[0, : len(recorded)].tolist() == pytest.approx(recorded, abs=1e-5)
 
 
 def test_rollouts_record_the_entropies_the_dense_term_needs(pair):
     prompt = [1, 5, 6, 7]
-    rollouts = sample_rollouts(pair, new_head(pair, hidden_size=8), [prompt] * 2, 3, 1.0, torch.Generator().manual_seed(0))
+    rollouts = sample_rollouts(
+        pair, new_head(pair, hidden_size=8), [prompt] * 2, 3, 1.0, torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         p = torch.softmax(pair.target(torch.tensor([prompt])).logits[0, -1], -1)
         q = torch.softmax(pair.draft(torch.tensor([prompt])).logits[0, -1], -1)
@@ -115,8 +133,9 @@ def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_b
     tv, h, ce = rollouts.tv[0][mask], rollouts.target_entropy[0][mask], rollouts.cross_entropy[0][mask]
     assert set(tv.tolist()) == {0.0, 1.0}  # the argmaxes agree at some positions and not at others
     assert torch.allclose(h[tv == 0], ce[tv == 0]) and bool((ce[tv == 1] > h[tv == 1]).all())
-    _, events = generate(feature_pair, prompt, mode="dynamic", head=head, n_draft=4, max_new_tokens=24,
-                         temperature=0.0)
+    _, events = generate(
+        feature_pair, prompt, mode="dynamic", head=head, n_draft=4, max_new_tokens=24, temperature=0.0
+    )
     decided = [e for e in events if e.kind in ("accepted", "resampled")]
     # the emitted token is the draft's where a differing draft was kept, else the target's own argmax
     nll = torch.tensor([-math.log(e.p) for e in decided])
@@ -126,11 +145,16 @@ def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_b
     with torch.no_grad():
         w = head(rollouts.target_hidden, rollouts.draft_hidden)[0][mask]
     below = w < rollouts.greedy_limit[0][mask]
-    assert torch.equal(below[tv == 1], kept_draft[tv == 1]) and bool(kept_draft.any()) and not bool(kept_draft[tv == 1].all())
+    assert (
+        torch.equal(below[tv == 1], kept_draft[tv == 1])
+        and bool(kept_draft.any())
+        and not bool(kept_draft[tv == 1].all())
+    )
 
 
 def test_the_greedy_limit_is_where_the_ensembles_argmax_leaves_the_drafts_token():
     from diversed_demo.training.rollouts import greedy_limit
+
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
     q = torch.softmax(3 * torch.randn(300, 12, generator=g), -1)
@@ -144,10 +168,21 @@ def test_the_greedy_limit_is_where_the_ensembles_argmax_leaves_the_drafts_token(
 
 
 def test_a_greedy_head_trains_from_its_warm_start(pair, tmp_path):
-    result = run_training(pair, tmp_path, lam=1.0, steps=2, temperature=0.0,
-                          warm_start_prompts=4, warm_start_steps=20, target_acceptance=0.8, dense_fidelity=1.0)
+    result = run_training(
+        pair,
+        tmp_path,
+        lam=1.0,
+        steps=2,
+        temperature=0.0,
+        warm_start_prompts=4,
+        warm_start_steps=20,
+        target_acceptance=0.8,
+        dense_fidelity=1.0,
+    )
     head = load_head(result.path, pair)
-    assert head.meta["training"]["temperature"] == 0.0 and head.meta["warm_start"]["held_back"]["positions"] > 0
+    assert (
+        head.meta["training"]["temperature"] == 0.0 and head.meta["warm_start"]["held_back"]["positions"] > 0
+    )
     assert all(r["reward"] == r["reward"] for r in result.history)  # identical rollouts: no NaN advantages
 
 
@@ -160,7 +195,9 @@ def test_a_draft_with_no_mass_outside_its_vocabulary_gives_finite_losses(kind, r
     rollouts = sample_rollouts(pair, head, [[1, 9, 10, 11]] * 3, 12, 1.0, torch.Generator().manual_seed(0))
     for name in ("target_prob", "draft_prob", "tv", "target_entropy", "cross_entropy"):
         assert torch.isfinite(getattr(rollouts, name)).all(), name
-    loss, acceptance, _ = head_loss(head, rollouts, torch.tensor([1.0, -1.0, 0.0]), lam=1.0, dense_fidelity=1.0)
+    loss, acceptance, _ = head_loss(
+        head, rollouts, torch.tensor([1.0, -1.0, 0.0]), lam=1.0, dense_fidelity=1.0
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(acceptance)
     assert all(torch.isfinite(p.grad).all() for p in head.parameters())
@@ -188,9 +225,22 @@ def test_group_advantages_are_centred_per_prompt():
 
 
 def run_training(pair, tmp_path, lam, steps=12, callback=None, should_stop=None, lr=0.05, **kwargs):
-    config = HeadTrainConfig(task="general", steps=steps, prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
-                         lam=lam, lr=lr, warmup_steps=1, hidden_size=8, w_init=0.5, seed=0,
-                         out=str(tmp_path / f"h{lam}.safetensors"), run_dir=str(tmp_path / f"run{lam}"), **kwargs)
+    config = HeadTrainConfig(
+        task="general",
+        steps=steps,
+        prompts_per_step=2,
+        rollouts_per_prompt=4,
+        max_new_tokens=8,
+        lam=lam,
+        lr=lr,
+        warmup_steps=1,
+        hidden_size=8,
+        w_init=0.5,
+        seed=0,
+        out=str(tmp_path / f"h{lam}.safetensors"),
+        run_dir=str(tmp_path / f"run{lam}"),
+        **kwargs,
+    )
     return train_head(pair, config, callback=callback, should_stop=should_stop, progress=False)
 
 
@@ -227,7 +277,9 @@ def test_acceptance_penalty_pulls_the_mean_acceptance_to_its_target_from_either_
 def test_target_acceptance_moves_lam_against_the_gap_and_survives_resume(pair, tmp_path):
     settings = dict(lam=3.0, lr=0.01, dense_fidelity=1.0, target_acceptance=0.4)
     records = []
-    cancelled = run_training(pair, tmp_path, callback=records.append, should_stop=lambda: len(records) >= 5, **settings)
+    cancelled = run_training(
+        pair, tmp_path, callback=records.append, should_stop=lambda: len(records) >= 5, **settings
+    )
     assert cancelled.cancelled
     history = run_training(pair, tmp_path, **settings).history
     assert [r["step"] for r in history] == list(range(1, 13))
@@ -236,15 +288,27 @@ def test_target_acceptance_moves_lam_against_the_gap_and_survives_resume(pair, t
             assert r["next_lam"] < r["lam"] or r["next_lam"] == 0
         else:
             assert r["next_lam"] > r["lam"]
-    assert all(after["lam"] == before["next_lam"] for before, after in zip(history, history[1:]))  # across the resume too
+    assert all(
+        after["lam"] == before["next_lam"] for before, after in zip(history, history[1:])
+    )  # across the resume too
     assert {r["next_lam"] > r["lam"] for r in history} == {True, False}
 
 
 def test_cancel_keeps_a_checkpoint_and_resume_continues(pair, tmp_path):
     records = []
-    config = HeadTrainConfig(task="general", steps=6, prompts_per_step=1, rollouts_per_prompt=2, max_new_tokens=4,
-                         hidden_size=8, out=str(tmp_path / "c.safetensors"), run_dir=str(tmp_path / "crun"))
-    result = train_head(pair, config, callback=records.append, should_stop=lambda: len(records) >= 3, progress=False)
+    config = HeadTrainConfig(
+        task="general",
+        steps=6,
+        prompts_per_step=1,
+        rollouts_per_prompt=2,
+        max_new_tokens=4,
+        hidden_size=8,
+        out=str(tmp_path / "c.safetensors"),
+        run_dir=str(tmp_path / "crun"),
+    )
+    result = train_head(
+        pair, config, callback=records.append, should_stop=lambda: len(records) >= 3, progress=False
+    )
     assert result.cancelled and result.path is None and result.checkpoint.exists()
     assert not (tmp_path / "c.safetensors").exists()
     resumed = train_head(pair, config, callback=records.append, progress=False)
@@ -284,12 +348,35 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-README_FLAGS = ("--warm-start-prompts", "32", "--steps", "6", "--max-new-tokens", "64",
-                "--lr", "2e-4", "--epochs", "4", "--dense-fidelity", "1", "--lam", "5", "--penalty", "20")
-README_TARGET_ACCEPTANCE = {"general": "0.65", "math": "0.65", "summarization": "0.55", "code": "0.75",
-                            # the greedy twins: README's flags plus --temperature 0 --rollouts-per-prompt 2
-                            "general-greedy": "0.65", "summarization-greedy": "0.72", "math-greedy": "0.72",
-                            "code-greedy": "0.8"}
+README_FLAGS = (
+    "--warm-start-prompts",
+    "32",
+    "--steps",
+    "6",
+    "--max-new-tokens",
+    "64",
+    "--lr",
+    "2e-4",
+    "--epochs",
+    "4",
+    "--dense-fidelity",
+    "1",
+    "--lam",
+    "5",
+    "--penalty",
+    "20",
+)
+README_TARGET_ACCEPTANCE = {
+    "general": "0.65",
+    "math": "0.65",
+    "summarization": "0.55",
+    "code": "0.75",
+    # the greedy twins: README's flags plus --temperature 0 --rollouts-per-prompt 2
+    "general-greedy": "0.65",
+    "summarization-greedy": "0.72",
+    "math-greedy": "0.72",
+    "code-greedy": "0.8",
+}
 
 
 @pytest.mark.parametrize("name", list(README_TARGET_ACCEPTANCE))
@@ -300,41 +387,67 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     from pathlib import Path
 
     from diversed_demo.cli import add_train_arguments
+
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     fields = HeadTrainConfig.__dataclass_fields__
 
     def config(*argv):
-        return HeadTrainConfig(**{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields})
+        return HeadTrainConfig(
+            **{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields}
+        )
 
     shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
     task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
     greedy = ("--temperature", "0", "--rollouts-per-prompt", "2") if twin else ()
-    made = config("--task", task, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS, *greedy)
-    for key in ("lam", "lr", "epochs", "dense_fidelity", "steps", "w_init", "hidden_size", "seed", "temperature",
-                "target_acceptance", "penalty", "n_draft", "max_new_tokens", "prompts_per_step", "rollouts_per_prompt",
-                "warm_start_prompts", "warm_start_steps", "warm_start_lr"):
+    made = config(
+        "--task", task, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS, *greedy
+    )
+    for key in (
+        "lam",
+        "lr",
+        "epochs",
+        "dense_fidelity",
+        "steps",
+        "w_init",
+        "hidden_size",
+        "seed",
+        "temperature",
+        "target_acceptance",
+        "penalty",
+        "n_draft",
+        "max_new_tokens",
+        "prompts_per_step",
+        "rollouts_per_prompt",
+        "warm_start_prompts",
+        "warm_start_steps",
+        "warm_start_lr",
+    ):
         assert getattr(made, key) == shipped[key], key
-    assert config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam == 0.15  # the task's own default
+    assert (
+        config("--task", "code").dense_fidelity == 0 and config("--task", "code").lam == 0.15
+    )  # the task's own default
     assert config("--task", task, "--lam", "0.7").lam == 0.7
 
 
 def test_suggested_lam_quartiles_split_the_positions_where_the_dense_optimum_flips(pair):
     """At λ = the median of (CE − H)/TV, the dense term's per-token optimum (w → 1 where CE − H > λ·TV)
     keeps the target on half the verified positions and lets the draft through on the other half."""
-    from diversed_demo.core.prompt import encode_prompt
     from diversed_demo.core.head import ConstantHead
+    from diversed_demo.core.prompt import encode_prompt
+    from diversed_demo.training.config import training_examples
     from diversed_demo.training.diagnostics import fidelity_cost_quartiles
     from diversed_demo.training.rollouts import sample_rollouts
-    from diversed_demo.training.config import training_examples
+
     config = HeadTrainConfig(task="general", max_new_tokens=12, n_draft=3, seed=3)
     low, median, high = fidelity_cost_quartiles(pair, config, prompts=4)
     assert low <= median <= high
     generator = torch.Generator().manual_seed(config.seed)  # the same rollouts again
     flips = []
     for example in training_examples(config)[:4]:
-        r = sample_rollouts(pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, example.prompt)], 12, 1.0,
-                            generator, 3)
+        r = sample_rollouts(
+            pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, example.prompt)], 12, 1.0, generator, 3
+        )
         keep = (r.mask > 0) & (r.tv > 1e-6)
         flips.append(((r.cross_entropy - r.target_entropy) > median * r.tv)[keep])
     flips = torch.cat(flips).float()
@@ -352,6 +465,7 @@ def positions_with_two_kinds(n=400, seed=0):
 
 def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
     from diversed_demo.training.objective import lam_for_acceptance
+
     g = torch.Generator().manual_seed(1)
     rollouts = fake_rollouts(1, 500, tv=0.0, seed=1, cross_entropy=1 + 4 * torch.rand(500, generator=g))
     rollouts.tv = 0.2 + 0.6 * torch.rand(1, 500, generator=g)
@@ -364,9 +478,10 @@ def test_lam_for_acceptance_gives_the_threshold_rule_its_target():
 
 
 def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
-    from diversed_demo.training.warm_start import fit_to_positions
     from diversed_demo.training.diagnostics import frontier_gain, what_separates
     from diversed_demo.training.objective import lam_for_acceptance
+    from diversed_demo.training.warm_start import fit_to_positions
+
     train, _ = positions_with_two_kinds(seed=0)
     held_back, costly = positions_with_two_kinds(seed=1)
     torch.manual_seed(0)
@@ -379,7 +494,9 @@ def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
     figures = frontier_gain(w, held_back)
     assert figures["w_std"] > 0.4 and figures["acceptance"] == pytest.approx(0.75, abs=0.03)
     # at the same acceptance a static w pays (5 − 0.5)/2 nats on half the positions more than it must
-    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (figures["oracle_fidelity"] - figures["static_fidelity"])
+    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (
+        figures["oracle_fidelity"] - figures["static_fidelity"]
+    )
     assert figures["oracle_fidelity"] - figures["static_fidelity"] > 0.5
     separates = what_separates(w, held_back, pair.tokenizer)
     assert separates["spearman_w_vs"]["fidelity_cost"] > 0.8  # ranks tied within a kind: at most √0.75
@@ -391,14 +508,18 @@ def test_the_greedy_fit_hands_over_by_cost_where_static_w_cannot(pair):
     # Greedy positions whose draft token always differs (TV 1); the greedy limits are random, so static w
     # keeps the draft's token where the limit is high, whatever it costs. Costly positions are told apart
     # by the hidden states: the fitted head must go above the limit there and below it elsewhere.
-    from diversed_demo.training.warm_start import fit_to_positions
     from diversed_demo.training.diagnostics import frontier_gain
     from diversed_demo.training.objective import lam_for_acceptance
+    from diversed_demo.training.warm_start import fit_to_positions
+
     def greedy_positions(seed):
         rollouts, costly = positions_with_two_kinds(seed=seed)
         rollouts.tv = torch.ones_like(rollouts.tv)
-        rollouts.greedy_limit = 0.2 + 0.6 * torch.rand(rollouts.tv.shape, generator=torch.Generator().manual_seed(seed))
+        rollouts.greedy_limit = 0.2 + 0.6 * torch.rand(
+            rollouts.tv.shape, generator=torch.Generator().manual_seed(seed)
+        )
         return rollouts, costly
+
     train, _ = greedy_positions(0)
     held_back, costly = greedy_positions(1)
     torch.manual_seed(0)
@@ -408,38 +529,63 @@ def test_the_greedy_fit_hands_over_by_cost_where_static_w_cannot(pair):
     with torch.no_grad():
         w = head(held_back.target_hidden, held_back.draft_hidden)[0]
     limit = held_back.greedy_limit[0]
-    assert bool((w[costly] >= limit[costly]).float().mean() > 0.85) and bool((w[~costly] < limit[~costly]).float().mean() > 0.85)
+    assert bool((w[costly] >= limit[costly]).float().mean() > 0.85) and bool(
+        (w[~costly] < limit[~costly]).float().mean() > 0.85
+    )
     figures = frontier_gain(w, held_back)
     assert figures["acceptance"] == pytest.approx(0.5, abs=0.07)
     # static w at that acceptance hands over the high-limit half, costly or not: (5 − 0.5)/2 nats dearer
-    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (figures["oracle_fidelity"] - figures["static_fidelity"])
+    assert figures["fidelity"] - figures["static_fidelity"] > 0.9 * (
+        figures["oracle_fidelity"] - figures["static_fidelity"]
+    )
     assert figures["oracle_fidelity"] - figures["static_fidelity"] > 0.5
 
 
 def test_warm_start_runs_once_and_sets_lam_for_the_target(pair, tmp_path):
     records = []
     settings = dict(warm_start_prompts=4, warm_start_steps=20, target_acceptance=0.8, dense_fidelity=1.0)
-    cancelled = run_training(pair, tmp_path, lam=1.0, steps=4, callback=records.append,
-                             should_stop=lambda: len(records) >= 2, **settings)
+    cancelled = run_training(
+        pair,
+        tmp_path,
+        lam=1.0,
+        steps=4,
+        callback=records.append,
+        should_stop=lambda: len(records) >= 2,
+        **settings,
+    )
     checkpoint = torch.load(cancelled.checkpoint, weights_only=False)
     warm = checkpoint["warm_start"]
     assert warm["prompts"] == 4 and warm["fit"]["positions"] > 0 and warm["held_back"]["positions"] > 0
     assert set(warm["held_back"]["separates"]) == {"spearman_w_vs", "mean_w_by_token"}
     assert [r["lam"] for r in records] == [warm["lam"]] * 2  # λ from the recorded positions, then fixed
     resumed = run_training(pair, tmp_path, lam=1.0, steps=4, callback=records.append, **settings)
-    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4] and {r["lam"] for r in records} == {warm["lam"]}
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4] and {r["lam"] for r in records} == {
+        warm["lam"]
+    }
     assert load_head(resumed.path, pair).meta["warm_start"] == warm  # the resume did not decode again
 
 
 def test_lam_is_never_negative_even_where_the_draft_beats_the_target_on_its_own_tokens():
     from diversed_demo.training.objective import lam_for_acceptance
+
     rollouts = fake_rollouts(1, 50, tv=0.3, target_entropy=2.0, cross_entropy=1.0)  # CE < H everywhere
     assert lam_for_acceptance(rollouts, 0.7) == 0.0
 
 
-@pytest.mark.parametrize("text, kind", [(" the", "word start"), ("ing", "word piece"), (" 42", "number"),
-                                        ("3.5", "number"), (",", "punctuation"), (" (", "punctuation"),
-                                        ("\n", "whitespace"), ("  ", "whitespace")])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        (" the", "word start"),
+        ("ing", "word piece"),
+        (" 42", "number"),
+        ("3.5", "number"),
+        (",", "punctuation"),
+        (" (", "punctuation"),
+        ("\n", "whitespace"),
+        ("  ", "whitespace"),
+    ],
+)
 def test_tokens_are_told_apart_by_kind(text, kind):
     from diversed_demo.training.diagnostics import token_kind
+
     assert token_kind(text) == kind

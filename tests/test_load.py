@@ -1,16 +1,17 @@
 """Load: 8 gradio_client clients decode at once while a training run goes on; every request succeeds."""
+
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import free_port
+from tiny import save_tiny_pair
 
 from diversed_demo import ui
-from diversed_demo.ui.runs import TrainingJob
-from conftest import free_port
 from diversed_demo.models.loading import load_pair
-from tiny import save_tiny_pair
+from diversed_demo.ui.runs import TrainingJob
 
 CLIENTS = 8
 PROMPTS = ["the cat sat on", "a dog ran under the", "one plus two is", "def x return y"]
@@ -35,6 +36,7 @@ def served(tmp_path_factory):
 
 def test_concurrent_decodes_during_training(served):
     from gradio_client import Client
+
     url, job = served
     trainer = Client(url, verbose=False)
     training = trainer.submit("general", "Built-in examples", None, 200, 2, 0.5, 3e-3, api_name="/train")
@@ -46,8 +48,9 @@ def test_concurrent_decodes_during_training(served):
     def decode(i):
         client = Client(url, verbose=False)
         mode = ["Target only", "Exact SD", "Static ensemble"][i % 3]
-        tokens, stats, *_ = client.predict(PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i,
-                                          api_name="/generate")
+        tokens, stats, *_ = client.predict(
+            PROMPTS[i % len(PROMPTS)], mode, 0.5, None, 3, 24, 1.0, i, api_name="/generate"
+        )
         return tokens, stats
 
     started = time.monotonic()
@@ -58,7 +61,9 @@ def test_concurrent_decodes_during_training(served):
     steps_during_decoding = job.history[-1]["step"]
 
     # A second Start while the run goes on is turned away (with a warning), leaving the run alone.
-    Client(url, verbose=False).predict("general", "Built-in examples", None, 5, 2, 0.5, 3e-3, api_name="/train")
+    Client(url, verbose=False).predict(
+        "general", "Built-in examples", None, 5, 2, 0.5, 3e-3, api_name="/train"
+    )
     assert job.running and job.history[-1]["step"] >= steps_during_decoding
 
     trainer.predict(api_name="/cancel_training")

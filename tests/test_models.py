@@ -1,12 +1,13 @@
 """The pair's layers on CPU: the fast linear product and the grouped attention must compute what transformers' own do."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_pair
 
 from diversed_demo.models import linear
 from diversed_demo.models.linear import FastLinear, linear_product, stock_linear
-from tiny import tiny_pair
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 65, 200])
@@ -61,7 +62,9 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
     tensor-name map, and outside it gguf is left as it was."""
     import gguf
     from gguf import GGUFWriter
+
     from diversed_demo.models.gguf_cache import _gguf_read_once
+
     path = tmp_path / "tiny.gguf"
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
@@ -70,10 +73,13 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
     originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
     with _gguf_read_once():
         assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(str(path))
-        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 2
+        )
         assert gguf_utils.load_gguf_checkpoint is not originals[2]
     assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))
@@ -93,14 +99,24 @@ def test_grouped_attention_computes_transformers_sdpa():
     """The target's grouped attention (K/V heads read in place, mask or not) gives transformers' SDPA logits:
     one sequence (prefill, a one-token pass, a 3-token verification block) and a batch of two rows with a
     rolled-back row's holes masked out."""
-    from diversed_demo.models.attention import GROUPED_SDPA, stock_attention
     from diversed_demo.core.cache import CachedLM
+    from diversed_demo.models.attention import GROUPED_SDPA, stock_attention
+
     pair = tiny_pair()
-    assert pair.target.config._attn_implementation == GROUPED_SDPA  # tiny models have 4 query heads over 2 K/V
-    one = [([torch.tensor([1, 5, 9, 7, 12, 6])], []), ([torch.tensor([8])], []), ([torch.tensor([4, 11, 13])], [(0, 8)]),
-           ([torch.tensor([10, 14, 15])], [])]
-    batch = [([torch.tensor([1, 5, 9, 7]), torch.tensor([1, 6])], []), ([torch.tensor([8, 4, 11]), torch.tensor([9, 10, 12])], [(0, 5)]),
-             ([torch.tensor([13, 14]), torch.tensor([15, 16])], [])]
+    assert (
+        pair.target.config._attn_implementation == GROUPED_SDPA
+    )  # tiny models have 4 query heads over 2 K/V
+    one = [
+        ([torch.tensor([1, 5, 9, 7, 12, 6])], []),
+        ([torch.tensor([8])], []),
+        ([torch.tensor([4, 11, 13])], [(0, 8)]),
+        ([torch.tensor([10, 14, 15])], []),
+    ]
+    batch = [
+        ([torch.tensor([1, 5, 9, 7]), torch.tensor([1, 6])], []),
+        ([torch.tensor([8, 4, 11]), torch.tensor([9, 10, 12])], [(0, 5)]),
+        ([torch.tensor([13, 14]), torch.tensor([15, 16])], []),
+    ]
     with torch.inference_mode():
         for passes, rows in ((one, 1), (batch, 2)):
             grouped = _passes(CachedLM(pair.target, pair.vocab_size, rows=rows), passes)
@@ -114,9 +130,17 @@ def test_grouped_attention_computes_transformers_sdpa():
 
 def test_ungrouped_heads_keep_transformers_sdpa():
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from diversed_demo.models.attention import use_grouped_attention
-    config = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4)
+
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     model = LlamaForCausalLM(config)
     use_grouped_attention(model)
     assert model.config._attn_implementation == "sdpa"

@@ -5,12 +5,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import tiny_pair
 
-from diversed_demo.eval.rewards import SUMMARIZATION_REWARD, fidelity, final_number, math_exact_match, quality, rouge, task_reward
 from diversed_demo.eval.code_reward import build_program, extract_code, pass_at_1
+from diversed_demo.eval.rewards import (
+    SUMMARIZATION_REWARD,
+    fidelity,
+    final_number,
+    math_exact_match,
+    quality,
+    rouge,
+    task_reward,
+)
 from diversed_demo.eval.sandbox import network_namespace_command, run_sandboxed
 from diversed_demo.eval.tasks import Example, humaneval_example, mbpp_example
-from tiny import tiny_pair
 
 # ---------------------------------------------------------------------------------------------------
 # Summarization
@@ -25,13 +33,17 @@ def test_rouge_identical_vs_unrelated():
 
 
 def test_rouge_uses_stemming():
-    assert rouge("the councils approved bridges", "the council approves bridge")["rouge2"] == pytest.approx(1.0)
+    assert rouge("the councils approved bridges", "the council approves bridge")["rouge2"] == pytest.approx(
+        1.0
+    )
 
 
 def test_summarization_reward_is_rouge2():
     example = Example("Summarize the following article:\n...", "summarization", "a new bridge opens in town")
     output = "the new bridge opens next week"
-    assert task_reward("summarization", example, output) == pytest.approx(rouge(output, example.reference)["rouge2"])
+    assert task_reward("summarization", example, output) == pytest.approx(
+        rouge(output, example.reference)["rouge2"]
+    )
     assert SUMMARIZATION_REWARD == "rouge2"
 
 
@@ -39,16 +51,19 @@ def test_summarization_reward_is_rouge2():
 # Math
 
 
-@pytest.mark.parametrize("text, number", [
-    ("She sells 9 eggs at $2 each.\n#### 18", "18"),
-    ("#### 1,234", "1234"),
-    ("So the total is $1,250.50.", "1250.50"),
-    ("First 3 + 4 = 7, then 7 * 2 = 14.", "14"),
-    ("The answer is \\boxed{42}, not 41.", "42"),
-    ("It dropped to -5 degrees.", "-5"),
-    ("10-5", "5"),  # a subtraction, not a negative number
-    ("There are 2,000 people in 3 towns. ", "3"),
-])
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("She sells 9 eggs at $2 each.\n#### 18", "18"),
+        ("#### 1,234", "1234"),
+        ("So the total is $1,250.50.", "1250.50"),
+        ("First 3 + 4 = 7, then 7 * 2 = 14.", "14"),
+        ("The answer is \\boxed{42}, not 41.", "42"),
+        ("It dropped to -5 degrees.", "-5"),
+        ("10-5", "5"),  # a subtraction, not a negative number
+        ("There are 2,000 people in 3 towns. ", "3"),
+    ],
+)
 def test_final_number(text, number):
     assert final_number(text) == Decimal(number)
 
@@ -70,12 +85,17 @@ def test_math_exact_match():
 # ---------------------------------------------------------------------------------------------------
 # Code: extraction and program assembly
 
-MBPP_ROW = {"task_id": 999, "text": "Write a function to add two numbers.",
-            "code": "def add(a, b):\r\n    return a + b", "test_setup_code": "",
-            "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
+MBPP_ROW = {
+    "task_id": 999,
+    "text": "Write a function to add two numbers.",
+    "code": "def add(a, b):\r\n    return a + b",
+    "test_setup_code": "",
+    "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"],
+}
 HUMANEVAL_PROBLEM = {
-    "task_id": "Toy/0", "entry_point": "double",
-    "prompt": "from typing import List\n\n\ndef double(xs: List[int]) -> List[int]:\n    \"\"\"Double each.\"\"\"\n",
+    "task_id": "Toy/0",
+    "entry_point": "double",
+    "prompt": 'from typing import List\n\n\ndef double(xs: List[int]) -> List[int]:\n    """Double each."""\n',
     "canonical_solution": "    return [2 * x for x in xs]\n",
     "test": "def check(candidate):\n    assert candidate([1, 2]) == [2, 4]\n    assert candidate([]) == []\n",
 }
@@ -85,7 +105,9 @@ def test_extract_code_prefers_block_defining_entry_point():
     text = "Example:\n```python\nprint(add(1, 2))\n```\nSolution:\n```python\ndef add(a, b):\n    return a + b\n```"
     assert extract_code(text, "add").startswith("def add")
     assert extract_code("def add(a, b): return a + b", "add") == "def add(a, b): return a + b"
-    assert extract_code("```python\ndef add(a, b):\n    return a + b", "add").startswith("def add")  # unclosed
+    assert extract_code("```python\ndef add(a, b):\n    return a + b", "add").startswith(
+        "def add"
+    )  # unclosed
 
 
 def test_mbpp_correct_passes_wrong_fails():
@@ -97,8 +119,12 @@ def test_mbpp_correct_passes_wrong_fails():
 
 
 def test_mbpp_setup_code_runs_after_solution():
-    row = dict(MBPP_ROW, code="class Box:\n    def __init__(self, v):\n        self.v = v\ndef add(a, b):\n    return a.v + b",
-               test_setup_code="box = Box(2)", test_list=["assert add(box, 1) == 3"])
+    row = dict(
+        MBPP_ROW,
+        code="class Box:\n    def __init__(self, v):\n        self.v = v\ndef add(a, b):\n    return a.v + b",
+        test_setup_code="box = Box(2)",
+        test_list=["assert add(box, 1) == 3"],
+    )
     example = mbpp_example(row)
     assert task_reward("code", example, example.reference) == 1.0
 
@@ -115,6 +141,7 @@ def test_humaneval_body_and_whole_function():
 
 def test_humaneval_canonical_solutions_pass():
     from diversed_demo.eval.tasks import load_humaneval
+
     for example in load_humaneval(limit=3):
         assert pass_at_1(example, example.reference) == 1.0
 
@@ -134,8 +161,10 @@ def test_sandbox_timeout_kills_children(tmp_path):
     # A background child would outlive a kill of the program alone; the whole process group must go.
     started, late = tmp_path / "started", tmp_path / "late"
     child = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(1.5); pathlib.Path({str(late)!r}).touch()"
-    program = (f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n"
-               f"while not os.path.exists({str(started)!r}):\n    time.sleep(0.01)\nwhile True:\n    pass\n")
+    program = (
+        f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        f"while not os.path.exists({str(started)!r}):\n    time.sleep(0.01)\nwhile True:\n    pass\n"
+    )
     assert run_sandboxed(program, timeout_s=1.0).status == "timeout"
     time.sleep(1.0)
     assert started.exists() and not late.exists()
@@ -149,7 +178,9 @@ def test_sandbox_memory_limit():
 
 def test_sandbox_removes_temp_dir(tmp_path):
     report = tmp_path / "cwd.txt"
-    program = f"import os\nopen({str(report)!r}, 'w').write(os.getcwd())\nopen('scratch.txt', 'w').write('x')\n"
+    program = (
+        f"import os\nopen({str(report)!r}, 'w').write(os.getcwd())\nopen('scratch.txt', 'w').write('x')\n"
+    )
     assert run_sandboxed(program).passed
     workdir = Path(report.read_text())
     assert workdir.name.startswith("diversed-sandbox-") and not workdir.exists()
@@ -219,7 +250,7 @@ def greedy_continuation(pair, prompt_ids, n):
         for _ in range(n):
             logits = pair.target(input_ids=torch.tensor([ids])).logits[0, -1, : pair.vocab_size]
             ids.append(int(logits.argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def test_fidelity_prefers_the_targets_own_continuation(pair):
@@ -241,7 +272,7 @@ def test_fidelity_ignores_padded_logit_columns(pair):
     wide = torch.nn.Linear(head.in_features, head.out_features + 8, bias=False)
     with torch.no_grad():
         wide.weight[: head.out_features] = head.weight
-        wide.weight[head.out_features:] = head.weight[output_ids[0]]  # would take probability from it
+        wide.weight[head.out_features :] = head.weight[output_ids[0]]  # would take probability from it
     padded.target.lm_head = wide
     assert fidelity(padded, prompt_ids, output_ids) == pytest.approx(before, abs=1e-5)
 
@@ -257,7 +288,9 @@ def test_dispatcher_errors_are_clear():
 
 def test_quality():
     assert quality("general", Example("p", "general"), "anything") == {}
-    assert set(quality("general", Example("p", "general", "a reference"), "a reference")) == {"rouge2", "rougeL"}
+    assert set(quality("general", Example("p", "general", "a reference"), "a reference")) == {
+        "rouge2",
+        "rougeL",
+    }
     assert quality("math", Example("q", "math", "#### 3"), "three is 3") == {"exact_match": 1.0}
     assert quality("code", mbpp_example(MBPP_ROW), "def add(a, b):\n    return b + a\n") == {"pass@1": 1.0}
-

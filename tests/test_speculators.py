@@ -5,6 +5,7 @@ Skipped unless `speculators` is installed (it is not a dependency of this projec
 `from_pretrained` needs the verifier's files, so the model is built from the saved config and the weights are
 loaded by hand; our file carries no embed_tokens, so the target's embedding is copied in, as vLLM does.
 """
+
 import json
 
 import pytest
@@ -15,10 +16,10 @@ speculators = pytest.importorskip("speculators")
 from safetensors.torch import load_file  # noqa: E402
 from speculators import SpeculatorModelConfig  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
-
-from diversed_demo.models.eagle import target_features
-from diversed_demo.distill.ttt import ttt_forward  # noqa: E402
 from tiny import tiny_eagle3, tiny_model  # noqa: E402
+
+from diversed_demo.distill.ttt import ttt_forward  # noqa: E402
+from diversed_demo.models.eagle import target_features
 
 torch.set_num_threads(1)
 
@@ -36,7 +37,9 @@ def models(tmp_path_factory):
     config = SpeculatorModelConfig.from_pretrained(str(directory))
     config.transformer_layer_config._attn_implementation = "sdpa"  # not flex attention on CPU
     theirs = Eagle3DraftModel(config).float().eval()
-    missing, unexpected = theirs.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    missing, unexpected = theirs.load_state_dict(
+        load_file(str(directory / "model.safetensors")), strict=False
+    )
     assert sorted(missing) == ["embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"]
     assert unexpected == []
     with torch.no_grad():
@@ -80,15 +83,21 @@ def run_both(models, seed=0, position_offset=0):
         positions = torch.arange(LENGTH).unsqueeze(0)
         # speculators' teacher forcing shifts the tokens left each step and pads with 0
         tokens = torch.cat([ids, ids.new_zeros(1, STEPS)], dim=1)
-        hidden = ttt_forward(draft, features, tokens, positions, torch.ones(1, LENGTH, dtype=torch.bool), STEPS)
+        hidden = ttt_forward(
+            draft, features, tokens, positions, torch.ones(1, LENGTH, dtype=torch.bool), STEPS
+        )
         our_logits = [draft.draft_logits(h) for h in hidden]
 
         captured = []
         hook = theirs.lm_head.register_forward_hook(lambda module, args, output: captured.append(output))
         try:
-            their_tokens = theirs(hidden_states=features, input_ids=ids[:, 1:LENGTH + 1],
-                                  document_ids=torch.zeros(1, LENGTH, dtype=torch.long),
-                                  position_ids=positions + position_offset, ttt_steps=STEPS)
+            their_tokens = theirs(
+                hidden_states=features,
+                input_ids=ids[:, 1 : LENGTH + 1],
+                document_ids=torch.zeros(1, LENGTH, dtype=torch.long),
+                position_ids=positions + position_offset,
+                ttt_steps=STEPS,
+            )
         finally:
             hook.remove()
     return our_logits, captured, their_tokens

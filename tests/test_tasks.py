@@ -3,7 +3,23 @@ import json
 import pytest
 
 from diversed_demo.eval.rewards import final_number, math_exact_match, quality
-from diversed_demo.eval.tasks import MBPP_TEST_IDS, MBPP_TRAIN_IDS, PROMPTS_DIR, SUMMARIZE, TASKS, app_examples, arithmetic_examples, builtin_examples, data_dir, load_from_hub, load_gsm8k, load_humaneval, load_jsonl_prompts, load_mbpp, load_spec_bench
+from diversed_demo.eval.tasks import (
+    MBPP_TEST_IDS,
+    MBPP_TRAIN_IDS,
+    PROMPTS_DIR,
+    SUMMARIZE,
+    TASKS,
+    app_examples,
+    arithmetic_examples,
+    builtin_examples,
+    data_dir,
+    load_from_hub,
+    load_gsm8k,
+    load_humaneval,
+    load_jsonl_prompts,
+    load_mbpp,
+    load_spec_bench,
+)
 
 
 def write_lines(path, lines):
@@ -16,22 +32,29 @@ def write_lines(path, lines):
 
 
 def test_jsonl_prompts_accepts_references_blank_lines_and_extra_keys(tmp_path):
-    path = write_lines(tmp_path / "mine.jsonl", ['{"prompt": "Hello?"}', "",
-                                                 '{"prompt": "Translate: chat", "reference": "cat", "id": 7}'])
+    path = write_lines(
+        tmp_path / "mine.jsonl",
+        ['{"prompt": "Hello?"}', "", '{"prompt": "Translate: chat", "reference": "cat", "id": 7}'],
+    )
     examples = load_jsonl_prompts(path)
-    assert [(e.prompt, e.reference, e.task) for e in examples] == [("Hello?", None, "general"),
-                                                                   ("Translate: chat", "cat", "general")]
+    assert [(e.prompt, e.reference, e.task) for e in examples] == [
+        ("Hello?", None, "general"),
+        ("Translate: chat", "cat", "general"),
+    ]
     assert examples[1].id == "mine.jsonl:3"
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ('{"prompt": "unclosed', r"line 2: not valid JSON"),
-    ('["a", "list"]', r"line 2: expected a JSON object, got list"),
-    ('{"reference": "no prompt"}', r'line 2: "prompt" is missing or empty'),
-    ('{"prompt": "   "}', r'line 2: "prompt" is missing or empty'),
-    ('{"prompt": 42}', r'line 2: "prompt" must be a string, not int'),
-    ('{"prompt": "ok", "reference": ["a"]}', r'line 2: "reference" must be a string, not list'),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"prompt": "unclosed', r"line 2: not valid JSON"),
+        ('["a", "list"]', r"line 2: expected a JSON object, got list"),
+        ('{"reference": "no prompt"}', r'line 2: "prompt" is missing or empty'),
+        ('{"prompt": "   "}', r'line 2: "prompt" is missing or empty'),
+        ('{"prompt": 42}', r'line 2: "prompt" must be a string, not int'),
+        ('{"prompt": "ok", "reference": ["a"]}', r'line 2: "reference" must be a string, not list'),
+    ],
+)
 def test_jsonl_prompts_rejects_malformed_line(tmp_path, bad_line, message):
     path = write_lines(tmp_path / "bad.jsonl", ['{"prompt": "fine"}', bad_line])
     with pytest.raises(ValueError, match=message):
@@ -60,7 +83,9 @@ def test_data_dir_override(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="DIVERSED_DATA"):
         load_gsm8k()
     (tmp_path / "gsm8k").mkdir()
-    write_lines(tmp_path / "gsm8k" / "test.jsonl", [json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"})])
+    write_lines(
+        tmp_path / "gsm8k" / "test.jsonl", [json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"})]
+    )
     [example] = load_gsm8k()
     assert (example.prompt, example.task, example.id) == ("1 + 1?", "math", "gsm8k/test/0")
 
@@ -68,7 +93,9 @@ def test_data_dir_override(tmp_path, monkeypatch):
 def test_gsm8k_references_end_with_the_answer():
     examples = load_gsm8k(limit=5)
     assert len(examples) == 5
-    assert all(e.task == "math" and "####" in e.reference and final_number(e.reference) is not None for e in examples)
+    assert all(
+        e.task == "math" and "####" in e.reference and final_number(e.reference) is not None for e in examples
+    )
 
 
 def test_spec_bench_first_turns_and_references():
@@ -83,7 +110,9 @@ def test_spec_bench_first_turns_and_references():
         if example.category == "writing":
             assert len(row["turns"]) == 2 and example.task == "general"
         else:
-            assert example.task == {"summarization": "summarization", "math_reasoning": "math"}[example.category]
+            assert (
+                example.task == {"summarization": "summarization", "math_reasoning": "math"}[example.category]
+            )
             assert example.reference == row["reference"][0]
     math = [e for e in examples if e.task == "math"]
     assert all(final_number(e.reference) is not None for e in math)
@@ -150,7 +179,7 @@ def test_builtin_summarization_articles():
     assert len(examples) >= 30
     for example in examples:
         assert example.prompt.startswith(SUMMARIZE)
-        assert 120 <= len(example.prompt[len(SUMMARIZE):].split()) <= 250
+        assert 120 <= len(example.prompt[len(SUMMARIZE) :].split()) <= 250
         assert 0 < len(example.reference.split()) < 60
 
 
@@ -172,7 +201,11 @@ def test_app_examples_cover_every_task_and_their_references_score_full_marks():
 
 def test_arithmetic_set_is_fixed_disjoint_and_its_answers_follow_from_its_working():
     train, eval_ = arithmetic_examples("train"), arithmetic_examples("eval")
-    assert len(train) == 400 and len(eval_) >= 390 and [e.prompt for e in arithmetic_examples("eval")] == [e.prompt for e in eval_]
+    assert (
+        len(train) == 400
+        and len(eval_) >= 390
+        and [e.prompt for e in arithmetic_examples("eval")] == [e.prompt for e in eval_]
+    )
     assert not {e.prompt for e in train} & {e.prompt for e in eval_}
     assert len({e.prompt for e in eval_}) > 0.95 * len(eval_)  # not a handful of problems repeated
     for example in train[:40] + eval_[:40]:

@@ -1,5 +1,6 @@
 """The app's logic without a browser: rendering, live run state, compare, the dial and the shipped figures,
 traces, the training job, and the handlers themselves (module-level functions of diversed_demo.ui.app)."""
+
 from __future__ import annotations
 
 import json
@@ -10,19 +11,22 @@ import gradio as gr
 import pandas as pd
 import pytest
 
-from diversed_demo.core.stats import Summary
 from diversed_demo.core.events import TokenEvent
 from diversed_demo.core.generate import generate
-from diversed_demo.models.heads import HEADS_DIR
+from diversed_demo.core.stats import Summary
 from diversed_demo.eval.tasks import TASKS, Example
+from diversed_demo.models.heads import HEADS_DIR
 from diversed_demo.ui import app, render, results, runs, trace
 
 PROMPT = "the cat sat on"
 SHIPPED_HEADS = {path.stem: path for path in sorted(HEADS_DIR.glob("*.safetensors"))}
-EXAMPLES = [Example("Summarize: the council voted for a park.", "summarization", "The council approved a park.",
-                    "t/s0"),
-            Example("Tom has 3 boxes of 12. He gives 10 away. How many are left?", "math", "#### 26", "t/m0"),
-            Example("Give me three tips for sleeping better.", "general", id="t/g0")]
+EXAMPLES = [
+    Example(
+        "Summarize: the council voted for a park.", "summarization", "The council approved a park.", "t/s0"
+    ),
+    Example("Tom has 3 boxes of 12. He gives 10 away. How many are left?", "math", "#### 26", "t/m0"),
+    Example("Give me three tips for sleeping better.", "general", id="t/g0"),
+]
 
 
 def event(kind="accepted", text=" cat", w=0.5, p=0.2, q=0.4, accept_prob=0.75, step=1, token_id=5):
@@ -30,8 +34,17 @@ def event(kind="accepted", text=" cat", w=0.5, p=0.2, q=0.4, accept_prob=0.75, s
 
 
 def settings(**overrides):
-    return runs.DecodeSettings(**{"mode": "static", "ensemble_weight": 0.5, "n_draft": 3, "max_new_tokens": 24,
-                                  "temperature": 1.0, "seed": 3, **overrides})
+    return runs.DecodeSettings(
+        **{
+            "mode": "static",
+            "ensemble_weight": 0.5,
+            "n_draft": 3,
+            "max_new_tokens": 24,
+            "temperature": 1.0,
+            "seed": 3,
+            **overrides,
+        }
+    )
 
 
 def no_progress(*_args, **_kwargs):
@@ -48,11 +61,13 @@ def heads_dir(tmp_path, monkeypatch):
 def saved_head(pair, heads_dir):
     """A freshly initialised head for the tiny pair, saved in the user heads folder: its name."""
     from diversed_demo.models.heads import new_head, save_head
+
     save_head(new_head(pair), heads_dir / "fresh.safetensors")
     return "fresh"
 
 
 # ---------------------------------------------------------------- rendering
+
 
 def test_token_html_escapes_text_and_carries_the_numbers_in_its_tooltip():
     html = render.render_token(event(text='<b>"&'))
@@ -87,8 +102,12 @@ def test_empty_output_shows_a_placeholder():
 
 
 def test_the_departure_mark_lands_on_the_output_token_not_on_a_rejected_draft():
-    events = [event("accepted", "a", token_id=1), event("rejected", "b", token_id=2),
-              event("resampled", "c", token_id=3), event("bonus", "d", token_id=4)]
+    events = [
+        event("accepted", "a", token_id=1),
+        event("rejected", "b", token_id=2),
+        event("resampled", "c", token_id=3),
+        event("bonus", "d", token_id=4),
+    ]
     html = render.render_tokens(events, departs_at=1)  # output tokens: a, c, d
     marked = [part for part in html.split("<span ") if "dd-departs" in part]
     assert len(marked) == 1 and marked[0].endswith(">c</span>") and "departs from target-only" in marked[0]
@@ -101,6 +120,7 @@ def test_one_number_formatter():
 
 # ---------------------------------------------------------------- decoding runs
 
+
 @pytest.mark.parametrize("mode", ["ar", "exact", "static"])
 def test_live_statistics_agree_with_the_decoders_summary(pair, mode):
     states = list(runs.stream_decode(pair, PROMPT, settings(mode=mode)))
@@ -108,11 +128,17 @@ def test_live_statistics_agree_with_the_decoders_summary(pair, mode):
     assert run.done and all(state is run for state in states)
     summary = run.summary
     counts = run.counts
-    assert (counts.new_tokens, counts.drafted, counts.accepted, counts.target_passes) == \
-        (summary.new_tokens, summary.drafted, summary.accepted, summary.target_passes)
+    assert (counts.new_tokens, counts.drafted, counts.accepted, counts.target_passes) == (
+        summary.new_tokens,
+        summary.drafted,
+        summary.accepted,
+        summary.target_passes,
+    )
     assert len(run.elapsed_per_token) == len(run.acceptance_per_token) == summary.new_tokens
     # Same events as the CLI's plain generate().
-    expected, events = generate(pair, PROMPT, mode=mode, ensemble_weight=0.5, n_draft=3, max_new_tokens=24, seed=3)
+    expected, events = generate(
+        pair, PROMPT, mode=mode, ensemble_weight=0.5, n_draft=3, max_new_tokens=24, seed=3
+    )
     assert [e.token_id for e in run.events] == [e.token_id for e in events]
     assert summary.token_ids == expected.token_ids
 
@@ -127,8 +153,9 @@ def test_live_statistics_before_the_summary_use_the_summarys_accounting(pair):
     stream.close()
 
 
-@pytest.mark.parametrize("prompt, message",
-                         [("", "empty"), ("   ", "empty"), ("x" * (runs.MAX_PROMPT_CHARS + 1), "at most")])
+@pytest.mark.parametrize(
+    "prompt, message", [("", "empty"), ("   ", "empty"), ("x" * (runs.MAX_PROMPT_CHARS + 1), "at most")]
+)
 def test_bad_prompts_are_refused_with_a_readable_message(pair, prompt, message):
     with pytest.raises(ValueError, match=message):
         next(runs.stream_decode(pair, prompt, settings()))
@@ -142,8 +169,10 @@ def test_diversed_needs_a_head(pair, heads_dir):
 
 
 def test_a_head_of_another_pair_is_refused(pair, heads_dir):
-    from diversed_demo.models.heads import new_head, save_head
     from tiny import tiny_pair
+
+    from diversed_demo.models.heads import new_head, save_head
+
     other = tiny_pair(target_seed=7, draft_seed=8)
     save_head(new_head(other), heads_dir / "other.safetensors")
     assert "other" not in app.head_choices(pair)
@@ -173,10 +202,12 @@ def test_w_chart_has_a_point_per_verified_draft(pair):
 
 def test_one_mode_list():
     from diversed_demo.core.settings import MODES
+
     assert list(runs.MODE_LABELS.values()) == list(MODES) and runs.COMPARE_MODES == tuple(runs.MODE_LABELS)
 
 
 # ---------------------------------------------------------------- examples
+
 
 def test_examples_come_from_the_app_file(monkeypatch):
     examples = app.load_examples()
@@ -185,6 +216,7 @@ def test_examples_come_from_the_app_file(monkeypatch):
 
     def missing():
         raise FileNotFoundError("examples.json")
+
     monkeypatch.setattr(app, "app_examples", missing)
     assert app.load_examples() == []
 
@@ -198,6 +230,7 @@ def test_find_example_ignores_whitespace_changes():
 
 
 # ---------------------------------------------------------------- compare
+
 
 def test_comparison_runs_each_mode_and_tabulates(pair):
     states = list(runs.stream_comparison(pair, PROMPT, settings()))
@@ -238,18 +271,24 @@ def finished_run(mode, tokens, seconds, drafted=0, accepted=0, passes=None):
     run = runs.DecodeRun(settings(mode=mode))
     for i, token in enumerate(tokens):
         run.add(event("ar" if mode == "ar" else "accepted", token_id=token, step=i + 1))
-    run.summary = Summary("x", len(tokens), passes or len(tokens), drafted, accepted, seconds,
-                          token_ids=list(tokens))
+    run.summary = Summary(
+        "x", len(tokens), passes or len(tokens), drafted, accepted, seconds, token_ids=list(tokens)
+    )
     return run
 
 
 def test_the_verdict_is_derived_from_the_run_and_says_one_prompt_cannot_judge_quality():
     comparison = runs.Comparison()
-    comparison.runs = {"Target only": finished_run("ar", [1, 2, 3, 4], 2.0),
-                       "Exact SD": finished_run("exact", [1, 2, 3, 4], 1.6, drafted=8, accepted=2, passes=3),
-                       "DIVERSED": finished_run("dynamic", [1, 2, 9, 4], 1.0, drafted=8, accepted=6, passes=2)}
-    comparison.quality = {"Target only": (0.10, "ROUGE-2"), "Exact SD": (0.10, "ROUGE-2"),
-                          "DIVERSED": (0.099, "ROUGE-2")}
+    comparison.runs = {
+        "Target only": finished_run("ar", [1, 2, 3, 4], 2.0),
+        "Exact SD": finished_run("exact", [1, 2, 3, 4], 1.6, drafted=8, accepted=2, passes=3),
+        "DIVERSED": finished_run("dynamic", [1, 2, 9, 4], 1.0, drafted=8, accepted=6, passes=2),
+    }
+    comparison.quality = {
+        "Target only": (0.10, "ROUGE-2"),
+        "Exact SD": (0.10, "ROUGE-2"),
+        "DIVERSED": (0.099, "ROUGE-2"),
+    }
     verdict = app.compare_verdict(comparison)
     assert "<b>DIVERSED</b>: 2.00× the speed of target only" in verdict
     assert "ROUGE-2 within 1% of exact SD" in verdict and "departs from target only at token 3" in verdict
@@ -266,8 +305,10 @@ def test_comparison_includes_diversed_with_a_head(pair, saved_head):
     assert "DIVERSED" in comparison.runs and comparison.runs["DIVERSED"].done
 
 
-@pytest.mark.parametrize("task, reference, metric", [("summarization", "the cat sat on the mat", "ROUGE-2"),
-                                                     ("math", "2 plus 2 is 4\n#### 4", "correct")])
+@pytest.mark.parametrize(
+    "task, reference, metric",
+    [("summarization", "the cat sat on the mat", "ROUGE-2"), ("math", "2 plus 2 is 4\n#### 4", "correct")],
+)
 def test_quality_uses_the_reference_when_there_is_one(pair, task, reference, metric):
     example = Example(PROMPT, task, reference, "t/0")
     *_, run = runs.stream_decode(pair, PROMPT, settings())
@@ -288,6 +329,7 @@ def test_quality_of_an_empty_output_is_na(pair):
 
 
 # ---------------------------------------------------------------- the shipped figures and the dial
+
 
 def test_the_dial_draws_each_shipped_frontier_card():
     frontiers = results.shipped_frontiers(SHIPPED_HEADS)
@@ -313,10 +355,16 @@ def test_the_dial_draws_each_shipped_frontier_card():
 def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
     card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
     primary = card["frontier"]
-    greedy = {**primary, "settings": {**primary["settings"], "temperature": 0.0},
-              "head_point": {**primary["head_point"], "acceptance": 0.5}}
-    other_set = {**greedy, "settings": {**greedy["settings"], "held_out": "another set"},
-                 "head_point": {**primary["head_point"], "acceptance": 0.9}}
+    greedy = {
+        **primary,
+        "settings": {**primary["settings"], "temperature": 0.0},
+        "head_point": {**primary["head_point"], "acceptance": 0.5},
+    }
+    other_set = {
+        **greedy,
+        "settings": {**greedy["settings"], "held_out": "another set"},
+        "head_point": {**primary["head_point"], "acceptance": 0.9},
+    }
     card["evaluations"] = {"other, greedy": other_set, "spec_bench, greedy": greedy}
     (tmp_path / "s.json").write_text(json.dumps(card))
     heads = {"s": tmp_path / "s.safetensors"}
@@ -324,6 +372,7 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
     def head_acceptance(temperature):
         points = results.shipped_frontiers(heads, temperature)["summarization"].points
         return float(points[points["kind"] == "head"]["acceptance"].iloc[0])
+
     assert head_acceptance(0.0) == 0.5  # greedy on the primary's set, not another set's
     assert head_acceptance(1.0) == head_acceptance(0.7) == primary["head_point"]["acceptance"]
     frontiers = {greedy: results.shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
@@ -337,11 +386,18 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
 def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
     card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
     primary = card["frontier"]
-    greedy = {**primary, "settings": {**primary["settings"], "temperature": 0.0},
-              "head_point": {**primary["head_point"], "acceptance": 0.5}}
+    greedy = {
+        **primary,
+        "settings": {**primary["settings"], "temperature": 0.0},
+        "head_point": {**primary["head_point"], "acceptance": 0.5},
+    }
     sampled_card = {**card, "evaluations": {"spec_bench, T=1": primary}}
-    greedy_card = {**card, "training": {**card["training"], "temperature": 0.0}, "frontier": greedy,
-                   "evaluations": {"spec_bench, greedy": greedy}}
+    greedy_card = {
+        **card,
+        "training": {**card["training"], "temperature": 0.0},
+        "frontier": greedy,
+        "evaluations": {"spec_bench, greedy": greedy},
+    }
     (tmp_path / "s-greedy.json").write_text(json.dumps(greedy_card))  # listed first
     (tmp_path / "s.json").write_text(json.dumps(sampled_card))
     heads = {name: tmp_path / f"{name}.safetensors" for name in ("s-greedy", "s")}
@@ -349,7 +405,10 @@ def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
     def stars(temperature):
         points = results.shipped_frontiers(heads, temperature)["summarization"].points
         return sorted(points[points["kind"] == "head"]["label"])
-    assert stars(1.0) == ["s"] and stars(0.0) == ["s-greedy"]  # s has no greedy evaluation: only the greedy head
+
+    assert stars(1.0) == ["s"] and stars(0.0) == [
+        "s-greedy"
+    ]  # s has no greedy evaluation: only the greedy head
     cards = results.head_cards(heads)
     assert results.head_for_temperature(cards, "s", 0.0) == "s-greedy"
     assert results.head_for_temperature(cards, "s-greedy", 0.7) == "s"
@@ -373,7 +432,10 @@ def test_each_temperature_kind_draws_the_heads_trained_for_it():
 
 def test_a_task_without_a_card_says_how_to_make_one():
     without_code = {name: path for name, path in SHIPPED_HEADS.items() if name not in ("code", "code-greedy")}
-    frontiers = {False: results.shipped_frontiers(without_code), True: results.shipped_frontiers(without_code, 0.0)}
+    frontiers = {
+        False: results.shipped_frontiers(without_code),
+        True: results.shipped_frontiers(without_code, 0.0),
+    }
     *_, note, points = app.shipped_dial(frontiers, "code", 4, 0.1, 1.0)
     assert points is None and "No shipped frontier card for **code**" in note and "--write-card" in note
 
@@ -389,7 +451,9 @@ def test_broken_cards_are_skipped_not_fatal(tmp_path):
     (tmp_path / "hole.json").write_text(json.dumps(card))
     heads = {name: tmp_path / f"{name}.safetensors" for name in ("bad", "empty", "typed", "hole", "none")}
     assert results.shipped_frontiers(heads) == {} and results.frontier_table(heads).empty
-    assert results.arrival_defaults(EXAMPLES, heads).settings.mode == "static" and results.headline(heads) == ""
+    assert (
+        results.arrival_defaults(EXAMPLES, heads).settings.mode == "static" and results.headline(heads) == ""
+    )
 
 
 def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp_path):
@@ -397,17 +461,29 @@ def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp
     defaults = results.arrival_defaults(EXAMPLES, SHIPPED_HEADS)
     measured = card["frontier"]["settings"]
     assert defaults.example_index == 0 and defaults.settings.mode == "dynamic"
-    assert defaults.settings.head_name == "summarization-greedy" and measured["temperature"] == 0  # opens greedy
-    assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == \
-        (measured["n_draft"], measured["temperature"], measured["max_new_tokens"])
+    assert (
+        defaults.settings.head_name == "summarization-greedy" and measured["temperature"] == 0
+    )  # opens greedy
+    assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == (
+        measured["n_draft"],
+        measured["temperature"],
+        measured["max_new_tokens"],
+    )
     assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
     assert ("not beyond" in defaults.note) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
     # Another pair, without cards: the static ensemble, and the note says these are not measured.
     plain = results.arrival_defaults(EXAMPLES, {"x": tmp_path / "x.safetensors"})
-    assert plain.settings.mode == "static" and plain.settings.head_name == "x" and "no frontier card" in plain.note
+    assert (
+        plain.settings.mode == "static"
+        and plain.settings.head_name == "x"
+        and "no frontier card" in plain.note
+    )
 
 
-CPU_COSTS = {"c": 0.09, "v": {1: 1.1, 2: 1.2, 3: 1.7, 4: 1.8, 5: 1.9, 6: 2.0}}  # past 3 tokens a pass costs more
+CPU_COSTS = {
+    "c": 0.09,
+    "v": {1: 1.1, 2: 1.2, 3: 1.7, 4: 1.8, 5: 1.9, 6: 2.0},
+}  # past 3 tokens a pass costs more
 FREE_COSTS = {"c": 0.0, "v": {n: 1.0 for n in range(1, 7)}}  # drafting and extra tokens free
 
 
@@ -419,8 +495,13 @@ def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monke
     start = results.arrival_defaults(EXAMPLES, {})
     opened = app.opening_draft_length(pair, EXAMPLES, start)
     assert fastest(opened.settings.n_draft)
-    assert opened.note.startswith(start.note) and f"N = {opened.settings.n_draft}, not {start.settings.n_draft}" in opened.note
-    assert opened.settings == runs.DecodeSettings(**{**vars(start.settings), "n_draft": opened.settings.n_draft})
+    assert (
+        opened.note.startswith(start.note)
+        and f"N = {opened.settings.n_draft}, not {start.settings.n_draft}" in opened.note
+    )
+    assert opened.settings == runs.DecodeSettings(
+        **{**vars(start.settings), "n_draft": opened.settings.n_draft}
+    )
 
 
 def test_the_opening_draft_length_is_measured_on_the_pair(pair):
@@ -446,13 +527,18 @@ def test_the_results_table_comes_from_the_cards():
     assert heads["margin over the static frontier"].str.contains("±").all()
     for task in TASKS:  # one row per temperature the card's primary set was measured at
         card = json.loads(HEADS_DIR.joinpath(f"{task}.json").read_text())
-        measured = {e["settings"]["temperature"] for e in card["evaluations"].values()
-                    if e["settings"]["held_out"] == card["frontier"]["settings"]["held_out"]}
+        measured = {
+            e["settings"]["temperature"]
+            for e in card["evaluations"].values()
+            if e["settings"]["held_out"] == card["frontier"]["settings"]["held_out"]
+        }
         rows = heads[heads["task"] == task]
         assert set(rows["T"]) == {"greedy" if t == 0 else t for t in measured}
         primary_t = card["frontier"]["settings"]["temperature"]
-        row = rows[(rows["T"] == ("greedy" if primary_t == 0 else primary_t))
-                   & (rows["setting"] == f"DIVERSED head {task}")].iloc[0]
+        row = rows[
+            (rows["T"] == ("greedy" if primary_t == 0 else primary_t))
+            & (rows["setting"] == f"DIVERSED head {task}")
+        ].iloc[0]
         assert row["acceptance"] == render.fmt(card["frontier"]["head_point"]["acceptance"])
         assert row["margin over the static frontier"].endswith(": " + card["frontier"]["verdict"]["kind"])
 
@@ -462,8 +548,10 @@ def test_the_headline_states_each_carded_heads_measured_margin_by_decoding_kind(
     sampled, greedy = line.split("Sampled (T = 1): ")[1].split("Greedy: ")
     for name in SHIPPED_HEADS:
         card = json.loads(HEADS_DIR.joinpath(f"{name}.json").read_text())
-        claim = (f"<b>{name}</b> {results.quality_metric(card['task'])} "
-                 f"{render.fmt(card['frontier']['quality_margin']['estimate'], '+.2g')}")
+        claim = (
+            f"<b>{name}</b> {results.quality_metric(card['task'])} "
+            f"{render.fmt(card['frontier']['quality_margin']['estimate'], '+.2g')}"
+        )
         assert claim in (greedy if results.trained_greedy(card) else sampled)
         assert f"({card['frontier']['verdict']['kind']})" in line
     assert "nats/token" in line  # fidelity's unit, for the general head
@@ -471,16 +559,22 @@ def test_the_headline_states_each_carded_heads_measured_margin_by_decoding_kind(
 
 
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
-    from diversed_demo.eval.bench_report import markdown_table
     from diversed_demo.eval.bench import parse_modes, run_bench
+    from diversed_demo.eval.bench_report import markdown_table
+
     name = next(iter(results.BENCH_REPORTS))
     path, command = tmp_path / "bench.json", results.BENCH_REPORTS[name][1]
     monkeypatch.setitem(results.BENCH_REPORTS, name, (path, command))
     assert "Not shipped yet" in results.bench_markdown(name) and command in results.bench_markdown(name)
     path.write_text('{"overall": 3}')
     assert "not a bench report" in results.bench_markdown(name)
-    report = run_bench(pair, [Example("the cat sat", "general", category="writing")], parse_modes("ar,exact", pair),
-                       n_draft=2, max_new_tokens=4)
+    report = run_bench(
+        pair,
+        [Example("the cat sat", "general", category="writing")],
+        parse_modes("ar,exact", pair),
+        n_draft=2,
+        max_new_tokens=4,
+    )
     path.write_text(json.dumps(report))
     assert markdown_table(report) in results.bench_markdown(name)
 
@@ -488,9 +582,15 @@ def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatc
 def test_the_transformers_snippet_names_what_w_weighs_and_compiles(pair):
     hub = results.transformers_snippet("org/big", "org/small", 0.35, 1.0, 64)
     assert "assistant_model=draft" in hub and "assistant_ensemble_weight=0.35" in hub
-    assert "applies to the TARGET" in hub and 'from_pretrained("org/small")' in hub and "do_sample=True" in hub
-    assert "assistant_ensemble_weight" not in results.transformers_snippet("org/big", "org/small", 1.0, 0.0, 64)
-    assert "assistant_ensemble_weight=0.01" in results.transformers_snippet("org/big", "org/small", 0.0, 1.0, 64)
+    assert (
+        "applies to the TARGET" in hub and 'from_pretrained("org/small")' in hub and "do_sample=True" in hub
+    )
+    assert "assistant_ensemble_weight" not in results.transformers_snippet(
+        "org/big", "org/small", 1.0, 0.0, 64
+    )
+    assert "assistant_ensemble_weight=0.01" in results.transformers_snippet(
+        "org/big", "org/small", 0.0, 1.0, 64
+    )
     local = app.snippet(pair, 0.5, 0.0, 32)  # the tiny pair is not on the hub: loaded with this package
     assert "load_pair(" in local and "do_sample=False" in local
     feature = results.transformers_snippet("org/big", "assets/draft", 0.5, 1.0, 64, feature_draft=True)
@@ -502,19 +602,33 @@ def test_the_transformers_snippet_names_what_w_weighs_and_compiles(pair):
 def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     examples = [Example(PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
     calls = []
-    points, acceptance, quality, speed, projection, note, table = app.on_sweep(pair, examples, "general", 2, [0.0], 12, 3, 1.0, 0.2,
-                                                       progress=lambda fraction, desc: calls.append(fraction))
+    points, acceptance, quality, speed, projection, note, table = app.on_sweep(
+        pair,
+        examples,
+        "general",
+        2,
+        [0.0],
+        12,
+        3,
+        1.0,
+        0.2,
+        progress=lambda fraction, desc: calls.append(fraction),
+    )
     assert list(points["label"]) == ["w = 0.00", "w = 1.00", saved_head]
     assert list(points["kind"]) == ["static", "static", "head"]
     assert points.loc[0, "acceptance"] == pytest.approx(1.0) and points.loc[0, "alpha"] == pytest.approx(1.0)
     assert results.expected_tv(points) == pytest.approx(1 - points.loc[1, "alpha"])
     assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 3 * 2
-    assert points["quality"].notna().all() and (points["quality"] <= 0).all()  # fidelity: a mean log-probability
+    assert (
+        points["quality"].notna().all() and (points["quality"] <= 0).all()
+    )  # fidelity: a mean log-probability
     assert "Your sweep" in note and len(table) == 3
     assert all(chart.data for chart in (acceptance, quality, speed, projection))
 
 
-@pytest.mark.parametrize("task, weights, message", [("code", [0.5], "no example prompts"), ("general", [], "tick")])
+@pytest.mark.parametrize(
+    "task, weights, message", [("code", [0.5], "no example prompts"), ("general", [], "tick")]
+)
 def test_sweep_handler_refuses_what_it_cannot_measure(pair, task, weights, message):
     examples = [Example(PROMPT, "general", id="g/0")]
     with pytest.raises(gr.Error, match=message):
@@ -522,12 +636,23 @@ def test_sweep_handler_refuses_what_it_cannot_measure(pair, task, weights, messa
 
 
 def test_nan_quality_does_not_break_the_dial_figures():
-    points = results.points_frame([{"point": "static:0.5", "w": 0.5, "acceptance": 0.4, "tokens_per_second": 10.0,
-                                    "quality": math.nan}], 4)
+    points = results.points_frame(
+        [
+            {
+                "point": "static:0.5",
+                "w": 0.5,
+                "acceptance": 0.4,
+                "tokens_per_second": 10.0,
+                "quality": math.nan,
+            }
+        ],
+        4,
+    )
     assert all(chart.data for chart in app.dial_figures(points, 4, 0.1, ""))
 
 
 # ---------------------------------------------------------------- traces
+
 
 def test_a_trace_round_trips_through_json_and_lists_every_event_in_csv(pair, tmp_path):
     *_, run = runs.stream_decode(pair, PROMPT, settings())
@@ -536,20 +661,37 @@ def test_a_trace_round_trips_through_json_and_lists_every_event_in_csv(pair, tmp
     replayed = trace.load_trace(open(json_path).read())
     assert [e.to_dict() for e in replayed.events] == [e.to_dict() for e in run.events]
     assert replayed.settings == run.settings and replayed.prompt == PROMPT
-    assert (replayed.acceptance_rate, replayed.tau, replayed.new_tokens) == (run.acceptance_rate, run.tau,
-                                                                             run.new_tokens)
+    assert (replayed.acceptance_rate, replayed.tau, replayed.new_tokens) == (
+        run.acceptance_rate,
+        run.tau,
+        run.new_tokens,
+    )
     assert render.render_tokens(replayed.events) == render.render_tokens(run.events)
     import csv
+
     rows = list(csv.DictReader(open(csv_path)))
     assert len(rows) == len(run.events)
-    for column in ("kind", "w", "p", "q", "accept_prob", "elapsed_s", "draft_ms", "verify_ms", "mode", "seed",
-                   "target", "draft"):
+    for column in (
+        "kind",
+        "w",
+        "p",
+        "q",
+        "accept_prob",
+        "elapsed_s",
+        "draft_ms",
+        "verify_ms",
+        "mode",
+        "seed",
+        "target",
+        "draft",
+    ):
         assert column in rows[0]
     assert {row["kind"] for row in rows} <= {"accepted", "rejected", "resampled", "bonus", "ar"}
 
 
 def test_old_trace_folders_are_pruned(pair, tmp_path, monkeypatch):
     import os
+
     monkeypatch.setattr(app, "TRACES_DIR", tmp_path / "traces")
     (tmp_path / "traces" / "old").mkdir(parents=True)
     (tmp_path / "traces" / "recent").mkdir()
@@ -560,13 +702,19 @@ def test_old_trace_folders_are_pruned(pair, tmp_path, monkeypatch):
     assert json_path.startswith(str(tmp_path / "traces")) and csv_path.endswith(".csv")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{not json", "not a JSON file"),
-    ('{"format": "something else"}', "not a DIVERSED trace"),
-    ('{"format": "diversed-trace/1", "runs": []}', "no runs"),
-    ('{"format": "diversed-trace/1", "runs": [{"events": [{"kind": "eaten"}]}]}', "event 1: kind"),
-    ('{"format": "diversed-trace/1", "runs": [{"events": [{"kind": "bonus", "w": "x"}]}]}', "w must be a number"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "not a JSON file"),
+        ('{"format": "something else"}', "not a DIVERSED trace"),
+        ('{"format": "diversed-trace/1", "runs": []}', "no runs"),
+        ('{"format": "diversed-trace/1", "runs": [{"events": [{"kind": "eaten"}]}]}', "event 1: kind"),
+        (
+            '{"format": "diversed-trace/1", "runs": [{"events": [{"kind": "bonus", "w": "x"}]}]}',
+            "w must be a number",
+        ),
+    ],
+)
 def test_a_bad_trace_is_refused_with_a_readable_message(text, message):
     with pytest.raises(ValueError, match=message):
         trace.load_trace(text)
@@ -581,8 +729,11 @@ def test_replay_handler_plays_a_trace_without_models_and_refuses_bad_files(pair,
     assert replayed_tokens == tokens and "data-replay" in replayed_stats and chart.data
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
-    for path, message in ((str(bad), "not a DIVERSED trace"), (None, "choose a JSON trace"),
-                          (str(tmp_path / "t.csv"), "reads the JSON")):
+    for path, message in (
+        (str(bad), "not a DIVERSED trace"),
+        (None, "choose a JSON trace"),
+        (str(tmp_path / "t.csv"), "reads the JSON"),
+    ):
         with pytest.raises(gr.Error, match=message):
             list(app.on_replay(path))
     binary = tmp_path / "binary.json"
@@ -592,6 +743,7 @@ def test_replay_handler_plays_a_trace_without_models_and_refuses_bad_files(pair,
 
 
 # ---------------------------------------------------------------- training job
+
 
 def test_training_job_runs_one_at_a_time_and_cancels():
     job, release = runs.TrainingJob(), threading.Event()
@@ -629,6 +781,7 @@ def test_training_failure_is_reported_not_raised():
 
 # ---------------------------------------------------------------- handlers and the app
 
+
 @pytest.fixture
 def built(pair, heads_dir):
     return app.build_app(pair, examples=EXAMPLES)
@@ -651,10 +804,12 @@ def test_without_a_card_the_app_arrives_with_the_example_and_says_how_to_draw_a_
 
 
 @pytest.mark.parametrize("costs", [None, CPU_COSTS])
-def test_with_a_carded_head_the_app_arrives_with_its_settings_and_its_frontier_drawn(pair, saved_head, heads_dir,
-                                                                                      monkeypatch, costs):
+def test_with_a_carded_head_the_app_arrives_with_its_settings_and_its_frontier_drawn(
+    pair, saved_head, heads_dir, monkeypatch, costs
+):
     """Its card's settings; N the fastest by the costs measured at start (none: the card's)."""
     from diversed_demo.models.heads import pair_identity
+
     card = json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
     card.update(head=saved_head, pair=pair_identity(pair))
     (heads_dir / f"{saved_head}.json").write_text(json.dumps(card))
@@ -676,14 +831,19 @@ def test_generate_handler_streams_html_stats_chart_and_the_trace(pair, heads_dir
     tokens, stats, chart, files = updates[-1]
     assert "dd-tok" in tokens and 'data-state="done"' in stats and chart.data
     assert sorted(f.rsplit(".", 1)[1] for f in files) == ["csv", "json"]
-    assert all(isinstance(update[3], type(gr.skip())) for update in updates[:-1])  # the trace once, at the end
+    assert all(
+        isinstance(update[3], type(gr.skip())) for update in updates[:-1]
+    )  # the trace once, at the end
 
 
-@pytest.mark.parametrize("inputs, message", [
-    (("", "Static ensemble", 0.5, None), "empty"),
-    ((PROMPT, "DIVERSED", 0.5, None), "needs a trained head"),
-    ((PROMPT, "DIVERSED", 0.5, "nope"), "no head"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (("", "Static ensemble", 0.5, None), "empty"),
+        ((PROMPT, "DIVERSED", 0.5, None), "needs a trained head"),
+        ((PROMPT, "DIVERSED", 0.5, "nope"), "no head"),
+    ],
+)
 def test_generate_handler_turns_bad_input_into_gr_error(pair, heads_dir, inputs, message):
     with pytest.raises(gr.Error, match=message):
         list(app.on_generate(pair, *inputs, 3, 24, 1.0, 0))
@@ -707,7 +867,10 @@ def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_di
     assert trace.load_trace(json.dumps(compared), "Exact SD").settings.mode == "exact"
     # Replay offers each run of the comparison, the last one first.
     picker = app.on_trace_chosen(next(f for f in files if f.endswith(".json")))
-    assert picker["choices"] == ["Target only", "Exact SD", "Static ensemble"] and picker["value"] == "Static ensemble"
+    assert (
+        picker["choices"] == ["Target only", "Exact SD", "Static ensemble"]
+        and picker["value"] == "Static ensemble"
+    )
     *_, (_tokens, stats, _chart) = app.on_replay(next(f for f in files if f.endswith(".json")), "Exact SD")
     assert 'data-mode="exact"' in stats
     assert app.on_trace_chosen(None)["choices"] == []
@@ -718,7 +881,9 @@ def test_train_handler_refuses_a_malformed_upload(pair, tmp_path):
     upload.write_text('{"prompt": "fine"}\nnot json\n')
     job = runs.TrainingJob()
     with pytest.raises(gr.Error, match="line 2"):
-        list(app.on_start_training(pair, job, "general", "Uploaded JSONL", str(upload), 2, 2, 0.5, 1e-3, None))
+        list(
+            app.on_start_training(pair, job, "general", "Uploaded JSONL", str(upload), 2, 2, 0.5, 1e-3, None)
+        )
     with pytest.raises(gr.Error, match="upload a .jsonl"):
         list(app.on_start_training(pair, job, "general", "Uploaded JSONL", None, 2, 2, 0.5, 1e-3, None))
 
@@ -736,8 +901,12 @@ def test_a_public_space_turns_training_off(pair, heads_dir, monkeypatch):
 
 
 def test_the_app_works_with_a_feature_draft(feature_pair, heads_dir):
-    assert "EAGLE-3" in components(app.build_app(feature_pair, examples=EXAMPLES))["dial-snippet"]["value"]  # transformers cannot take it as an assistant
-    *_, (tokens, stats, _chart, files) = app.on_generate(feature_pair, PROMPT, "Exact SD", 0.5, None, 3, 16, 1.0, 0)
+    assert (
+        "EAGLE-3" in components(app.build_app(feature_pair, examples=EXAMPLES))["dial-snippet"]["value"]
+    )  # transformers cannot take it as an assistant
+    *_, (tokens, stats, _chart, files) = app.on_generate(
+        feature_pair, PROMPT, "Exact SD", 0.5, None, 3, 16, 1.0, 0
+    )
     assert "dd-tok" in tokens and 'data-state="done"' in stats and len(files) == 2
 
 
@@ -750,10 +919,14 @@ def test_handlers_are_gradio_functions_with_their_own_inputs(built):
 
 # ---------------------------------------------------------------- Spaces entry point
 
+
 def load_app_module():
     import importlib.util
     from pathlib import Path
-    spec = importlib.util.spec_from_file_location("spaces_app", Path(__file__).resolve().parent.parent / "app.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "spaces_app", Path(__file__).resolve().parent.parent / "app.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -776,6 +949,7 @@ def test_spaces_entry_takes_the_pair_from_env_then_flags(monkeypatch):
 def test_no_lower_module_imports_the_ui_or_the_cli():
     import ast
     from pathlib import Path
+
     package = Path(app.__file__).resolve().parent.parent
     for path in package.rglob("*.py"):
         if path.parent.name == "ui" or path.name == "cli.py":
@@ -783,8 +957,9 @@ def test_no_lower_module_imports_the_ui_or_the_cli():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [alias.name for alias in node.names]
-                assert not any(n.split(".")[-1] in ("ui", "cli") or n.startswith(("ui.", "cli")) for n in names), path
-
+                assert not any(
+                    n.split(".")[-1] in ("ui", "cli") or n.startswith(("ui.", "cli")) for n in names
+                ), path
 
 
 def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeypatch, tmp_path):
@@ -794,6 +969,7 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
     from pathlib import Path
 
     from diversed_demo.ui import app as ui_app
+
     monkeypatch.setattr(ui_app, "TRACES_DIR", tmp_path)
     gone = tmp_path / "expired"
     gone.mkdir()
@@ -806,6 +982,7 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
                 os.rmdir(gone)
             raise FileNotFoundError(str(self))
         return real_stat(self, *args, **kwargs)
+
     monkeypatch.setattr(Path, "stat", stat_after_removal)
     monkeypatch.setattr(ui_app, "write_trace", lambda data, folder, stem: [str(folder / f"{stem}.json")])
     monkeypatch.setattr(ui_app, "trace_of", lambda runs, info, view: {})
@@ -819,6 +996,7 @@ def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, 
 
     def broken(*args, **kwargs):
         raise HeadError("heads/x.safetensors: weights do not match its config")
+
     monkeypatch.setattr(app, "load_head", broken)
     start = results.Defaults(runs.DecodeSettings(mode="dynamic", head_name="x"), 0, "settings of x's card")
     assert app.opening_draft_length(pair, EXAMPLES, start) == start

@@ -1,12 +1,20 @@
 """The verification rule on explicit distributions: each emitted token follows nu, acceptance is 1 − w·TV."""
+
 import collections
 
 import pytest
 import torch
-
-from diversed_demo.core.verify import acceptance_prob, ensemble_probs, residual_probs, total_variation, verify_block, verify_block_greedy
-from diversed_demo.core.sampling import sampling_probs
 from stats import chi_square_pvalue
+
+from diversed_demo.core.sampling import sampling_probs
+from diversed_demo.core.verify import (
+    acceptance_prob,
+    ensemble_probs,
+    residual_probs,
+    total_variation,
+    verify_block,
+    verify_block_greedy,
+)
 
 
 def random_dists(n, vocab, seed, sharp=2.0):
@@ -78,5 +86,7 @@ def test_greedy_rule_accepts_while_draft_is_argmax_nu():
     drafts = torch.tensor([1, 1])
     n_acc, nxt, _ = verify_block_greedy(drafts, q, p, 1.0)  # exact: position 1 wants 0
     assert (n_acc, int(nxt)) == (1, 0)
-    n_acc, nxt, _ = verify_block_greedy(drafts, q, p, 0.3)  # nu(1) = .3·.3 + .7·.7 > nu(0): accept, bonus argmax p
+    n_acc, nxt, _ = verify_block_greedy(
+        drafts, q, p, 0.3
+    )  # nu(1) = .3·.3 + .7·.7 > nu(0): accept, bonus argmax p
     assert (n_acc, int(nxt)) == (2, 2)

@@ -3,39 +3,56 @@
 They share a tokenizer, load through the same `load_pair` as real pairs, and have peaked enough
 distributions that target and draft disagree measurably.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-WORDS = ("the a cat dog sat ran on under mat rug and then it was big small red blue one two three four "
-         "five plus is = ? . , : summary answer def return x y if else print").split()
+WORDS = (
+    "the a cat dog sat ran on under mat rug and then it was big small red blue one two three four "
+    "five plus is = ? . , : summary answer def return x y if else print"
+).split()
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
 def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
 
 
-def tiny_model(seed: int, num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None, sharpness: float = 3.0):
+def tiny_model(
+    seed: int, num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None, sharpness: float = 3.0
+):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     vocab_size = vocab_size or len(SPECIALS) + len(WORDS)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper logits than the default init, so p and q differ visibly
-        model.lm_head.weight.mul_(sharpness / (config.initializer_range * hidden ** 0.5))
+        model.lm_head.weight.mul_(sharpness / (config.initializer_range * hidden**0.5))
     return model.eval()
 
 
@@ -55,22 +72,28 @@ def save_tiny_pair(directory, target_seed: int = 0, draft_seed: int = 1) -> tupl
 def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
     """An in-memory ModelPair of tiny random models (no disk)."""
     from diversed_demo.models.pair import ModelPair
+
     target = tiny_model(target_seed, 2)
     draft = draft if draft is not None else tiny_model(draft_seed, 1)
     return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))
 
 
-def tiny_eagle3(target, seed: int = 1, draft_vocab_size: int = 32, aux_layer_ids=(0, 1, 2), sharpness: float = 3.0):
+def tiny_eagle3(
+    target, seed: int = 1, draft_vocab_size: int = 32, aux_layer_ids=(0, 1, 2), sharpness: float = 3.0
+):
     """A tiny random EAGLE-3 feature draft for `target` (a tiny model), on the target's embedding, proposing
     only the `draft_vocab_size` lowest ids (specials included) so the vocabulary subset is exercised."""
     from diversed_demo.models.eagle import Eagle3Draft, new_config
+
     config = new_config(target.config, aux_layer_ids, draft_vocab_size)
     torch.manual_seed(seed)
     draft = Eagle3Draft(config)
     hidden = target.config.hidden_size
     for module in draft.modules():
         if isinstance(module, torch.nn.Linear):
-            torch.nn.init.normal_(module.weight, std=hidden ** -0.5)
-    draft.set_vocab(torch.arange(draft_vocab_size), target.get_output_embeddings().weight.detach() * sharpness)
+            torch.nn.init.normal_(module.weight, std=hidden**-0.5)
+    draft.set_vocab(
+        torch.arange(draft_vocab_size), target.get_output_embeddings().weight.detach() * sharpness
+    )
     draft.embed_tokens.weight = target.get_input_embeddings().weight
     return draft.eval().requires_grad_(False)

@@ -1,4 +1,5 @@
 """Files: the user cache folder, and the one atomic writer (an interrupt leaves the old file or the new one)."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ from pathlib import Path
 def cache_dir() -> Path:
     """The user cache folder: $DIVERSED_CACHE, else diversed-demo in $XDG_CACHE_HOME (~/.cache)."""
     root = os.environ.get("DIVERSED_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo"
+    )
     return Path(root)
 
 
@@ -31,4 +33,5 @@ def write_text(path, text: str) -> None:
 
 def atomic_torch_save(obj, path) -> None:
     import torch
+
     atomic_write(path, lambda tmp: torch.save(obj, tmp))

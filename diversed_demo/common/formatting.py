@@ -1,4 +1,5 @@
 """The one number formatter of the reports: the command line's summary, the bench's tables and the app."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,9 @@ class CachedLM:
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = vocab_size
-        self.aux_layer_ids = list(aux_layer_ids)  # hidden_states to return besides the last, for a feature draft
+        self.aux_layer_ids = list(
+            aux_layer_ids
+        )  # hidden_states to return besides the last, for a feature draft
         self.cache = DynamicCache(config=model.config)
         self.lengths = [0] * rows  # sequence tokens each row's cache holds
         self.slot_positions = None  # [rows, slots]: each slot's position in its row's sequence, −1 for a hole
@@ -33,8 +36,12 @@ class CachedLM:
     def forward(self, tokens: torch.Tensor, keep: int):
         """Feed one row's tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last
         `keep`, and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers)."""
-        out = self.decoder(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True,
-                           output_hidden_states=bool(self.aux_layer_ids))
+        out = self.decoder(
+            input_ids=tokens.view(1, -1),
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.aux_layer_ids),
+        )
         self.lengths[0] += tokens.numel()
         return self._outputs(out, 0, tokens.numel(), keep)
 
@@ -54,9 +61,14 @@ class CachedLM:
         real = offsets[None] < torch.tensor([len(f) for f in feeds], device=device)[:, None]
         positions = torch.where(real, starts + offsets, -1)
         self.slot_positions = torch.cat([self.slot_positions, positions], 1)
-        out = self.decoder(input_ids=tokens, past_key_values=self.cache, use_cache=True,
-                           attention_mask=(self.slot_positions >= 0).long(), position_ids=(starts + offsets),
-                           output_hidden_states=bool(self.aux_layer_ids))
+        out = self.decoder(
+            input_ids=tokens,
+            past_key_values=self.cache,
+            use_cache=True,
+            attention_mask=(self.slot_positions >= 0).long(),
+            position_ids=(starts + offsets),
+            output_hidden_states=bool(self.aux_layer_ids),
+        )
         for r, f in enumerate(feeds):
             self.lengths[r] += len(f)
         return [self._outputs(out, r, len(f), keep) for r, (f, keep) in enumerate(zip(feeds, keeps))]
@@ -76,8 +88,10 @@ class CachedLM:
         caches = [cache for cache, _ in runs]
         width = max(len(f) for f in feeds)
         pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731
-        layers = [(torch.cat([pad(c[i][0]) for c in caches]), torch.cat([pad(c[i][1]) for c in caches]))
-                  for i in range(len(caches[0]))]
+        layers = [
+            (torch.cat([pad(c[i][0]) for c in caches]), torch.cat([pad(c[i][1]) for c in caches]))
+            for i in range(len(caches[0]))
+        ]
         self.cache = DynamicCache(layers, config=self.model.config)
         self.lengths = [len(f) for f in feeds]
         slots = torch.arange(width, device=feeds[0].device)
@@ -85,10 +99,13 @@ class CachedLM:
         return [outputs for _, outputs in runs]
 
     def _outputs(self, out, row: int, fed: int, keep: int):
-        hidden = out.last_hidden_state[row, fed - keep: fed]
+        hidden = out.last_hidden_state[row, fed - keep : fed]
         logits = self.lm_head(hidden)[:, : self.vocab_size]
-        aux = (torch.cat([out.hidden_states[i][row, :fed] for i in self.aux_layer_ids], -1)
-               if self.aux_layer_ids else None)
+        aux = (
+            torch.cat([out.hidden_states[i][row, :fed] for i in self.aux_layer_ids], -1)
+            if self.aux_layer_ids
+            else None
+        )
         return logits, hidden, aux
 
     def rollback(self, length: int, row: int = 0) -> None:
@@ -96,7 +113,9 @@ class CachedLM:
         if length >= self.lengths[row]:
             return
         if self.slot_positions is None:
-            self.cache.crop(length - self.lengths[row])  # transformers takes the number of slots to drop, negated
+            self.cache.crop(
+                length - self.lengths[row]
+            )  # transformers takes the number of slots to drop, negated
             self.lengths[row] = length
             return
         self.lengths[row] = length

@@ -7,6 +7,7 @@ sequence; on rejection the caches are cropped back, so the prefix is never recom
 decoding is the same loop with N = 0: every step then emits the target's own "bonus" token. The loop
 also runs a batch of sequences through one target pass a step (`decode_rows`), which head training uses.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,16 +16,17 @@ from dataclasses import dataclass
 import torch
 
 from .cache import CachedLM
-from .sampling import Sampler
-from .verify import verify_block, verify_block_greedy
-from .prompt import eos_ids
 from .draft import make_draft
 from .head import weight_rule
+from .prompt import eos_ids
+from .sampling import Sampler
+from .verify import verify_block, verify_block_greedy
 
 
 @dataclass
 class Verdict:
     """What one verification decided, with everything the events, the accounting and training read."""
+
     draft_tokens: torch.Tensor  # [n]
     draft_probs: torch.Tensor  # [n, V]
     target_probs: torch.Tensor  # [n + 1, V]
@@ -47,16 +49,28 @@ def verify_step(scored, fed: int, draft_tokens, draft_probs, draft_hidden, weigh
     if sampler.greedy:
         n_accepted, next_token, accept_probs = verify_block_greedy(draft_tokens, draft_probs, target_probs, w)
     else:
-        n_accepted, next_token, accept_probs = verify_block(draft_tokens, draft_probs, target_probs, w,
-                                                            sampler.generator)
+        n_accepted, next_token, accept_probs = verify_block(
+            draft_tokens, draft_probs, target_probs, w, sampler.generator
+        )
     verified = None if aux is None else aux[: fed + n_accepted]
-    return Verdict(draft_tokens, draft_probs, target_probs, w, n_accepted, next_token, accept_probs,
-                   target_hidden, draft_hidden, verified)
+    return Verdict(
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        w,
+        n_accepted,
+        next_token,
+        accept_probs,
+        target_hidden,
+        draft_hidden,
+        verified,
+    )
 
 
 @dataclass
 class Step:
     """One decoding step: the sequence before it, the verdict, the tokens it emits, and its timing."""
+
     index: int
     sequence: torch.Tensor
     verdict: Verdict
@@ -69,6 +83,7 @@ class Step:
 @dataclass
 class Row:
     """One sequence of a batch: its prompt, its random stream and how w is set for it."""
+
     prompt_ids: list[int]
     seed: int = 0
     mode: str = "static"
@@ -76,24 +91,47 @@ class Row:
     head: object = None
 
 
-def decode_steps(pair, prompt_ids: list[int], mode: str, ensemble_weight: float = 0.5, head=None,
-                 n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0):
+def decode_steps(
+    pair,
+    prompt_ids: list[int],
+    mode: str,
+    ensemble_weight: float = 0.5,
+    head=None,
+    n_draft: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+):
     """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
-    for _, step in decode_rows(pair, [Row(prompt_ids, seed, mode, ensemble_weight, head)], n_draft,
-                               max_new_tokens, temperature, top_p):
+    for _, step in decode_rows(
+        pair,
+        [Row(prompt_ids, seed, mode, ensemble_weight, head)],
+        n_draft,
+        max_new_tokens,
+        temperature,
+        top_p,
+    ):
         yield step
 
 
-def decode_rows(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
-                top_p: float = 1.0):
+def decode_rows(
+    pair,
+    rows: list[Row],
+    n_draft: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+):
     """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
     each step. Every row has its own draft state, weight rule and random stream, so row r follows the law
     (and, up to rounding, the tokens) of a decode of rows[r] alone; the rows share one target pass a step,
     which streams the target's weights once for all of them (a Step's verify_s is its share of that pass).
     The event stream, the frontier and head training's rollouts all read this loop: one law."""
     device = pair.target.device
-    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(row.seed)) for row in rows]
+    samplers = [
+        Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(row.seed)) for row in rows
+    ]
     stop_ids = eos_ids(pair)
     drafts = [make_draft(pair, row.mode) for row in rows]
     weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
@@ -113,20 +151,28 @@ def decode_rows(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 1
             if n > 0:
                 proposals.append(draft.propose(sequence, n, samplers[r]))
             else:
-                proposals.append((sequence.new_empty(0), torch.empty(0, pair.vocab_size, device=device), None))
+                proposals.append(
+                    (sequence.new_empty(0), torch.empty(0, pair.vocab_size, device=device), None)
+                )
             if device.type == "cuda":
                 torch.cuda.synchronize()
             draft_s.append(time.perf_counter() - t0)
         t1 = time.perf_counter()
-        feeds = [torch.cat([sequences[r][target.lengths[i]:], proposal[0]]) for i, (r, proposal)
-                 in enumerate(zip(active, proposals))]
+        feeds = [
+            torch.cat([sequences[r][target.lengths[i] :], proposal[0]])
+            for i, (r, proposal) in enumerate(zip(active, proposals))
+        ]
         scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
-        verdicts = [verify_step(out, len(feed) - len(p[0]), *p, weighs[r], samplers[r])
-                    for r, out, feed, p in zip(active, scored, feeds, proposals)]
+        verdicts = [
+            verify_step(out, len(feed) - len(p[0]), *p, weighs[r], samplers[r])
+            for r, out, feed, p in zip(active, scored, feeds, proposals)
+        ]
         verify_s = (time.perf_counter() - t1) / len(active)
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
-            new_ids = torch.cat([verdict.draft_tokens[:verdict.n_accepted], verdict.next_token.view(1)]).tolist()
+            new_ids = torch.cat(
+                [verdict.draft_tokens[: verdict.n_accepted], verdict.next_token.view(1)]
+            ).tolist()
             stop_at = next((j + 1 for j, t in enumerate(new_ids) if t in stop_ids), None)
             new_ids = new_ids[:stop_at]
             yield r, Step(index, sequences[r], verdict, new_ids, stop_at is not None, draft_s[i], verify_s)

@@ -8,12 +8,12 @@ target rejected. Neither kind ever recomputes the prefix: both keep a KV cache a
 - FeatureDraft: an EAGLE-3 draft (eagle.py) that reads the target's hidden states of verified
   positions, so after every verification it restarts from the target's true features.
 """
+
 from __future__ import annotations
 
 import torch
 
-from .cache import cached_attention
-from .cache import CachedLM
+from .cache import CachedLM, cached_attention
 from .sampling import Sampler
 
 
@@ -30,7 +30,7 @@ class StandaloneDraft:
 
     def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
         """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H]."""
-        feed, tokens, probs, hidden = sequence[self.lm.length:], [], [], []
+        feed, tokens, probs, hidden = sequence[self.lm.length :], [], [], []
         for _ in range(n):
             logits, last, _ = self.lm.forward(feed, keep=1)
             token, q = sampler(logits[0])
@@ -67,8 +67,9 @@ class FeatureDraft:
         model, end = self.model, len(sequence) - 1
         positions = torch.arange(self.length, end, device=sequence.device)
         features = model.fuse(self.pending[: end - self.length])
-        hidden = model.layer(features[None], sequence[self.length + 1: end + 1][None], positions[None],
-                             self._attend)[0, -1:]
+        hidden = model.layer(
+            features[None], sequence[self.length + 1 : end + 1][None], positions[None], self._attend
+        )[0, -1:]
         self.length, self.pending = end, None
         tokens, probs, states = [], [], []
         for step in range(n):
@@ -76,9 +77,12 @@ class FeatureDraft:
             tokens.append(token.view(1))
             probs.append(q)
             states.append(hidden[0])
-            if step < n - 1:  # the draft's own output stands in for the target's features of the next position
-                hidden = model.layer(hidden[None], token.view(1, 1), positions.new_tensor([[end + step]]),
-                                     self._attend)[0]
+            if (
+                step < n - 1
+            ):  # the draft's own output stands in for the target's features of the next position
+                hidden = model.layer(
+                    hidden[None], token.view(1, 1), positions.new_tensor([[end + step]]), self._attend
+                )[0]
         return torch.cat(tokens), torch.stack(probs), torch.stack(states)
 
     def _attend(self, q, k, v):
@@ -89,7 +93,9 @@ class FeatureDraft:
         if self.cache and self.cache[0].shape[2] > self.length:
             self.cache[:] = [t[:, :, : self.length] for t in self.cache]
         if target_features is not None:
-            self.pending = target_features if self.pending is None else torch.cat([self.pending, target_features])
+            self.pending = (
+                target_features if self.pending is None else torch.cat([self.pending, target_features])
+            )
 
 
 def is_feature_draft(model) -> bool:

@@ -1,22 +1,27 @@
 """TODO."""
+
 from __future__ import annotations
 
 import time
+
 import torch
-from .decode import Row
-from .stats import Tally
-from .settings import check_args
-from .settings import check_context
-from .decode import decode_rows
-from .decode import decode_steps
+
+from .decode import Row, decode_rows, decode_steps
+from .events import output_events, step_events
 from .prompt import encode_prompt
-from .events import output_events
-from .events import step_events
+from .settings import check_args, check_context
+from .stats import Tally
 
 
 @torch.inference_mode()
-def decode_batch(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[Tally]:
+def decode_batch(
+    pair,
+    rows: list[Row],
+    n_draft: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> list[Tally]:
     """Decode rows as one batch (arguments already checked): each row's Tally, its summary finished."""
     tallies = [Tally() for _ in rows]
     for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature, top_p):
@@ -27,9 +32,20 @@ def decode_batch(pair, rows: list[Row], n_draft: int = 4, max_new_tokens: int = 
 
 
 @torch.inference_mode()
-def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: float = 0.5, head=None,
-                         n_draft: int = 4, max_new_tokens: int = 128, temperature: float = 1.0,
-                         top_p: float = 1.0, seed: int = 0, chat: bool = True, emit_events: bool = True):
+def speculative_generate(
+    pair,
+    prompt,
+    mode: str = "static",
+    ensemble_weight: float = 0.5,
+    head=None,
+    n_draft: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool = True,
+    emit_events: bool = True,
+):
     """Decode `prompt` and yield a TokenEvent per decided token, then one Summary.
 
     mode: "ar" (target only), "exact" (nu = p), "static" (nu = w·p + (1 − w)·q with w = ensemble_weight)
@@ -42,13 +58,21 @@ def speculative_generate(pair, prompt, mode: str = "static", ensemble_weight: fl
     check_context(pair, prompt_ids, max_new_tokens)
     tally = Tally()
     start = time.perf_counter()
-    for step in decode_steps(pair, prompt_ids, mode, ensemble_weight, head, n_draft, max_new_tokens, temperature,
-                             top_p, seed):
+    for step in decode_steps(
+        pair, prompt_ids, mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed
+    ):
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(tokenizer, step.sequence, step.verdict, mode, step.index, step.draft_s * 1e3,
-                                 step.verify_s * 1e3)
+            events = step_events(
+                tokenizer,
+                step.sequence,
+                step.verdict,
+                mode,
+                step.index,
+                step.draft_s * 1e3,
+                step.verify_s * 1e3,
+            )
             yield from output_events(events, len(step.new_ids))
             tally.summary.events_s += time.perf_counter() - t3
     yield tally.finish(tokenizer, time.perf_counter() - start)

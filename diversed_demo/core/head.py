@@ -4,12 +4,11 @@ A head file is safetensors (weights) whose metadata holds the head's shape, the 
 (model fingerprints, hidden sizes, vocabulary, tokenizer fingerprint), its task, training settings and
 evaluation figures. Loading never unpickles, and refuses a head of another pair with a clear message.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 from torch import nn
-
 
 
 class ConstantHead:
@@ -29,11 +28,22 @@ class EnsembleHead(nn.Module):
     different scales. `hidden_size=0` gives the paper's linear head.
     """
 
-    def __init__(self, target_hidden: int, draft_hidden: int, hidden_size: int = 64, w_min: float = 0.0,
-                 w_init: float = 0.8, meta: dict | None = None):
+    def __init__(
+        self,
+        target_hidden: int,
+        draft_hidden: int,
+        hidden_size: int = 64,
+        w_min: float = 0.0,
+        w_init: float = 0.8,
+        meta: dict | None = None,
+    ):
         super().__init__()
-        self.config = {"target_hidden": target_hidden, "draft_hidden": draft_hidden, "hidden_size": hidden_size,
-                       "w_min": w_min}
+        self.config = {
+            "target_hidden": target_hidden,
+            "draft_hidden": draft_hidden,
+            "hidden_size": hidden_size,
+            "w_min": w_min,
+        }
         self.meta = dict(meta or {})
         features = target_hidden + draft_hidden
         self.norm = nn.LayerNorm(features, elementwise_affine=False)

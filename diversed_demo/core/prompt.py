@@ -1,6 +1,6 @@
 """TODO."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
@@ -11,8 +11,9 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("the prompt is empty")
         if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
             if not isinstance(ids, list):  # some versions return a BatchEncoding
                 ids = ids["input_ids"]
         else:

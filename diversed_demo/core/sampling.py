@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,6 @@
 """TODO."""
+
 from __future__ import annotations
-
-
 
 MODES = ("ar", "exact", "static", "dynamic")
 
@@ -36,5 +35,7 @@ def check_context(pair, prompt_ids: list[int], max_new_tokens: int) -> None:
     """A ValueError where the prompt and the new tokens would not fit the target's context."""
     limit = getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)
     if limit and len(prompt_ids) + max_new_tokens > limit:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's context of {limit} tokens")
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"the model's context of {limit} tokens"
+        )

@@ -1,7 +1,9 @@
 """TODO."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from .decode import Step
 from .events import TokenEvent
 
@@ -29,6 +31,7 @@ class Rates:
 @dataclass
 class Counts(Rates):
     """Token counts of one decode or a sum of many (`+`), or a live tally of an event stream (`add_event`)."""
+
     new_tokens: int = 0
     target_passes: int = 0
     drafted: int = 0
@@ -36,7 +39,7 @@ class Counts(Rates):
     rejected: int = 0  # drafted tokens verified and turned down (at most one per step)
     wall_time_s: float = 0.0
 
-    def __add__(self, other: "Counts") -> "Counts":
+    def __add__(self, other: Counts) -> Counts:
         return Counts(*(getattr(self, f) + getattr(other, f) for f in Counts.__dataclass_fields__))
 
     @property
@@ -73,20 +76,30 @@ class Summary(Rates):
 
     @property
     def counts(self) -> Counts:
-        return Counts(self.new_tokens, self.target_passes, self.drafted, self.accepted, self.rejected,
-                      self.wall_time_s)
+        return Counts(
+            self.new_tokens, self.target_passes, self.drafted, self.accepted, self.rejected, self.wall_time_s
+        )
 
     def to_dict(self) -> dict:
         """The figures of a decode (not its text or ids), as the CLI's --json and the app's traces write them."""
-        return {"acceptance_rate": self.acceptance_rate, "tau": self.tau, "new_tokens": self.new_tokens,
-                "tokens_per_second": self.tokens_per_second, "wall_time_s": self.wall_time_s,
-                "target_passes": self.target_passes, "drafted": self.drafted, "accepted": self.accepted,
-                "rejected": self.rejected, "mean_w": self.mean_w}
+        return {
+            "acceptance_rate": self.acceptance_rate,
+            "tau": self.tau,
+            "new_tokens": self.new_tokens,
+            "tokens_per_second": self.tokens_per_second,
+            "wall_time_s": self.wall_time_s,
+            "target_passes": self.target_passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "mean_w": self.mean_w,
+        }
 
 
 @dataclass
 class Tally:
     """A decode's Summary, counted step by step."""
+
     summary: Summary = field(default_factory=lambda: Summary("", 0, 0, 0, 0, 0.0))
     w_total: float = 0.0
     w_count: int = 0
@@ -97,11 +110,13 @@ class Tally:
         summary.target_passes += 1
         summary.drafted += n
         summary.accepted += min(verdict.n_accepted, len(step.new_ids))
-        summary.rejected += verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted  # not cut by an EOS
+        summary.rejected += (
+            verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted
+        )  # not cut by an EOS
         verified = verdict.n_accepted + (verdict.n_accepted < n)  # positions whose w mattered
         self.w_total += float(verdict.w[:verified].sum())
         self.w_count += verified
-        self.token_w += verdict.w[:min(verified, len(step.new_ids))].tolist()
+        self.token_w += verdict.w[: min(verified, len(step.new_ids))].tolist()
         summary.new_tokens += len(step.new_ids)
         summary.token_ids += step.new_ids
         summary.wall_time_s += step.draft_s + step.verify_s

@@ -6,9 +6,11 @@ position). `ensemble_weight` is a float or a tensor [N], one w_t per drafted pos
 
 Exact speculative decoding is the special case w = 1 (nu = p).
 """
+
 from __future__ import annotations
 
 import torch
+
 from .sampling import sample
 
 

@@ -1,9 +1,11 @@
 """TODO."""
+
 from __future__ import annotations
 
 import hashlib
 import random
 from collections import Counter
+
 import torch
 
 
@@ -26,7 +28,9 @@ def frequent_tokens(records: list[dict], size: int, always=()) -> list[int]:
 
 def batches(records: list[dict], batch_tokens: int, max_length: int, seed: int) -> list[list[int]]:
     """Indices of records grouped by similar length, batch order shuffled by `seed`."""
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]))
+    order = sorted(
+        range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"])
+    )
     groups, current, width = [], [], 0
     for i in order:
         length = min(len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]), max_length)
@@ -52,7 +56,7 @@ def make_batch(records: list[dict], pad_id: int, max_length: int, device) -> dic
         ids[row, : len(seq)] = torch.tensor(seq)
         real[row, : len(seq)] = True
         # position t predicts token t + 1: a response token from t = len(prompt) − 1 to len(seq) − 2
-        predicts_response[row, len(record["prompt_ids"]) - 1: len(seq) - 1] = True
+        predicts_response[row, len(record["prompt_ids"]) - 1 : len(seq) - 1] = True
     return {"ids": ids.to(device), "real": real.to(device), "predicts_response": predicts_response.to(device)}
 
 

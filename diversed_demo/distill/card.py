@@ -3,6 +3,7 @@
 `export` copies the best checkpoint of a training run to assets/draft/ with the card; `measure` adds
 Spec-Bench figures of the embedded pair. Every number in the card is written by one of these.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from ..eval.costs import measure_costs
-from ..core.stats import Counts
-from ..core.prompt import encode_prompt
-from ..core.generate import generate
 from ..common.files import atomic_write
-from ..models.embedded import EMBEDDED_DRAFT_DIR
+from ..core.generate import generate
+from ..core.prompt import encode_prompt
+from ..core.stats import Counts
+from ..eval.costs import measure_costs
 from ..eval.tasks import load_spec_bench
+from ..models.embedded import EMBEDDED_DRAFT_DIR
 from . import data
 
 CARD = "card.json"
@@ -39,12 +40,15 @@ def data_summary(records: list[dict]) -> dict:
         kind = "greedy" if r["greedy"] else "sampled_t1"
         by_source[r["source"]][f"{kind}_responses"] += 1
         by_source[r["source"]][f"{kind}_tokens"] += len(r["response_ids"])
-    return {"responses": len(records), "response_tokens": sum(len(r["response_ids"]) for r in records),
-            "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
-            "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
-            "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
-            "command": "diversed-demo distill data --tokens 1000000 (the target in bf16, batches of 96, "
-                       "≤384 new tokens, seed 0; shards in assets/draft/data)"}
+    return {
+        "responses": len(records),
+        "response_tokens": sum(len(r["response_ids"]) for r in records),
+        "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
+        "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
+        "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
+        "command": "diversed-demo distill data --tokens 1000000 (the target in bf16, batches of 96, "
+        "≤384 new tokens, seed 0; shards in assets/draft/data)",
+    }
 
 
 def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
@@ -67,19 +71,26 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
     card = {
         "model": "EAGLE-3 feature draft for SmolLM2-135M-Instruct (speculators format)",
         "reads": "the target's hidden states at the inputs of layers "
-                 f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
-                 "and the next token's embedding (the target's own, not stored)",
+        f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
+        "and the next token's embedding (the target's own, not stored)",
         "data": data_summary(data.load_records(data_dir)),
-        "training": {"command": run["command"], "machine": run.get("machine", "not recorded"),
-                     "config": run["config"], "split": run["data"],
-                     "steps": state["step"], "total_steps": state.get("total_steps"),
-                     "wall_time_s": round(state["wall_time_s"], 1),
-                     "best": state["best"],
-                     "note": "held-out figures per draft position 1..N: teacher-forced on the target's own "
-                             "responses (an accepted chain); 1 − TV against the target's full distribution at "
-                             "T = 1; the checkpoint with the highest expected accepted length is kept",
-                     "learning_curve": [{k: h[k] for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score")}
-                                        for h in state["history"]]},
+        "training": {
+            "command": run["command"],
+            "machine": run.get("machine", "not recorded"),
+            "config": run["config"],
+            "split": run["data"],
+            "steps": state["step"],
+            "total_steps": state.get("total_steps"),
+            "wall_time_s": round(state["wall_time_s"], 1),
+            "best": state["best"],
+            "note": "held-out figures per draft position 1..N: teacher-forced on the target's own "
+            "responses (an accepted chain); 1 − TV against the target's full distribution at "
+            "T = 1; the checkpoint with the highest expected accepted length is kept",
+            "learning_curve": [
+                {k: h[k] for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score")}
+                for h in state["history"]
+            ],
+        },
     }
     write_card(card, out)
     return out
@@ -89,22 +100,41 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
 def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4) -> dict:
     """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, and the draft's cost c."""
     from tqdm import tqdm
+
     questions = load_spec_bench(per_category=per_category)
     totals = {"t1": Counts(), "greedy": Counts()}
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
         for name, temperature in (("t1", 1.0), ("greedy", 0.0)):
-            summary, _ = generate(pair, question.prompt, mode="exact", n_draft=n_draft,
-                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
+            summary, _ = generate(
+                pair,
+                question.prompt,
+                mode="exact",
+                n_draft=n_draft,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=i,
+            )
             totals[name] += summary.counts
     costs = measure_costs(pair, encode_prompt(pair.tokenizer, questions[0].prompt), n_draft)
-    figures = {"prompts": len(questions), "per_category": per_category, "max_new_tokens": max_new_tokens,
-               "n_draft": n_draft, "threads": torch.get_num_threads(), "dtype": str(pair.target.dtype),
-               "cost_ratio": costs["c"], "target_ms_per_token": costs["target_ms"], "draft_ms_per_token": costs["draft_ms"],
-               "command": f"diversed-demo distill measure --per-category {per_category} "
-                          f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}"}
+    figures = {
+        "prompts": len(questions),
+        "per_category": per_category,
+        "max_new_tokens": max_new_tokens,
+        "n_draft": n_draft,
+        "threads": torch.get_num_threads(),
+        "dtype": str(pair.target.dtype),
+        "cost_ratio": costs["c"],
+        "target_ms_per_token": costs["target_ms"],
+        "draft_ms_per_token": costs["draft_ms"],
+        "command": f"diversed-demo distill measure --per-category {per_category} "
+        f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}",
+    }
     for name, counts in totals.items():
-        figures[name] = {"tau": counts.tau, "acceptance_per_verified_draft": counts.verified_acceptance,
-                         "accepted_per_drafted": counts.acceptance_rate}
+        figures[name] = {
+            "tau": counts.tau,
+            "acceptance_per_verified_draft": counts.verified_acceptance,
+            "accepted_per_drafted": counts.acceptance_rate,
+        }
     card = read_card()
     card["spec_bench"] = figures
     write_card(card)

@@ -10,6 +10,7 @@ draft is reproducible on any machine; the target's hidden states are recomputed 
 Generation is resumable: each batch is one shard, written atomically, and the prompt schedule is a
 pure function of the seed, so a rerun continues where the shards stop.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -21,19 +22,34 @@ from pathlib import Path
 
 import torch
 
-from ..eval import tasks
-from ..core.prompt import encode_prompt
 from ..common.files import atomic_write
 from ..common.paths import ASSETS
+from ..core.prompt import encode_prompt
+from ..eval import tasks
 
-SHARDS_DIR = ASSETS / "draft" / "data"  # the generated responses (committed), not tasks.data_dir()'s data sets
+SHARDS_DIR = (
+    ASSETS / "draft" / "data"
+)  # the generated responses (committed), not tasks.data_dir()'s data sets
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
 # are sampled often; GSM8K is large, so once.
-SAMPLES_PER_PROMPT = {"instructions": 12, "general": 12, "summarization": 8, "mbpp": 3, "humaneval": 3, "gsm8k": 1}
+SAMPLES_PER_PROMPT = {
+    "instructions": 12,
+    "general": 12,
+    "summarization": 8,
+    "mbpp": 3,
+    "humaneval": 3,
+    "gsm8k": 1,
+}
 SOURCE_WEIGHTS = {"open": 0.45, "math": 0.3, "code": 0.25}
-SOURCE_GROUP = {"instructions": "open", "general": "open", "summarization": "open", "gsm8k": "math",
-                "mbpp": "code", "humaneval": "code"}
+SOURCE_GROUP = {
+    "instructions": "open",
+    "general": "open",
+    "summarization": "open",
+    "gsm8k": "math",
+    "mbpp": "code",
+    "humaneval": "code",
+}
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,11 @@ def schedule(prompts: dict[str, list[str]], seed: int = 0) -> list[Job]:
     queues: dict[str, list[Job]] = {}
     for source, texts in prompts.items():
         jobs = [Job(f"{source}/{i}/greedy", source, text, True) for i, text in enumerate(texts)]
-        jobs += [Job(f"{source}/{i}/s{s}", source, text, False)
-                 for s in range(SAMPLES_PER_PROMPT[source]) for i, text in enumerate(texts)]
+        jobs += [
+            Job(f"{source}/{i}/s{s}", source, text, False)
+            for s in range(SAMPLES_PER_PROMPT[source])
+            for i, text in enumerate(texts)
+        ]
         queues.setdefault(SOURCE_GROUP[source], []).extend(jobs)
     for jobs in queues.values():
         rng.shuffle(jobs)
@@ -81,9 +100,17 @@ def schedule(prompts: dict[str, list[str]], seed: int = 0) -> list[Job]:
 
 
 @torch.inference_mode()
-def generate_batch(target, prompts: list[list[int]], greedy: list[bool], max_new_tokens: int, eos_id: int,
-                   pad_id: int, generator: torch.Generator, stop_fraction: float = 0.9,
-                   prune_every: int = 16) -> list[tuple[list[int], bool]]:
+def generate_batch(
+    target,
+    prompts: list[list[int]],
+    greedy: list[bool],
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator,
+    stop_fraction: float = 0.9,
+    prune_every: int = 16,
+) -> list[tuple[list[int], bool]]:
     """Responses to left-padded prompts, each row greedy or sampled at T = 1: [(ids, ended at EOS)].
 
     Finished rows are dropped from the batch every `prune_every` steps, and the batch stops once
@@ -91,6 +118,7 @@ def generate_batch(target, prompts: list[list[int]], greedy: list[bool], max_new
     the rest of the batch, and a truncated response is still on-policy text.
     """
     from transformers import DynamicCache
+
     device = target.device
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
@@ -98,8 +126,14 @@ def generate_batch(target, prompts: list[list[int]], greedy: list[bool], max_new
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     greedy_rows = torch.tensor(greedy, device=device)
     cache = DynamicCache(config=target.config)
-    logits = target(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = target(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     rows = torch.arange(len(prompts), device=device)  # which original row each live row is
     responses: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
@@ -116,13 +150,23 @@ def generate_batch(target, prompts: list[list[int]], greedy: list[bool], max_new
         if step % prune_every == prune_every - 1 and not live.all():
             keep = live.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            rows, token, mask, positions, greedy_rows = (rows[keep], token[keep], mask[keep], positions[keep],
-                                                         greedy_rows[keep])
+            rows, token, mask, positions, greedy_rows = (
+                rows[keep],
+                token[keep],
+                mask[keep],
+                positions[keep],
+                greedy_rows[keep],
+            )
         # A row that ended keeps decoding padding until it is pruned; its tokens are never read.
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         positions = positions[:, -1:] + 1
-        logits = target(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = target(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
     return list(zip(responses, ended))
 
 
@@ -153,12 +197,21 @@ def write_shard(path: Path, records: list[dict]) -> None:
         with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
             for record in records:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
     atomic_write(path, write)
 
 
-def generate_shards(target, tokenizer, shards_dir: Path = SHARDS_DIR, target_tokens: int = 1_200_000,
-                    batch_size: int = 96, max_new_tokens: int = 384, seed: int = 0, minutes: float | None = None,
-                    progress=None) -> dict:
+def generate_shards(
+    target,
+    tokenizer,
+    shards_dir: Path = SHARDS_DIR,
+    target_tokens: int = 1_200_000,
+    batch_size: int = 96,
+    max_new_tokens: int = 384,
+    seed: int = 0,
+    minutes: float | None = None,
+    progress=None,
+) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass). Resumes."""
     shards_dir = Path(shards_dir)
     shards_dir.mkdir(parents=True, exist_ok=True)
@@ -173,18 +226,30 @@ def generate_shards(target, tokenizer, shards_dir: Path = SHARDS_DIR, target_tok
         pad_id = eos_id
     # Batches of similar prompt lengths waste less on padding: sort within windows of a few batches.
     window = 4 * batch_size
-    batches = [sorted(todo[i:i + window], key=lambda job: len(job.prompt))[j:j + batch_size]
-               for i in range(0, len(todo), window) for j in range(0, min(window, len(todo) - i), batch_size)]
+    batches = [
+        sorted(todo[i : i + window], key=lambda job: len(job.prompt))[j : j + batch_size]
+        for i in range(0, len(todo), window)
+        for j in range(0, min(window, len(todo) - i), batch_size)
+    ]
     for jobs in batches:
         if n_tokens >= target_tokens or (deadline and time.time() > deadline):
             break
         generator = torch.Generator(device=target.device).manual_seed(seed * 100_003 + n_shard)
         prompt_ids = [encode_prompt(tokenizer, job.prompt) for job in jobs]
-        results = generate_batch(target, prompt_ids, [job.greedy for job in jobs], max_new_tokens, eos_id, pad_id,
-                                 generator)
-        records = [{"key": job.key, "source": job.source, "greedy": job.greedy, "prompt_ids": ids,
-                    "response_ids": response, "ended": ended}
-                   for job, ids, (response, ended) in zip(jobs, prompt_ids, results)]
+        results = generate_batch(
+            target, prompt_ids, [job.greedy for job in jobs], max_new_tokens, eos_id, pad_id, generator
+        )
+        records = [
+            {
+                "key": job.key,
+                "source": job.source,
+                "greedy": job.greedy,
+                "prompt_ids": ids,
+                "response_ids": response,
+                "ended": ended,
+            }
+            for job, ids, (response, ended) in zip(jobs, prompt_ids, results)
+        ]
         write_shard(shards_dir / f"shard_{n_shard:05d}.jsonl.gz", records)
         n_shard += 1
         n_tokens += sum(len(r["response_ids"]) for r in records)

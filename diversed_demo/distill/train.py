@@ -11,6 +11,7 @@ overfit after about an epoch, and the loss does not show it.
 Checkpoints (model, optimiser, schedule, step and history; the data order is a function of the seed) are
 written atomically and resumed automatically.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,16 +24,9 @@ import torch
 
 from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
-from .batches import batches
-from .batches import coverage
-from .batches import frequent_tokens
-from .batches import is_heldout
-from .ttt import label_rows
-from .batches import make_batch
-from .ttt import target_pass
-from .ttt import ttt_loss
-from .ttt import unroll
+from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch
 from .config import DraftTrainConfig
+from .ttt import label_rows, target_pass, ttt_loss, unroll
 
 
 @torch.no_grad()
@@ -48,15 +42,19 @@ def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, confi
         features, final = target_pass(target, batch, draft.aux_layer_ids, config.bf16)
         outputs = unroll(draft, features, batch, config.ttt_steps, config.bf16)
         p_all = torch.softmax(final[batch["predicts_response"]] @ lm_head.float().T, dim=-1)
-        for step, (hidden, (mask, rows)) in enumerate(zip(outputs, label_rows(batch, config.ttt_steps,
-                                                                                outputs[0].shape[1]))):
+        for step, (hidden, (mask, rows)) in enumerate(
+            zip(outputs, label_rows(batch, config.ttt_steps, outputs[0].shape[1]))
+        ):
             p = p_all[rows]
             q_small = torch.softmax(draft.draft_logits(hidden[mask].float()).float(), dim=-1)
             agree[step] += float((draft_ids[q_small.argmax(-1)] == p.argmax(-1)).sum())
             overlap[step] += float(torch.minimum(p[:, draft_ids], q_small).sum())
             count[step] += len(rows)
-    return {"agreement": [a / max(c, 1) for a, c in zip(agree, count)],
-            "one_minus_tv": [o / max(c, 1) for o, c in zip(overlap, count)], "tokens": count[0]}
+    return {
+        "agreement": [a / max(c, 1) for a, c in zip(agree, count)],
+        "one_minus_tv": [o / max(c, 1) for o, c in zip(overlap, count)],
+        "tokens": count[0],
+    }
 
 
 def score(metrics: dict) -> float:
@@ -69,7 +67,9 @@ def score(metrics: dict) -> float:
     return total
 
 
-def init_draft(target, vocab_ids: list[int], config: DraftTrainConfig, aux_layer_ids=None, verifier: str = "") -> Eagle3Draft:
+def init_draft(
+    target, vocab_ids: list[int], config: DraftTrainConfig, aux_layer_ids=None, verifier: str = ""
+) -> Eagle3Draft:
     torch.manual_seed(config.seed)
     draft = Eagle3Draft(new_config(target.config, aux_layer_ids, len(vocab_ids), verifier))
     draft.embed_tokens.weight = target.get_input_embeddings().weight
@@ -82,25 +82,38 @@ def init_draft(target, vocab_ids: list[int], config: DraftTrainConfig, aux_layer
 def continue_from(directory, target) -> Eagle3Draft:
     """A saved draft, in fp32 and trainable, except the embedding and LM head (the target's, as in init_draft)."""
     from ..models.loading import load_eagle3
+
     draft = load_eagle3(directory, target).float().train()
     for name, parameter in draft.named_parameters():
         parameter.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
     return draft
 
 
-def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[dict], pad_id: int,
-          config: DraftTrainConfig, work_dir: Path, log=print, minutes: float | None = None) -> dict:
+def train(
+    draft: Eagle3Draft,
+    target,
+    train_records: list[dict],
+    heldout: list[dict],
+    pad_id: int,
+    config: DraftTrainConfig,
+    work_dir: Path,
+    log=print,
+    minutes: float | None = None,
+) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
     `minutes` stops early (after a checkpoint); a rerun resumes."""
     work_dir = Path(work_dir)
     checkpoint = work_dir / "checkpoint.pt"
-    epoch_batches = [batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
-                     for e in range(math.ceil(config.epochs))]
+    epoch_batches = [
+        batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
+        for e in range(math.ceil(config.epochs))
+    ]
     schedule = [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
     # the embedding and LM head are the target's (the embedding is its very tensor): never trained
     params = [p for name, p in draft.named_parameters() if not name.startswith(("embed_tokens", "lm_head"))]
-    optimizer, scheduler = adamw_with_schedule(params, config.lr, config.warmup_steps, len(schedule),
-                                               weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer, scheduler = adamw_with_schedule(
+        params, config.lr, config.warmup_steps, len(schedule), weight_decay=0.0, betas=(0.9, 0.95)
+    )
     state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": len(schedule)}
     saved = load_checkpoint(checkpoint, optimizer, scheduler, map_location=target.device, weights_only=False)
     if saved is not None:
@@ -112,18 +125,30 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
 
     def write_checkpoint():
         state["wall_time_s"] = time.time() - started
-        save_checkpoint(checkpoint, optimizer, scheduler, model={k: v for k, v in draft.state_dict().items() if k in trainable},
-                        state=state, config=asdict(config))
+        save_checkpoint(
+            checkpoint,
+            optimizer,
+            scheduler,
+            model={k: v for k, v in draft.state_dict().items() if k in trainable},
+            state=state,
+            config=asdict(config),
+        )
 
     def run_eval():
         draft.eval()
         metrics = evaluate(draft, target, heldout, pad_id, config)
         draft.train()
-        metrics.update(step=state["step"], train_tokens=state.get("train_tokens", 0),
-                       wall_time_s=round(time.time() - started, 1), score=score(metrics))
+        metrics.update(
+            step=state["step"],
+            train_tokens=state.get("train_tokens", 0),
+            wall_time_s=round(time.time() - started, 1),
+            score=score(metrics),
+        )
         state["history"].append(metrics)
-        log(f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
-            f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}")
+        log(
+            f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
+            f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}"
+        )
         if state["best"] is None or metrics["score"] > state["best"]["score"]:
             state["best"] = metrics
             draft.save(work_dir / "best")
@@ -146,17 +171,26 @@ def train(draft: Eagle3Draft, target, train_records: list[dict], heldout: list[d
         state["step"] += 1
         state["train_tokens"] = state.get("train_tokens", 0) + int(batch["predicts_response"].sum())
         if state["step"] % 10 == 0:
-            log(f"step {state['step']}/{len(schedule)} loss {loss.item():.3f} per step "
+            log(
+                f"step {state['step']}/{len(schedule)} loss {loss.item():.3f} per step "
                 f"{[round(x, 2) for x in per_step]} lr {scheduler.get_last_lr()[0]:.2e} "
-                f"{state['train_tokens'] / (time.time() - started):.0f} tok/s")
+                f"{state['train_tokens'] / (time.time() - started):.0f} tok/s"
+            )
         if state["step"] % config.eval_every == 0 or state["step"] == len(schedule):
             run_eval()
             write_checkpoint()
     return state
 
 
-def train_draft(pair, records: list[dict], config: DraftTrainConfig, work_dir, minutes: float | None = None,
-                command: str = "", init_from=None) -> dict:
+def train_draft(
+    pair,
+    records: list[dict],
+    config: DraftTrainConfig,
+    work_dir,
+    minutes: float | None = None,
+    command: str = "",
+    init_from=None,
+) -> dict:
     """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log.
 
     `init_from` (a saved draft, e.g. the committed assets/draft) starts from its weights and vocabulary
@@ -167,8 +201,9 @@ def train_draft(pair, records: list[dict], config: DraftTrainConfig, work_dir, m
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
     train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
     tokenizer = pair.tokenizer
-    specials = sorted({i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id)
-                       if i is not None})
+    specials = sorted(
+        {i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None}
+    )
     if init_from is not None:
         draft = continue_from(init_from, pair.target)
         vocab = draft.draft_token_ids.tolist()
@@ -183,11 +218,20 @@ def train_draft(pair, records: list[dict], config: DraftTrainConfig, work_dir, m
         print(line, flush=True)
         log_file.write(line + "\n")
         log_file.flush()
-    run = {"command": command, "config": asdict(config), "machine": machine(pair.target.device),
-           "data": {"records": len(records), "train_records": len(train_records), "heldout_records": len(heldout),
-                    "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
-                    "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
-                    "vocab_coverage": coverage(train_records, vocab)}}
+
+    run = {
+        "command": command,
+        "config": asdict(config),
+        "machine": machine(pair.target.device),
+        "data": {
+            "records": len(records),
+            "train_records": len(train_records),
+            "heldout_records": len(heldout),
+            "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
+            "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
+            "vocab_coverage": coverage(train_records, vocab),
+        },
+    }
     (work_dir / "run.json").write_text(json.dumps(run, indent=2))
     log(f"data: {run['data']}")
     try:

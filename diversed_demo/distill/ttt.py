@@ -1,7 +1,9 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
+
 from ..models.eagle import Eagle3Draft, target_features
 from .config import DraftTrainConfig
 
@@ -25,7 +27,9 @@ def ttt_attention(q, k0, v0, diag_keys, diag_values, mask0):
     return out
 
 
-def ttt_forward(draft: Eagle3Draft, target_features, token_ids, positions, key_mask, steps: int) -> list[torch.Tensor]:
+def ttt_forward(
+    draft: Eagle3Draft, target_features, token_ids, positions, key_mask, steps: int
+) -> list[torch.Tensor]:
     """Unroll the draft `steps` times over whole sequences, as decoding would (teacher-forced tokens).
 
     target_features [B, T, n_aux·H] at positions 0..T−1, token_ids [B, T + steps] the sequence (the token
@@ -40,6 +44,7 @@ def ttt_forward(draft: Eagle3Draft, target_features, token_ids, positions, key_m
     k0 = v0 = None
     diag_keys, diag_values, outputs = [], [], []
     for step in range(steps):
+
         def attend(q, k, v):
             nonlocal k0, v0
             if step == 0:
@@ -48,7 +53,8 @@ def ttt_forward(draft: Eagle3Draft, target_features, token_ids, positions, key_m
             diag_keys.append(k)
             diag_values.append(v)
             return ttt_attention(q, k0, v0, diag_keys, diag_values, mask0)
-        features = draft.layer(features, token_ids[:, 1 + step: 1 + step + length], positions + step, attend)
+
+        features = draft.layer(features, token_ids[:, 1 + step : 1 + step + length], positions + step, attend)
         outputs.append(features)
     return outputs
 
@@ -57,7 +63,9 @@ def ttt_forward(draft: Eagle3Draft, target_features, token_ids, positions, key_m
 def target_pass(target, batch, aux_layer_ids, autocast: bool):
     """The target's aux features [B, T, n_aux·H] and final hidden states [B, T, H] (normed)."""
     with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=autocast):
-        out = target.model(input_ids=batch["ids"], attention_mask=batch["real"].long(), output_hidden_states=True)
+        out = target.model(
+            input_ids=batch["ids"], attention_mask=batch["real"].long(), output_hidden_states=True
+        )
     return target_features(out.hidden_states, aux_layer_ids).float(), out.last_hidden_state.float()
 
 
@@ -66,7 +74,9 @@ def unroll(draft: Eagle3Draft, features, batch, steps: int, autocast: bool):
     length = batch["ids"].shape[1] - steps
     positions = torch.arange(length, device=features.device).expand(len(features), -1)
     with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=autocast):
-        return ttt_forward(draft, features[:, :length], batch["ids"], positions, batch["real"][:, :length], steps)
+        return ttt_forward(
+            draft, features[:, :length], batch["ids"], positions, batch["real"][:, :length], steps
+        )
 
 
 def label_rows(batch, steps: int, length: int):
@@ -90,11 +100,13 @@ def ttt_loss(draft: Eagle3Draft, target, batch, config: DraftTrainConfig):
         # the target's LM-head rows of the draft vocabulary are the draft's (frozen) lm_head
         target_logp = torch.log_softmax(draft.lm_head(final[batch["predicts_response"]]).float(), dim=-1)
     total, per_step = 0.0, []
-    for step, (hidden, (mask, rows)) in enumerate(zip(outputs, label_rows(batch, config.ttt_steps, outputs[0].shape[1]))):
+    for step, (hidden, (mask, rows)) in enumerate(
+        zip(outputs, label_rows(batch, config.ttt_steps, outputs[0].shape[1]))
+    ):
         with torch.autocast(final.device.type, dtype=torch.bfloat16, enabled=config.bf16):
             draft_logp = torch.log_softmax(draft.draft_logits(hidden[mask]).float(), dim=-1)
         labels = target_logp[rows]
         step_loss = (labels.exp() * (labels - draft_logp)).sum(-1).mean() if len(rows) else hidden.sum() * 0
         per_step.append(step_loss.item())
-        total = total + config.step_decay ** step * step_loss
+        total = total + config.step_decay**step * step_loss
     return total, per_step

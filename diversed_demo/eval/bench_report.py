@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 import statistics
@@ -8,13 +9,19 @@ from ..common.formatting import fmt
 
 def batch_markdown(report: dict) -> str:
     s = report["settings"]
-    lines = ["| mode | tokens/s, one after another | tokens/s, one batch | batch ÷ one after another | rows identical |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| mode | tokens/s, one after another | tokens/s, one batch | batch ÷ one after another | rows identical |",
+        "|---|---|---|---|---|",
+    ]
     for name, row in report["modes"].items():
-        lines.append(f"| {name} | {row['tokens_per_second_alone']:.1f} | {row['tokens_per_second_batch']:.1f} | "
-                     f"{row['batch_over_alone']:.2f}× | {row['identical_outputs']:.0%} |")
-    lines.append(f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, ≤{s['max_new_tokens']} "
-                 f"new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads on {s['device']}.")
+        lines.append(
+            f"| {name} | {row['tokens_per_second_alone']:.1f} | {row['tokens_per_second_batch']:.1f} | "
+            f"{row['batch_over_alone']:.2f}× | {row['identical_outputs']:.0%} |"
+        )
+    lines.append(
+        f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, ≤{s['max_new_tokens']} "
+        f"new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads on {s['device']}."
+    )
     return "\n".join(lines)
 
 
@@ -27,90 +34,146 @@ def goals(report: dict) -> dict:
     """
     overall, result = report["overall"], {"diversed": {}}
     exact = overall.get("exact")
-    referenced = {category: table for category, table in report["per_category"].items()
-                  if table.get("exact", {}).get("quality_scores")}
+    referenced = {
+        category: table
+        for category, table in report["per_category"].items()
+        if table.get("exact", {}).get("quality_scores")
+    }
     for name, row in overall.items():
         if name.startswith(("static:", "dynamic:")):
-            changes = {category: paired_change(table[name]["quality_scores"], table["exact"]["quality_scores"])
-                       for category, table in referenced.items()}
+            changes = {
+                category: paired_change(table[name]["quality_scores"], table["exact"]["quality_scores"])
+                for category, table in referenced.items()
+            }
             known = [change for change, _ in changes.values() if change is not None]
             result["diversed"][name] = {
                 "speedup": row["speedup"],
                 "quality_vs_exact": {category: change for category, (change, _) in changes.items()},
                 "quality_vs_exact_se": {category: se for category, (_, se) in changes.items()},
                 "fidelity_vs_exact": relative_change(row["fidelity"], exact and exact["fidelity"]),
-                "met": row["speedup"] >= 1.5 and bool(known) and len(known) == len(changes) and min(known) >= -0.05}
+                "met": row["speedup"] >= 1.5
+                and bool(known)
+                and len(known) == len(changes)
+                and min(known) >= -0.05,
+            }
     if "exact" in report["vs_transformers"]:
         result["exact_vs_transformers"] = {
             "ratio": report["vs_transformers"]["exact"],
-            "met": report["vs_transformers"]["exact"] >= 1.3 and report["greedy_text_identical_to_transformers"]["exact"]}
+            "met": report["vs_transformers"]["exact"] >= 1.3
+            and report["greedy_text_identical_to_transformers"]["exact"],
+        }
     if report["bound_efficiency"]:
-        result["bound_efficiency"] = {"min": min(report["bound_efficiency"].values()),
-                                      "met": min(report["bound_efficiency"].values()) >= 0.8}
+        result["bound_efficiency"] = {
+            "min": min(report["bound_efficiency"].values()),
+            "met": min(report["bound_efficiency"].values()) >= 0.8,
+        }
     if "streaming_overhead" in report:
-        result["streaming"] = {"overhead": report["streaming_overhead"], "met": report["streaming_overhead"] <= 0.05}
+        result["streaming"] = {
+            "overhead": report["streaming_overhead"],
+            "met": report["streaming_overhead"] <= 0.05,
+        }
     return result
 
 
 def markdown_table(report: dict) -> str:
     def cell(value, spec=".2f"):
         return fmt(value, spec, missing="–")
+
     modes = list(report["overall"])
     lines = ["| category | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for category, table in [*sorted(report["per_category"].items()), ("**overall**", report["overall"])]:
         cells = []
         for m in modes:
             r = table.get(m)
-            cells.append("–" if r is None else
-                         f"{cell(r['speedup'])}× · τ {cell(r['tau'])} · α {cell(r['acceptance_rate'])}"
-                         + (f" · q {cell(r['quality'], '.3f')}" if r["quality"] is not None else "")
-                         + f" · fid {cell(r['fidelity'])}")
+            cells.append(
+                "–"
+                if r is None
+                else f"{cell(r['speedup'])}× · τ {cell(r['tau'])} · α {cell(r['acceptance_rate'])}"
+                + (f" · q {cell(r['quality'], '.3f')}" if r["quality"] is not None else "")
+                + f" · fid {cell(r['fidelity'])}"
+            )
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     s = report["settings"]
     c = report["costs"]
-    lines += ["", "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
-              "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
-              f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
-              f"{s['dtype']}, {s['threads']} threads on {s['device']}; n_draft "
-              + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
-              + (" (chosen by measurement)" if s.get("n_draft_choice") else "")
-              + f"; c = {c['c']:.3f}, v = " + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items()) + ".",
-              "", "| mode | analytic bound | achieved ÷ bound | ours ÷ transformers | greedy text identical |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
+        "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
+        f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
+        f"{s['dtype']}, {s['threads']} threads on {s['device']}; n_draft "
+        + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
+        + (" (chosen by measurement)" if s.get("n_draft_choice") else "")
+        + f"; c = {c['c']:.3f}, v = "
+        + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
+        + ".",
+        "",
+        "| mode | analytic bound | achieved ÷ bound | ours ÷ transformers | greedy text identical |",
+        "|---|---|---|---|---|",
+    ]
     for m in modes:
         row = report["overall"][m]
-        lines.append(f"| {m} | {cell(row.get('analytic_bound'))} | {cell(report['bound_efficiency'].get(m))} | "
-                     f"{cell(report['vs_transformers'].get(m))} | "
-                     f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |")
+        lines.append(
+            f"| {m} | {cell(row.get('analytic_bound'))} | {cell(report['bound_efficiency'].get(m))} | "
+            f"{cell(report['vs_transformers'].get(m))} | "
+            f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |"
+        )
     if "streaming_overhead" in report:
-        lines.append(f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare loop "
-                     "(time spent building and yielding events, over all runs).")
+        lines.append(
+            f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare loop "
+            "(time spent building and yielding events, over all runs)."
+        )
     g = report.get("goals", {})
     if g.get("diversed"):
-        lines += ["", "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
-                  "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
+            "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |",
+            "|---|---|---|---|---|",
+        ]
         for m, row in g["diversed"].items():
-            quality = ", ".join(f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "")
-                                for (c, v), se in zip(row["quality_vs_exact"].items(),
-                                                      row["quality_vs_exact_se"].values())) or "–"
-            lines.append(f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
-                         f"{row['met']} |")
+            quality = (
+                ", ".join(
+                    f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "")
+                    for (c, v), se in zip(
+                        row["quality_vs_exact"].items(), row["quality_vs_exact_se"].values()
+                    )
+                )
+                or "–"
+            )
+            lines.append(
+                f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
+                f"{row['met']} |"
+            )
     return "\n".join(lines)
 
 
 def bench_figure(report: dict):
     import plotly.graph_objects as go
+
     categories = sorted(report["per_category"]) + ["overall"]
     fig = go.Figure()
     for mode in report["overall"]:
         if mode == "ar":
             continue
-        fig.add_trace(go.Bar(name=mode, x=categories,
-                             y=[(report["per_category"].get(c) or report["overall"]).get(mode, {}).get("speedup")
-                                if c != "overall" else report["overall"][mode]["speedup"] for c in categories]))
+        fig.add_trace(
+            go.Bar(
+                name=mode,
+                x=categories,
+                y=[
+                    (report["per_category"].get(c) or report["overall"]).get(mode, {}).get("speedup")
+                    if c != "overall"
+                    else report["overall"][mode]["speedup"]
+                    for c in categories
+                ],
+            )
+        )
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="target only")
-    fig.update_layout(barmode="group", title="Spec-Bench speedup over target-only", yaxis_title="speedup (×)",
-                      template="plotly_white")
+    fig.update_layout(
+        barmode="group",
+        title="Spec-Bench speedup over target-only",
+        yaxis_title="speedup (×)",
+        template="plotly_white",
+    )
     return fig
 
 

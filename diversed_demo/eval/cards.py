@@ -1,8 +1,10 @@
 """TODO."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from ..common.files import write_text
 from ..models.heads import save_head
 
@@ -24,9 +26,16 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
     same_run = old.get("training") == head.meta.get("training")
     evaluations = {**(old.get("evaluations") or {}), key: evaluation} if same_run else {key: evaluation}
     frontier = evaluation if primary or not (same_run and old.get("frontier")) else old["frontier"]
-    card = {"head": path.stem, "task": head.meta.get("task"), "pair": head.meta.get("pair"),
-            "training": head.meta.get("training"), "warm_start": head.meta.get("warm_start"),
-            "train_figures": head.meta.get("train_figures"), "frontier": frontier, "evaluations": evaluations}
+    card = {
+        "head": path.stem,
+        "task": head.meta.get("task"),
+        "pair": head.meta.get("pair"),
+        "training": head.meta.get("training"),
+        "warm_start": head.meta.get("warm_start"),
+        "train_figures": head.meta.get("train_figures"),
+        "frontier": frontier,
+        "evaluations": evaluations,
+    }
     write_text(card_path, json.dumps(card, indent=2) + "\n")
     head.meta["evaluation"], head.meta["evaluations"] = frontier, evaluations
     save_head(head, path)

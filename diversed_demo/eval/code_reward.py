@@ -1,11 +1,11 @@
 """TODO."""
+
 from __future__ import annotations
 
 import re
-from .tasks import Example
-from .sandbox import SANDBOX_TIMEOUT_S
-from .sandbox import run_sandboxed
 
+from .sandbox import SANDBOX_TIMEOUT_S, run_sandboxed
+from .tasks import Example
 
 FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.S)  # an unclosed last fence runs to the end
 

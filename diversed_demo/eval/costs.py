@@ -1,12 +1,15 @@
 """TODO."""
+
 from __future__ import annotations
 
 import statistics
 import time
+
 import torch
-from ..core.stats import Counts
-from ..core.generate import generate
+
 from ..core.cache import CachedLM
+from ..core.generate import generate
+from ..core.stats import Counts
 from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 
@@ -35,14 +38,16 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
     it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
     the target's features, sampling), which is what the analytic bound's N·c must price."""
-    _, events = generate(pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens,
-                         temperature=0)
+    _, events = generate(
+        pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=0
+    )
     steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
     return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
 
 
-def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16,
-                  draft_tokens: int = 48) -> dict:
+def measure_costs(
+    pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16, draft_tokens: int = 48
+) -> dict:
     """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
     each a median of `calls` passes, the draft's over a greedy decode of `draft_tokens`)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
@@ -52,12 +57,25 @@ def measure_costs(pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls:
         draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
     t, d = statistics.median(p[1] for p in passes), statistics.median(draft)
     verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}
-    return {"target_ms": t, "draft_ms": d, "c": d / t, "verify_ms": verify_ms,
-            "v": {n: ms / t for n, ms in verify_ms.items()}}
+    return {
+        "target_ms": t,
+        "draft_ms": d,
+        "c": d / t,
+        "verify_ms": verify_ms,
+        "v": {n: ms / t for n, ms in verify_ms.items()},
+    }
 
 
-def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens: int, temperature: float,
-                   seed: int = 0, probe_n_draft: int = 4) -> dict[str, dict]:
+def choose_n_draft(
+    pair,
+    modes: dict,
+    costs: dict,
+    prompts: list,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int = 0,
+    probe_n_draft: int = 4,
+) -> dict[str, dict]:
     """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
     calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
     chosen = {}
@@ -66,11 +84,21 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list, max_new_tokens
             continue
         counts = Counts()
         for i, prompt in enumerate(prompts):
-            summary, _ = generate(pair, prompt, n_draft=probe_n_draft, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed + i, **kwargs)
+            summary, _ = generate(
+                pair,
+                prompt,
+                n_draft=probe_n_draft,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed + i,
+                **kwargs,
+            )
             counts += summary.counts
         alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
-        chosen[name] = {"n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]), "calibration_alpha": alpha,
-                        "bounds": bounds}
+        chosen[name] = {
+            "n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]),
+            "calibration_alpha": alpha,
+            "bounds": bounds,
+        }
     return chosen

@@ -1,10 +1,12 @@
 """TODO."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from pathlib import Path
+
 from ..core.head import ConstantHead
 
 
@@ -19,7 +21,7 @@ class DecodeLog:
         self.records, self.reused = {}, 0
         text = self.path.read_text() if self.path.exists() else ""
         if "\n" in text and not text.endswith("\n"):  # a line cut short by a kill: dropped, decoded again
-            text = text[:text.rindex("\n") + 1]
+            text = text[: text.rindex("\n") + 1]
             self.path.write_text(text)
         lines = text.splitlines()
         if not lines:
@@ -32,15 +34,19 @@ class DecodeLog:
         except (json.JSONDecodeError, AttributeError):
             logged = None
         if logged != self.settings:
-            raise ValueError(f"{self.path} is the log of another evaluation (settings {logged}); "
-                             "name another log file or remove this one")
+            raise ValueError(
+                f"{self.path} is the log of another evaluation (settings {logged}); "
+                "name another log file or remove this one"
+            )
         for number, line in enumerate(lines[1:], start=2):
             try:
                 record = json.loads(line)
                 self.records[record["key"]] = record
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{self.path}, line {number}, is not a decode record: the log is damaged; "
-                                 "remove that line (it is decoded again) or the file") from None
+                raise ValueError(
+                    f"{self.path}, line {number}, is not a decode record: the log is damaged; "
+                    "remove that line (it is decoded again) or the file"
+                ) from None
 
     def _append(self, record: dict) -> None:
         with self.path.open("a") as f:

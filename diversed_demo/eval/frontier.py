@@ -6,30 +6,25 @@ its acceptance, its quality beats the best static quality at that acceptance or 
 its acceptance beats the best static acceptance at that quality or more). The margin's uncertainty comes
 from a bootstrap over examples.
 """
+
 from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict
 from pathlib import Path
 
-
-from ..core.stats import Counts
 from ..core.decode import Row
-from ..core.settings import check_context
 from ..core.generate import decode_batch
 from ..core.prompt import encode_prompt
+from ..core.settings import check_context
+from ..core.stats import Counts
 from ..models.heads import load_head, pair_identity, resolve_head_path, trained_for_greedy
-from .rewards import task_reward
-from .decode_log import DecodeLog
-from .held_out import HELD_OUT
-from .decode_log import _weights_key
-from .cards import evaluation_key
-from .margins import frontier_margin
-from .held_out import held_out_examples
-from .held_out import held_out_set
-from .margins import versus_exact
-from .cards import write_head_card
+from .cards import evaluation_key, write_head_card
+from .decode_log import DecodeLog, _weights_key
+from .held_out import HELD_OUT, held_out_examples, held_out_set
+from .margins import frontier_margin, versus_exact
 from .point import Point
+from .rewards import task_reward
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -37,50 +32,88 @@ DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 MAX_BATCH_ROWS = 16  # decodes run together: enough to share each target pass, few enough for the caches
 
 
-def decode_examples(pair, task: str, jobs: list[tuple], n_draft: int = 4, max_new_tokens: int = 64,
-                    temperature: float = 1.0) -> list[dict]:
+def decode_examples(
+    pair, task: str, jobs: list[tuple], n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0
+) -> list[dict]:
     """Decodes of held-out examples as one batch, each job (example, index, how) with seed = its index at
     a static w ({"w": w}) or with a head ({"head": head}): what a point keeps of each decode."""
     prompts = [encode_prompt(pair.tokenizer, example.prompt) for example, _, _ in jobs]
     for prompt_ids in prompts:
         check_context(pair, prompt_ids, max_new_tokens)
-    rows = [Row(prompt_ids, index, "dynamic", head=how["head"]) if "head" in how else
-            Row(prompt_ids, index, "static", how["w"]) for prompt_ids, (_, index, how) in zip(prompts, jobs)]
+    rows = [
+        Row(prompt_ids, index, "dynamic", head=how["head"])
+        if "head" in how
+        else Row(prompt_ids, index, "static", how["w"])
+        for prompt_ids, (_, index, how) in zip(prompts, jobs)
+    ]
     records = []
-    for prompt_ids, (example, _, how), tally in zip(prompts, jobs, decode_batch(pair, rows, n_draft, max_new_tokens,
-                                                                               temperature)):
+    for prompt_ids, (example, _, how), tally in zip(
+        prompts, jobs, decode_batch(pair, rows, n_draft, max_new_tokens, temperature)
+    ):
         summary = tally.summary
-        quality = task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
-                              output_ids=summary.token_ids or [pair.tokenizer.eos_token_id])
-        records.append({"quality": quality, "counts": asdict(summary.counts), "mean_w": summary.mean_w,
-                        "token_w": tally.token_w if "head" in how else []})
+        quality = task_reward(
+            task,
+            example,
+            summary.text,
+            pair=pair,
+            prompt_ids=prompt_ids,
+            output_ids=summary.token_ids or [pair.tokenizer.eos_token_id],
+        )
+        records.append(
+            {
+                "quality": quality,
+                "counts": asdict(summary.counts),
+                "mean_w": summary.mean_w,
+                "token_w": tally.token_w if "head" in how else [],
+            }
+        )
     return records
 
 
-def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None = None, progress=None,
-          log: DecodeLog | None = None, **decode_kwargs) -> list[Point]:
+def sweep(
+    pair,
+    examples,
+    task: str,
+    weights=DEFAULT_WEIGHTS,
+    heads: dict | None = None,
+    progress=None,
+    log: DecodeLog | None = None,
+    **decode_kwargs,
+) -> list[Point]:
     """Static points for each w, then one point per head ({name: head}), every one over the same examples.
 
     Decodes run in example order, up to MAX_BATCH_ROWS at a time as one batch, so that a run stopped early
     has every point on (nearly) the same examples; with a `log`, decodes it already holds are read back
     instead of run again."""
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
-    points += [(Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
-               for name, head in (heads or {}).items()]
-    keys = [[f"{point_key}|{i}|{hashlib.sha256(example.prompt.encode()).hexdigest()[:12]}"
-             for _, _, point_key in points] for i, example in enumerate(examples)]
+    points += [
+        (Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
+        for name, head in (heads or {}).items()
+    ]
+    keys = [
+        [
+            f"{point_key}|{i}|{hashlib.sha256(example.prompt.encode()).hexdigest()[:12]}"
+            for _, _, point_key in points
+        ]
+        for i, example in enumerate(examples)
+    ]
     records = {key: log.get(key) if log is not None else None for row in keys for key in row}
-    missing = [(key, (example, i, how)) for i, example in enumerate(examples)
-               for key, (_, how, _) in zip(keys[i], points) if records[key] is None]
+    missing = [
+        (key, (example, i, how))
+        for i, example in enumerate(examples)
+        for key, (_, how, _) in zip(keys[i], points)
+        if records[key] is None
+    ]
     if progress is not None:
         for i, row in enumerate(keys):
             for key, (point, _, _) in zip(row, points):
                 if records[key] is not None:
                     progress(point.label, i + 1, len(examples))
     for first in range(0, len(missing), MAX_BATCH_ROWS):
-        batch = missing[first:first + MAX_BATCH_ROWS]
-        for (key, (_, i, _)), record in zip(batch, decode_examples(pair, task, [job for _, job in batch],
-                                                                   **decode_kwargs)):
+        batch = missing[first : first + MAX_BATCH_ROWS]
+        for (key, (_, i, _)), record in zip(
+            batch, decode_examples(pair, task, [job for _, job in batch], **decode_kwargs)
+        ):
             records[key] = record
             if log is not None:
                 log.put(key, record)
@@ -100,14 +133,28 @@ def sweep(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads: dict | None
 def head_labels(paths: list) -> dict:
     """{label: path}: the file's stem, or folder/stem where two heads share a stem (heads of two runs)."""
     stems = [Path(p).stem for p in paths]
-    return {(f"{Path(p).parent.name}/{Path(p).stem}" if stems.count(Path(p).stem) > 1 else Path(p).stem): Path(p)
-            for p in paths}
+    return {
+        (f"{Path(p).parent.name}/{Path(p).stem}" if stems.count(Path(p).stem) > 1 else Path(p).stem): Path(p)
+        for p in paths
+    }
 
 
-def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float], limit: int | None, data=None,
-                   n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0, write_card: bool = False,
-                   command: str = "", progress=None, set_name: str | None = None,
-                   log_path: str | None = None) -> tuple[dict, list[Point]]:
+def evaluate_heads(
+    pair,
+    task: str,
+    head_specs: list[str],
+    weights: list[float],
+    limit: int | None,
+    data=None,
+    n_draft: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    write_card: bool = False,
+    command: str = "",
+    progress=None,
+    set_name: str | None = None,
+    log_path: str | None = None,
+) -> tuple[dict, list[Point]]:
     """The static frontier and each head (a name or path) on a held-out set of the task: (report, points).
     With write_card, each head's figures join its card (<head>.json beside its file) and its metadata.
     With log_path, every decode is logged there, and a rerun with the same settings resumes from it."""
@@ -115,26 +162,59 @@ def evaluate_heads(pair, task: str, head_specs: list[str], weights: list[float],
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data, set_name)
-    settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "held_out": HELD_OUT[task][set_name]}
-    log = None if log_path is None else DecodeLog(log_path, {"task": task, "set": set_name, **settings,
-                                                             "pair": pair_identity(pair)})
-    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, n_draft=n_draft,
-                   max_new_tokens=max_new_tokens, temperature=temperature)
+    settings = {
+        "n_draft": n_draft,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "held_out": HELD_OUT[task][set_name],
+    }
+    log = (
+        None
+        if log_path is None
+        else DecodeLog(log_path, {"task": task, "set": set_name, **settings, "pair": pair_identity(pair)})
+    )
+    points = sweep(
+        pair,
+        examples,
+        task,
+        weights,
+        heads,
+        progress=progress,
+        log=log,
+        n_draft=n_draft,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+    )
     static = [p for p in points if p.w is not None]
-    report = {"task": task, "set": set_name, "examples": len(examples), "settings": settings,
-              "points": [p.row() for p in points], "heads": {}}
+    report = {
+        "task": task,
+        "set": set_name,
+        "examples": len(examples),
+        "settings": settings,
+        "points": [p.row() for p in points],
+        "heads": {},
+    }
     if log is not None:
         report["log"] = {"path": str(log.path), "decodes_reused": log.reused}
     for name, head in heads.items():
         point = next(p for p in points if p.label == f"dynamic:{name}")
-        report["heads"][name] = {**frontier_margin(static, point), "versus_exact": versus_exact(static, point)}
+        report["heads"][name] = {
+            **frontier_margin(static, point),
+            "versus_exact": versus_exact(static, point),
+        }
         if write_card:
-            evaluation = {**report["heads"][name], "head_point": point.row(), "static_points": [p.row() for p in static],
-                          "examples": len(examples), "settings": report["settings"], "command": command}
+            evaluation = {
+                **report["heads"][name],
+                "head_point": point.row(),
+                "static_points": [p.row() for p in static],
+                "examples": len(examples),
+                "settings": report["settings"],
+                "command": command,
+            }
             # the evaluation of the kind of decoding the head was trained for (greedy or sampled), on the
             # task's default set
-            primary = ((temperature == 0) == trained_for_greedy(head.meta.get("training"))
-                       and set_name == next(iter(HELD_OUT[task])))
+            primary = (temperature == 0) == trained_for_greedy(
+                head.meta.get("training")
+            ) and set_name == next(iter(HELD_OUT[task]))
             write_head_card(paths[name], head, evaluation, evaluation_key(set_name, temperature), primary)
     return report, points

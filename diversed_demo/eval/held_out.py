@@ -1,10 +1,11 @@
 """TODO."""
+
 from __future__ import annotations
 
 import itertools
 import math
-from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
 
+from .tasks import MBPP_TEST_IDS, arithmetic_examples, data_file, load_gsm8k, load_mbpp, load_spec_bench
 
 # task -> {held-out set: what it is}; the first is the task's default. None of them is ever trained on.
 HELD_OUT = {
@@ -12,8 +13,11 @@ HELD_OUT = {
     "general": {"spec_bench": "Spec-Bench first turns, every category (stratified)"},
     # Arithmetic first: the default, and the set a card's primary (drawn) evaluation uses, is the one on
     # which a 135M target scores clearly above zero; GSM8K is near its floor.
-    "math": {"arithmetic": "scripted one- and two-step arithmetic (eval split)", "gsm8k": "GSM8K test",
-             "spec_bench": "Spec-Bench math_reasoning, first turns"},
+    "math": {
+        "arithmetic": "scripted one- and two-step arithmetic (eval split)",
+        "gsm8k": "GSM8K test",
+        "spec_bench": "Spec-Bench math_reasoning, first turns",
+    },
     "code": {"mbpp": "MBPP test (task ids 11-510), pass@1 in the sandbox"},
 }
 
@@ -23,7 +27,9 @@ def held_out_set(task: str, set_name: str | None = None) -> str:
     if task not in HELD_OUT:
         raise ValueError(f"no held-out set for task {task!r}; choose one of {', '.join(HELD_OUT)}")
     if set_name is not None and set_name not in HELD_OUT[task]:
-        raise ValueError(f"task {task} has no held-out set {set_name!r}; choose one of {', '.join(HELD_OUT[task])}")
+        raise ValueError(
+            f"task {task} has no held-out set {set_name!r}; choose one of {', '.join(HELD_OUT[task])}"
+        )
     return set_name or next(iter(HELD_OUT[task]))
 
 
@@ -45,4 +51,6 @@ def held_out_examples(task: str, limit: int | None, data: str | None = None, set
         # (a resumed --log reuses its decodes).
         examples = [e for turn in itertools.zip_longest(*by_category.values()) for e in turn if e is not None]
         return examples[:limit] if limit else examples
-    return load_spec_bench(data, categories=[{"summarization": "summarization", "math": "math_reasoning"}[task]])[:limit]
+    return load_spec_bench(
+        data, categories=[{"summarization": "summarization", "math": "math_reasoning"}[task]]
+    )[:limit]

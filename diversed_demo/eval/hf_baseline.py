@@ -1,9 +1,12 @@
 """TODO."""
+
 from __future__ import annotations
 
 import copy
 import time
+
 import torch
+
 from ..models.attention import stock_attention
 from ..models.linear import stock_linear
 
@@ -18,7 +21,13 @@ def transformers_kwargs(mode_kwargs: dict) -> dict | None:
         return {"assisted": True}
     if mode_kwargs["mode"] == "static":
         w = mode_kwargs["ensemble_weight"]
-        return {"assisted": True} if w == 1 else {"assisted": True, "assistant_ensemble_weight": w} if 0 < w < 1 else None
+        return (
+            {"assisted": True}
+            if w == 1
+            else {"assisted": True, "assistant_ensemble_weight": w}
+            if 0 < w < 1
+            else None
+        )
     return None
 
 
@@ -46,4 +55,4 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     finally:
         if assisted:
             pair.draft.generation_config = saved_config
-    return out[0, len(prompt_ids):].tolist(), seconds
+    return out[0, len(prompt_ids) :].tolist(), seconds

@@ -1,8 +1,11 @@
 """TODO."""
+
 from __future__ import annotations
 
 import statistics
+
 import numpy as np
+
 from ..core.stats import Counts
 from .point import Point
 
@@ -19,8 +22,12 @@ def versus_exact(static_points: list[Point], head_point: Point) -> dict | None:
     if exact is None:
         return None
     mean, se = mean_and_se([h - e for h, e in zip(head_point.quality, exact.quality)])
-    return {"quality_difference": mean, "stderr": se, "examples": len(exact.quality),
-            "acceptance": {"exact": exact.acceptance, "head": head_point.acceptance}}
+    return {
+        "quality_difference": mean,
+        "stderr": se,
+        "examples": len(exact.quality),
+        "acceptance": {"exact": exact.acceptance, "head": head_point.acceptance},
+    }
 
 
 def _best_where_at_least(curve, x0):
@@ -47,8 +54,10 @@ def margins(static: list[tuple[float, float]], head: tuple[float, float]) -> dic
     """
     best_quality = _best_where_at_least(static, head[0])
     best_acceptance = _best_where_at_least([(q, a) for a, q in static], head[1])
-    return {"quality_margin": None if best_quality is None else head[1] - best_quality,
-            "acceptance_margin": None if best_acceptance is None else head[0] - best_acceptance}
+    return {
+        "quality_margin": None if best_quality is None else head[1] - best_quality,
+        "acceptance_margin": None if best_acceptance is None else head[0] - best_acceptance,
+    }
 
 
 def _resampled(point: Point, idx) -> tuple[float, float]:
@@ -61,8 +70,10 @@ def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int =
     """The head's margins over the static frontier, with bootstrap standard errors and 95% intervals."""
     n = len(head_point.quality)
     static_points = sorted(static_points, key=lambda p: p.w)
-    estimate = margins([(p.acceptance, p.mean_quality) for p in static_points],
-                       (head_point.acceptance, head_point.mean_quality))
+    estimate = margins(
+        [(p.acceptance, p.mean_quality) for p in static_points],
+        (head_point.acceptance, head_point.mean_quality),
+    )
     rng = np.random.default_rng(seed)
     samples = {k: [] for k in estimate}
     for _ in range(n_boot):
@@ -74,13 +85,19 @@ def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int =
     result = {}
     for k, value in estimate.items():
         s = np.asarray(samples[k])
-        result[k] = {"estimate": value, "stderr": float(s.std()) if s.size else None,
-                     "ci95": [float(np.percentile(s, 2.5)), float(np.percentile(s, 97.5))] if s.size else None,
-                     "p_positive": float((s > 0).mean()) if s.size else None, "bootstrap_samples": int(s.size)}
+        result[k] = {
+            "estimate": value,
+            "stderr": float(s.std()) if s.size else None,
+            "ci95": [float(np.percentile(s, 2.5)), float(np.percentile(s, 97.5))] if s.size else None,
+            "p_positive": float((s > 0).mean()) if s.size else None,
+            "bootstrap_samples": int(s.size),
+        }
     # Beyond the frontier only where a 95% interval excludes zero: a positive estimate alone is noise as often
     # as not on a dozen prompts.
-    result["beyond_frontier"] = any(result[k]["ci95"] is not None and result[k]["ci95"][0] > 0
-                                    for k in ("quality_margin", "acceptance_margin"))
+    result["beyond_frontier"] = any(
+        result[k]["ci95"] is not None and result[k]["ci95"][0] > 0
+        for k in ("quality_margin", "acceptance_margin")
+    )
     result["verdict"] = verdict(result, [p.mean_quality for p in static_points], n)
     return result
 
@@ -90,22 +107,41 @@ def verdict(margin: dict, static_qualities: list[float], examples: int) -> dict:
 
     Floor: the static curve's quality varies over w by less than two standard errors of the margin, so the
     set cannot tell any setting from another (a small target near zero on GSM8K or MBPP); no claim is made."""
+
     def figures(name):
         m = margin[name]
-        return (f"{name.replace('_', ' ')} {m['estimate']:+.3f} ± {m['stderr']:.3f}, "
-                f"95% CI [{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}], n = {examples}")
+        return (
+            f"{name.replace('_', ' ')} {m['estimate']:+.3f} ± {m['stderr']:.3f}, "
+            f"95% CI [{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}], n = {examples}"
+        )
+
     quality = margin["quality_margin"]
     if margin["beyond_frontier"]:
-        beyond = [k for k in ("quality_margin", "acceptance_margin")
-                  if margin[k]["ci95"] is not None and margin[k]["ci95"][0] > 0]
+        beyond = [
+            k
+            for k in ("quality_margin", "acceptance_margin")
+            if margin[k]["ci95"] is not None and margin[k]["ci95"][0] > 0
+        ]
         return {"kind": "beyond", "text": "beyond the static frontier: " + "; ".join(map(figures, beyond))}
     if quality["ci95"] is None:
-        return {"kind": "unresolved", "text": "the head's acceptance lies outside the static curve's range: no claim"}
+        return {
+            "kind": "unresolved",
+            "text": "the head's acceptance lies outside the static curve's range: no claim",
+        }
     spread = max(static_qualities) - min(static_qualities)
     if quality["ci95"][1] < 0:
-        return {"kind": "below", "text": f"below the static frontier at the head's acceptance: {figures('quality_margin')}"}
+        return {
+            "kind": "below",
+            "text": f"below the static frontier at the head's acceptance: {figures('quality_margin')}",
+        }
     if spread < 2 * quality["stderr"]:
-        return {"kind": "floor", "text": f"no claim: quality varies by {spread:.3f} over static w, less than two "
-                                         f"standard errors of the margin (the set is at the target's floor); "
-                                         f"{figures('quality_margin')}"}
-    return {"kind": "unresolved", "text": f"on the static frontier within its 95% CI: {figures('quality_margin')}"}
+        return {
+            "kind": "floor",
+            "text": f"no claim: quality varies by {spread:.3f} over static w, less than two "
+            f"standard errors of the margin (the set is at the target's floor); "
+            f"{figures('quality_margin')}",
+        }
+    return {
+        "kind": "unresolved",
+        "text": f"on the static frontier within its 95% CI: {figures('quality_margin')}",
+    }

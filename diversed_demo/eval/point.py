@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,8 +35,14 @@ class Point:
         return self.total.tokens_per_second
 
     def row(self) -> dict:
-        return {"point": self.label, "w": self.w, "acceptance": self.acceptance, "quality": self.mean_quality,
-                "tokens_per_second": self.tokens_per_second,
-                "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None,
-                # a head that only learned a bias has std ≈ 0: the spread is what per-token w buys
-                "w_std": float(np.std(self.token_w)) if self.token_w else None, "examples": len(self.quality)}
+        return {
+            "point": self.label,
+            "w": self.w,
+            "acceptance": self.acceptance,
+            "quality": self.mean_quality,
+            "tokens_per_second": self.tokens_per_second,
+            "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None,
+            # a head that only learned a bias has std ≈ 0: the spread is what per-token w buys
+            "w_std": float(np.std(self.token_w)) if self.token_w else None,
+            "examples": len(self.quality),
+        }

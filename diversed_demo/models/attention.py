@@ -7,6 +7,7 @@ together (`enable_gqa`); on CUDA that combination falls back to the math kernel,
 Measured on the embedded target (200-token cache, interleaved, 2 threads): a 3-token pass 61.9 → 57.8 ms,
 5 tokens 79.6 → 76.2 ms; one token (no mask) unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,15 +19,23 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 GROUPED_SDPA = "sdpa_grouped"
 
 
-def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                           is_causal=None, **kwargs):
+def grouped_sdpa_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """transformers' attention signature: query [B, Hq, T, D], key/value [B, Hkv, S, D] -> ([B, T, Hq, D], None)."""
     causal = module.is_causal if is_causal is None else is_causal
     # Without a mask transformers relies on SDPA's causal flag (a prefill over an empty cache: T == S).
     causal = bool(causal and attention_mask is None and query.shape[2] > 1)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-        enable_gqa=key.shape[1] != query.shape[1])
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -49,7 +58,9 @@ def use_grouped_attention(model: torch.nn.Module) -> None:
 @contextlib.contextmanager
 def stock_attention(*models: torch.nn.Module):
     """Run the models with transformers' own SDPA attention, as a transformers user runs them (for comparisons)."""
-    switched = [m for m in models if getattr(getattr(m, "config", None), "_attn_implementation", None) == GROUPED_SDPA]
+    switched = [
+        m for m in models if getattr(getattr(m, "config", None), "_attn_implementation", None) == GROUPED_SDPA
+    ]
     for model in switched:
         model.set_attn_implementation("sdpa")
     try:

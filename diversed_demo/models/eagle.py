@@ -12,6 +12,7 @@ draft. `eagle_aux_hidden_state_layer_ids` = k means the input of target layer k,
 draft vocabulary, target ids `arange(draft_vocab_size) + d2t`, and is stored. `Eagle3Draft.save` writes
 a draft; `models.load_eagle3` loads one for a target, checking that it fits.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,16 @@ class Eagle3Layer(nn.Module):
     """EAGLE-3's first decoder layer. `attend(q, k, v)` decides what each query sees: the decoding cache
     or the training-time-test pattern (see `ttt_attention`)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
-                 norm_before_residual: bool):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        eps: float,
+        norm_before_residual: bool,
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
         self.hidden_norm = RMSNorm(hidden, eps)
@@ -90,7 +99,12 @@ class Eagle3Layer(nn.Module):
 
         def heads(proj, n):
             return proj(x).view(batch, length, n, attn.head_dim).transpose(1, 2)
-        q, k, v = heads(attn.q_proj, attn.heads), heads(attn.k_proj, attn.kv_heads), heads(attn.v_proj, attn.kv_heads)
+
+        q, k, v = (
+            heads(attn.q_proj, attn.heads),
+            heads(attn.k_proj, attn.kv_heads),
+            heads(attn.v_proj, attn.kv_heads),
+        )
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         out = attend(q, k, v).transpose(1, 2).reshape(batch, length, -1)
@@ -110,23 +124,39 @@ class Eagle3Draft(nn.Module):
         self.vocab_size = layer["vocab_size"]
         self.aux_layer_ids = list(config["eagle_aux_hidden_state_layer_ids"])
         # What the rest of the project reads from a model's text config (pair checks, head identity).
-        self.text_config = SimpleNamespace(model_type="eagle3", hidden_size=hidden, num_hidden_layers=1,
-                                           vocab_size=self.vocab_size)
+        self.text_config = SimpleNamespace(
+            model_type="eagle3", hidden_size=hidden, num_hidden_layers=1, vocab_size=self.vocab_size
+        )
         head_dim = layer.get("head_dim") or hidden // layer["num_attention_heads"]
         self.embed_tokens = nn.Embedding(self.vocab_size, hidden).requires_grad_(False)
         self.fc = nn.Linear(len(self.aux_layer_ids) * hidden, hidden, bias=False)
-        self.layers = nn.ModuleList([Eagle3Layer(hidden, layer["num_attention_heads"], layer["num_key_value_heads"],
-                                                 head_dim, layer["intermediate_size"], layer["rms_norm_eps"],
-                                                 config.get("norm_before_residual", False))])
+        self.layers = nn.ModuleList(
+            [
+                Eagle3Layer(
+                    hidden,
+                    layer["num_attention_heads"],
+                    layer["num_key_value_heads"],
+                    head_dim,
+                    layer["intermediate_size"],
+                    layer["rms_norm_eps"],
+                    config.get("norm_before_residual", False),
+                )
+            ]
+        )
         self.norm = RMSNorm(hidden, layer["rms_norm_eps"])
         draft_vocab = config["draft_vocab_size"]
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False).requires_grad_(False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(self.vocab_size, dtype=torch.bool) if draft_vocab == self.vocab_size
-                             else torch.zeros(self.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(self.vocab_size, dtype=torch.bool)
+            if draft_vocab == self.vocab_size
+            else torch.zeros(self.vocab_size, dtype=torch.bool),
+        )
         theta = (layer.get("rope_parameters") or {}).get("rope_theta") or layer.get("rope_theta", 10000.0)
-        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False
+        )
 
     # ------------------------------------------------------------------ pieces shared by decoding and training
 
@@ -178,11 +208,19 @@ class Eagle3Draft(nn.Module):
     def save(self, directory, dtype: torch.dtype = torch.float16) -> None:
         """config.json + model.safetensors (without the target's embedding), written atomically."""
         from safetensors.torch import save_file
+
         directory = Path(directory)
-        state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
-                 for k, v in self.state_dict().items() if not k.startswith("embed_tokens")}
-        atomic_write(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(self.config, indent=2) + "\n"))
-        atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+        state = {
+            k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+            for k, v in self.state_dict().items()
+            if not k.startswith("embed_tokens")
+        }
+        atomic_write(
+            directory / "config.json", lambda tmp: tmp.write_text(json.dumps(self.config, indent=2) + "\n")
+        )
+        atomic_write(
+            directory / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"})
+        )
 
 
 def new_config(target_config, aux_layer_ids=None, draft_vocab_size: int = 8192, verifier: str = "") -> dict:
@@ -190,14 +228,31 @@ def new_config(target_config, aux_layer_ids=None, draft_vocab_size: int = 8192, 
     text = target_config.get_text_config()
     n = text.num_hidden_layers
     aux_layer_ids = list(aux_layer_ids or [2, n // 2, n - 3])  # speculators' default for an n-layer target
-    layer = {key: getattr(text, key) for key in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                 "intermediate_size", "vocab_size", "max_position_embeddings",
-                                                 "rms_norm_eps", "hidden_act")}
-    layer.update(model_type="llama", num_hidden_layers=1, attention_bias=False, mlp_bias=False,
-                 tie_word_embeddings=False,
-                 head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-                 rope_parameters=dict(getattr(text, "rope_parameters", None) or
-                                      {"rope_type": "default", "rope_theta": getattr(text, "rope_theta", 10000.0)}))
+    layer = {
+        key: getattr(text, key)
+        for key in (
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "hidden_act",
+        )
+    }
+    layer.update(
+        model_type="llama",
+        num_hidden_layers=1,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        rope_parameters=dict(
+            getattr(text, "rope_parameters", None)
+            or {"rope_type": "default", "rope_theta": getattr(text, "rope_theta", 10000.0)}
+        ),
+    )
     return {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
@@ -209,7 +264,10 @@ def new_config(target_config, aux_layer_ids=None, draft_vocab_size: int = 8192, 
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier or None, "architectures": list(target_config.architectures or [])},
+            "verifier": {
+                "name_or_path": verifier or None,
+                "architectures": list(target_config.architectures or []),
+            },
         },
         "transformer_layer_config": layer,
     }

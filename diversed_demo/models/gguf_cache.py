@@ -1,4 +1,5 @@
 """TODO."""
+
 from __future__ import annotations
 
 import contextlib
@@ -6,7 +7,9 @@ import functools
 import hashlib
 import os
 from pathlib import Path
+
 import torch
+
 from ..common.files import cache_dir
 
 
@@ -20,11 +23,18 @@ def _gguf_read_once():
 
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
     reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
     metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
 
-    def load_checkpoint(path, return_tensors=False, **kwargs):  # the tokenizer's and the config's reads share one
-        return checkpoint(path, return_tensors, **kwargs) if return_tensors or kwargs else copy.deepcopy(metadata(path))
+    def load_checkpoint(
+        path, return_tensors=False, **kwargs
+    ):  # the tokenizer's and the config's reads share one
+        return (
+            checkpoint(path, return_tensors, **kwargs)
+            if return_tensors or kwargs
+            else copy.deepcopy(metadata(path))
+        )
 
     # transformers imports these from their modules at call time, so replacing the attributes reaches it.
     gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
@@ -33,7 +43,11 @@ def _gguf_read_once():
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = (
+            reader,
+            name_map,
+            checkpoint,
+        )
 
 
 def _converted_gguf_dir(gguf_path: Path) -> Path:
@@ -44,10 +58,12 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     with _gguf_read_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                          dtype=torch.float32)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
     # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
     config = gguf_model.config
     del config.quantization_config
@@ -61,6 +77,7 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
     tokenizer.save_pretrained(tmp)
     if out.exists():  # another process won the race
         import shutil
+
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.rename(out)

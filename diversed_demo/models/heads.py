@@ -1,17 +1,16 @@
 """TODO."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from pathlib import Path
+
 from ..common.files import atomic_write, cache_dir
-from .pair import text_config
-from ..core.head import EnsembleHead
 from ..common.paths import HEADS_DIR
-
-
-
+from ..core.head import EnsembleHead
+from .pair import text_config
 
 FORMAT = "diversed-head/1"
 
@@ -25,8 +24,11 @@ def model_fingerprint(model) -> str:
     in fp32 on a CPU serves the same models in bf16 on a GPU): the architecture, every tensor's name and
     shape, and the signs of its first values."""
     config = text_config(model)
-    h = hashlib.sha256(json.dumps([config.model_type, config.hidden_size, config.num_hidden_layers,
-                                   config.vocab_size]).encode())
+    h = hashlib.sha256(
+        json.dumps(
+            [config.model_type, config.hidden_size, config.num_hidden_layers, config.vocab_size]
+        ).encode()
+    )
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name}{tuple(tensor.shape)}".encode())
         h.update((tensor.detach().flatten()[:1024] > 0).cpu().numpy().tobytes())
@@ -37,11 +39,14 @@ def pair_identity(pair) -> dict:
     """What a head is bound to. Cached on the pair: fingerprinting reads every tensor once."""
     if getattr(pair, "_identity", None) is None:
         pair._identity = {
-            "target": pair.target_name, "draft": pair.draft_name,
-            "target_fingerprint": model_fingerprint(pair.target), "draft_fingerprint": model_fingerprint(pair.draft),
+            "target": pair.target_name,
+            "draft": pair.draft_name,
+            "target_fingerprint": model_fingerprint(pair.target),
+            "draft_fingerprint": model_fingerprint(pair.draft),
             "target_hidden": text_config(pair.target).hidden_size,
             "draft_hidden": text_config(pair.draft).hidden_size,
-            "vocab_size": pair.vocab_size, "tokenizer_fingerprint": pair.fingerprint,
+            "vocab_size": pair.vocab_size,
+            "tokenizer_fingerprint": pair.fingerprint,
         }
     return pair._identity
 
@@ -71,6 +76,7 @@ def new_head(pair, **kwargs) -> EnsembleHead:
 def save_head(head: EnsembleHead, path) -> Path:
     """Write weights and metadata atomically (a crash never leaves a half-written head)."""
     from safetensors.torch import save_file
+
     path = Path(path)
     metadata = {"format": FORMAT, "config": json.dumps(head.config), "meta": json.dumps(head.meta)}
     state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
@@ -81,23 +87,33 @@ def save_head(head: EnsembleHead, path) -> Path:
 def read_head_metadata(path) -> dict:
     """The head's config and meta without loading weights (cheap: for listings)."""
     from safetensors import safe_open
+
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
     except Exception as err:  # safetensors raises several types for a malformed file
         raise HeadError(f"{path} is not a head file (safetensors): {err}") from None
     if metadata.get("format") != FORMAT:
-        raise HeadError(f"{path} is not a DIVERSED head (format {metadata.get('format')!r}, expected {FORMAT!r})")
+        raise HeadError(
+            f"{path} is not a DIVERSED head (format {metadata.get('format')!r}, expected {FORMAT!r})"
+        )
     return {"config": json.loads(metadata["config"]), "meta": json.loads(metadata["meta"])}
 
 
 def check_head_pair(head_pair: dict, identity: dict, where: str) -> None:
-    for key, label in (("tokenizer_fingerprint", "tokenizer"), ("vocab_size", "vocabulary size"),
-                       ("target_hidden", "target hidden size"), ("draft_hidden", "draft hidden size"),
-                       ("target_fingerprint", "target model"), ("draft_fingerprint", "draft model")):
+    for key, label in (
+        ("tokenizer_fingerprint", "tokenizer"),
+        ("vocab_size", "vocabulary size"),
+        ("target_hidden", "target hidden size"),
+        ("draft_hidden", "draft hidden size"),
+        ("target_fingerprint", "target model"),
+        ("draft_fingerprint", "draft model"),
+    ):
         if head_pair.get(key) != identity[key]:
-            raise HeadError(f"{where} belongs to another pair ({head_pair.get('target')} + {head_pair.get('draft')}): "
-                            f"its {label} differs from this pair's ({identity['target']} + {identity['draft']})")
+            raise HeadError(
+                f"{where} belongs to another pair ({head_pair.get('target')} + {head_pair.get('draft')}): "
+                f"its {label} differs from this pair's ({identity['target']} + {identity['draft']})"
+            )
 
 
 def user_heads_dir() -> Path:
@@ -118,6 +134,7 @@ def resolve_head_path(path_or_name) -> Path:
 
 def load_head(path_or_name, pair) -> EnsembleHead:
     from safetensors.torch import load_file
+
     path = resolve_head_path(path_or_name)
     info = read_head_metadata(path)
     check_head_pair(info["meta"].get("pair", {}), pair_identity(pair), str(path))
@@ -132,8 +149,11 @@ def load_head(path_or_name, pair) -> EnsembleHead:
 def list_heads(pair) -> dict[str, Path]:
     """Heads usable with this pair: the user's (newest first), then the shipped ones; others are skipped."""
     identity, found = pair_identity(pair), {}
-    user = sorted(user_heads_dir().glob("*.safetensors"), key=lambda p: -p.stat().st_mtime) \
-        if user_heads_dir().exists() else []
+    user = (
+        sorted(user_heads_dir().glob("*.safetensors"), key=lambda p: -p.stat().st_mtime)
+        if user_heads_dir().exists()
+        else []
+    )
     for path in user + sorted(HEADS_DIR.glob("*.safetensors")):
         try:
             check_head_pair(read_head_metadata(path)["meta"].get("pair", {}), identity, str(path))

@@ -4,6 +4,7 @@ On some CPUs (and PyTorch/MKL builds) a weight times a few rows is far faster as
 `linear_product`); decoding is mostly such products. On others the stock product is the faster one, so
 the switch is decided by a measurement on the machine itself (`fast_product_pays`), not assumed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,9 @@ import torch
 FEW_ROWS = 64  # decoding-sized products; prompts and training batches keep the usual product
 
 
-def linear_product(weight: torch.Tensor, hidden: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_product(
+    weight: torch.Tensor, hidden: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """hidden [..., in] · weightᵀ (+ bias) -> [..., out]: the product of every linear layer of a pair.
 
     In fp32 on CPU, MKL multiplies a weight by a few rows 2–3× faster as W·Xᵀ than as X·Wᵀ, and fastest
@@ -62,6 +65,7 @@ def fast_product_pays() -> bool:
                 product(weight, hidden)
             times.append(time.perf_counter() - start)
         return min(times)
+
     stock = lambda w, h: torch.nn.functional.linear(h, w)  # noqa: E731
     return all(best_of(linear_product, rows) < best_of(stock, rows) for rows in (1, 4))
 

@@ -1,5 +1,6 @@
 """Loading a (target, draft) pair that shares a tokenizer, with a standalone or an EAGLE-3 draft, and the
 embedded SmolLM2 pair."""
+
 from __future__ import annotations
 
 import functools
@@ -9,12 +10,9 @@ from pathlib import Path
 import torch
 
 from .eagle import WEIGHTS_FILE, Eagle3Draft
-from .embedded import EMBEDDED
-from .embedded import EMBEDDED_DRAFT_DIR
-from .pair import ModelPair
-from .pair import PairError
+from .embedded import EMBEDDED, EMBEDDED_DRAFT_DIR, embedded_gguf_path
 from .gguf_cache import _converted_gguf_dir
-from .embedded import embedded_gguf_path
+from .pair import ModelPair, PairError
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -43,11 +41,15 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
     """Refuse a pair whose token ids do not mean the same thing, naming the first mismatch."""
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
     if len(t_vocab) != len(d_vocab):
-        raise PairError(f"tokenizers differ: vocabulary size {len(t_vocab)} (target) vs {len(d_vocab)} (draft)")
+        raise PairError(
+            f"tokenizers differ: vocabulary size {len(t_vocab)} (target) vs {len(d_vocab)} (draft)"
+        )
     if t_vocab != d_vocab:
         token = next(tok for tok in t_vocab if d_vocab.get(tok) != t_vocab[tok])
-        raise PairError(f"tokenizers differ: token {token!r} has id {t_vocab[token]} in the target "
-                        f"and {d_vocab.get(token)} in the draft")
+        raise PairError(
+            f"tokenizers differ: token {token!r} has id {t_vocab[token]} in the target "
+            f"and {d_vocab.get(token)} in the draft"
+        )
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
         t_id, d_id = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
         if t_id != d_id:
@@ -76,25 +78,35 @@ def check_hub_model(name: str) -> None:
     about a minute when offline and end in a traceback."""
     from huggingface_hub import constants, model_info, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return  # in the local cache: loads offline
     if constants.HF_HUB_OFFLINE:
-        raise PairError(f"cannot load model {name!r}: not a local directory and not in the Hugging Face cache "
-                        f"(HF_HUB_OFFLINE is set)")
+        raise PairError(
+            f"cannot load model {name!r}: not a local directory and not in the Hugging Face cache "
+            f"(HF_HUB_OFFLINE is set)"
+        )
     try:
         model_info(name, timeout=10)
     except GatedRepoError:
-        raise PairError(f"cannot load model {name!r}: it is gated; accept its licence on the hub and log in "
-                        f"(hf auth login)") from None
+        raise PairError(
+            f"cannot load model {name!r}: it is gated; accept its licence on the hub and log in "
+            f"(hf auth login)"
+        ) from None
     except RepositoryNotFoundError:
-        raise PairError(f"cannot load model {name!r}: no such model on the Hugging Face hub (or it is private)") from None
+        raise PairError(
+            f"cannot load model {name!r}: no such model on the Hugging Face hub (or it is private)"
+        ) from None
     except Exception as err:  # connection errors vary by library version; the advice does not
-        raise PairError(f"cannot load model {name!r}: not a local directory, and the Hugging Face hub cannot "
-                        f"be reached ({type(err).__name__}: {err})") from None
+        raise PairError(
+            f"cannot load model {name!r}: not a local directory, and the Hugging Face hub cannot "
+            f"be reached ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _load_model(source: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
+
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
     except torch.cuda.OutOfMemoryError:
@@ -110,13 +122,16 @@ def load_draft_weights(draft, path: Path, borrowed: tuple[str, ...]) -> None:
     """Load a draft's safetensors file, which must hold every weight but the `borrowed` ones (the target's own
     tensors, shared at load time), converted to the draft's dtype."""
     from safetensors.torch import load_file
+
     dtype = next(draft.parameters()).dtype
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     missing, unexpected = draft.load_state_dict(state, strict=False)
     missing = [k for k in missing if not any(name in k for name in borrowed)]
     if missing or unexpected:
-        raise PairError(f"draft weights in {path.parent} do not match its config: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise PairError(
+            f"draft weights in {path.parent} do not match its config: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
 
 
 def is_eagle3_dir(directory) -> bool:
@@ -131,22 +146,26 @@ def load_eagle3(directory, target) -> Eagle3Draft:
     target_hidden = target.config.get_text_config().hidden_size
     n_layers = target.config.get_text_config().num_hidden_layers
     if draft.hidden_size != target_hidden or max(draft.aux_layer_ids) > n_layers:
-        raise PairError(f"the EAGLE-3 draft in {directory} reads hidden size {draft.hidden_size} at layers "
-                        f"{draft.aux_layer_ids}; the target has {target_hidden} and {n_layers} layers")
+        raise PairError(
+            f"the EAGLE-3 draft in {directory} reads hidden size {draft.hidden_size} at layers "
+            f"{draft.aux_layer_ids}; the target has {target_hidden} and {n_layers} layers"
+        )
     load_draft_weights(draft, directory / WEIGHTS_FILE, borrowed=("embed_tokens",))
     draft.embed_tokens.weight = target.get_input_embeddings().weight
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
 @functools.lru_cache(maxsize=4)
-def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "auto",
-              dtype: str = "auto") -> ModelPair:
+def load_pair(
+    target: str = EMBEDDED, draft: str | None = None, device: str = "auto", dtype: str = "auto"
+) -> ModelPair:
     """Load target, draft and their shared tokenizer, once per process for the same arguments.
 
     `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the embedded pair
     (draft defaults to the shipped one). Raises PairError with a readable message on any mismatch.
     """
     from transformers import AutoTokenizer
+
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
     target_source = resolve_source(target)
@@ -154,8 +173,10 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "a
     target_model = _load_model(target_source, dev, torch_dtype)
     if draft is None and target == EMBEDDED:
         if not is_eagle3_dir(EMBEDDED_DRAFT_DIR):
-            raise PairError(f"the embedded draft is missing from {EMBEDDED_DRAFT_DIR} (git checkout assets/draft, "
-                            "or rebuild it with `diversed-demo distill`)")
+            raise PairError(
+                f"the embedded draft is missing from {EMBEDDED_DRAFT_DIR} (git checkout assets/draft, "
+                "or rebuild it with `diversed-demo distill`)"
+            )
         draft_model, draft_name = load_eagle3(EMBEDDED_DRAFT_DIR, target_model), "assets/draft"
     elif draft is None:
         raise PairError("a draft model is needed: pass --draft (a hub id, directory or .gguf)")
@@ -167,5 +188,7 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, device: str = "a
         draft_model, draft_name = _load_model(draft_source, dev, torch_dtype), draft
     pair = ModelPair(target_model, draft_model, tokenizer, target, draft_name, dev)
     if pair.vocab_size < len(tokenizer):
-        raise PairError(f"a model's vocabulary ({pair.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)})")
+        raise PairError(
+            f"a model's vocabulary ({pair.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)})"
+        )
     return pair

@@ -1,10 +1,13 @@
 """TODO."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
+
 import torch
+
 from .attention import use_grouped_attention
 from .linear import use_fast_linear
 

@@ -1,7 +1,9 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
+
 from .linear import linear_product
 from .pair import PairError
 

@@ -1,7 +1,9 @@
 """TODO."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from ..eval.tasks import REFERENCE_TASKS, TASKS, builtin_examples, load_jsonl_prompts
 
 
@@ -32,7 +34,9 @@ class HeadTrainConfig:
     warm_start_lr: float = 3e-3
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
     lr: float | None = None
-    epochs: int | None = None  # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or clip; the dense term stays exact)
+    epochs: int | None = (
+        None  # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or clip; the dense term stays exact)
+    )
     warmup_steps: int = 2
     grad_clip: float = 1.0
     hidden_size: int = 64  # 0: the paper's linear head
@@ -65,25 +69,47 @@ GREEDY_SOFTNESS = 0.02  # the width in w of the smoothed greedy keep/reject step
 # flatter, so relaxing looks cheaper still, and w moves as a whole before the head learns which tokens
 # differ. Holding acceptance at a target (target_acceptance) bounds that drift but, with 20 steps, still
 # oscillates with a period of about 12 steps (the rollouts' contexts answer late); see README.
-TASK_DEFAULTS = {"*": {"lam": 0.15, "lr": 3e-3, "epochs": 1, "dense_fidelity": 0.0},
-                 "general": {"lam": 5.0, "lr": 1e-3, "epochs": 4, "dense_fidelity": 1.0},
-                 "summarization": {"lam": 5.0, "lr": 1e-3, "epochs": 4, "dense_fidelity": 1.0}}
+TASK_DEFAULTS = {
+    "*": {"lam": 0.15, "lr": 3e-3, "epochs": 1, "dense_fidelity": 0.0},
+    "general": {"lam": 5.0, "lr": 1e-3, "epochs": 4, "dense_fidelity": 1.0},
+    "summarization": {"lam": 5.0, "lr": 1e-3, "epochs": 4, "dense_fidelity": 1.0},
+}
 
 
 def check_config(config: HeadTrainConfig) -> None:
     if config.task not in TASKS:
         raise ValueError(f"unknown task {config.task!r}; the tasks are {', '.join(TASKS)}")
-    if not isinstance(config.warm_start_prompts, int) or config.warm_start_prompts < 0 or config.warm_start_prompts == 1:
-        raise ValueError(f"warm_start_prompts must be 0 (off) or at least 2 (some are held out), not {config.warm_start_prompts!r}")
-    for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens", "epochs", "warm_start_steps"):
+    if (
+        not isinstance(config.warm_start_prompts, int)
+        or config.warm_start_prompts < 0
+        or config.warm_start_prompts == 1
+    ):
+        raise ValueError(
+            f"warm_start_prompts must be 0 (off) or at least 2 (some are held out), not {config.warm_start_prompts!r}"
+        )
+    for name in (
+        "steps",
+        "prompts_per_step",
+        "rollouts_per_prompt",
+        "max_new_tokens",
+        "epochs",
+        "warm_start_steps",
+    ):
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
     if config.rollouts_per_prompt < 2:
         raise ValueError("rollouts_per_prompt must be at least 2: the baseline is the group mean")
-    if not (config.lr > 0 and config.lam >= 0 and config.dense_fidelity >= 0 and 0 <= config.w_min < 1
-            and config.temperature >= 0):
-        raise ValueError("need lr > 0, λ ≥ 0, dense_fidelity ≥ 0, 0 ≤ w_min < 1 and temperature ≥ 0 (0: greedy)")
+    if not (
+        config.lr > 0
+        and config.lam >= 0
+        and config.dense_fidelity >= 0
+        and 0 <= config.w_min < 1
+        and config.temperature >= 0
+    ):
+        raise ValueError(
+            "need lr > 0, λ ≥ 0, dense_fidelity ≥ 0, 0 ≤ w_min < 1 and temperature ≥ 0 (0: greedy)"
+        )
     if config.target_acceptance is not None and not (0 < config.target_acceptance < 1 and config.penalty > 0):
         raise ValueError("target_acceptance needs 0 < target < 1 and penalty > 0")
 
@@ -95,7 +121,9 @@ def training_examples(config: HeadTrainConfig):
         examples = builtin_examples(config.task, "train")
     if config.task in REFERENCE_TASKS and any(e.reference is None for e in examples):
         missing = next(e for e in examples if e.reference is None)
-        raise ValueError(f"the {config.task} reward needs a reference for every prompt; {missing.id or 'one'} has none")
+        raise ValueError(
+            f"the {config.task} reward needs a reference for every prompt; {missing.id or 'one'} has none"
+        )
     if not examples:
         raise ValueError("no training prompts")
     return examples

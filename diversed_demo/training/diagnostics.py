@@ -1,14 +1,13 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
+
 from ..core.prompt import encode_prompt
-from .rollouts import Rollouts
-from .objective import draft_share
-from .objective import lam_for_acceptance
-from .rollouts import sample_rollouts
-from .config import training_examples
-from .config import HeadTrainConfig
+from .config import HeadTrainConfig, training_examples
+from .objective import draft_share, lam_for_acceptance
+from .rollouts import Rollouts, sample_rollouts
 
 
 def fidelity_cost_quartiles(pair, config: HeadTrainConfig, prompts: int = 6) -> list[float]:
@@ -17,10 +16,17 @@ def fidelity_cost_quartiles(pair, config: HeadTrainConfig, prompts: int = 6) -> 
     sets w_t → 1 where this ratio exceeds λ, so λ at a quartile lets the draft through on that share of
     positions: the scale on which to choose λ for a new pair."""
     from ..core.head import ConstantHead
+
     generator = torch.Generator().manual_seed(config.seed)
-    r = sample_rollouts(pair, ConstantHead(1.0), [encode_prompt(pair.tokenizer, e.prompt)
-                                                  for e in training_examples(config)[:prompts]],
-                        config.max_new_tokens, config.temperature, generator, config.n_draft)
+    r = sample_rollouts(
+        pair,
+        ConstantHead(1.0),
+        [encode_prompt(pair.tokenizer, e.prompt) for e in training_examples(config)[:prompts]],
+        config.max_new_tokens,
+        config.temperature,
+        generator,
+        config.n_draft,
+    )
     keep = (r.mask > 0) & (r.tv > 1e-6)  # where the draft differs from the target at all
     ratios = (r.cross_entropy - r.target_entropy)[keep] / r.tv[keep]
     if not len(ratios):
@@ -41,16 +47,23 @@ def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
     low, high = 0.0, 1.0  # the static w of that acceptance (acceptance falls as w rises)
     for _ in range(40):
         middle = (low + high) / 2
-        low, high = (middle, high) if accepted(torch.full_like(w, middle)[None]) > acceptance else (low, middle)
+        low, high = (
+            (middle, high) if accepted(torch.full_like(w, middle)[None]) > acceptance else (low, middle)
+        )
     static_w = (low + high) / 2
     try:
         oracle = ((ce - h) > lam_for_acceptance(positions, acceptance) * tv).float()
     except ValueError:  # only at exact decoding's own acceptance (w ≡ 1), up to rounding
         oracle = torch.ones_like(tv)
-    return {"acceptance": acceptance, "fidelity": fidelity(w[None]),
-            "static_fidelity": fidelity(torch.full_like(w, static_w)[None]),
-            "oracle_fidelity": fidelity(oracle[None]), "w_mean": float(w.mean()), "w_std": float(w.std()),
-            "positions": len(tv)}
+    return {
+        "acceptance": acceptance,
+        "fidelity": fidelity(w[None]),
+        "static_fidelity": fidelity(torch.full_like(w, static_w)[None]),
+        "oracle_fidelity": fidelity(oracle[None]),
+        "w_mean": float(w.mean()),
+        "w_std": float(w.std()),
+        "positions": len(tv),
+    }
 
 
 def token_kind(text: str) -> str:
@@ -69,6 +82,7 @@ def what_separates(w: torch.Tensor, positions: Rollouts, tokenizer) -> dict:
     """What tells the positions a head hands to the draft (low w_t) from those it keeps for the target:
     Spearman correlations of w_t with TV(p, q), H(p) and the fidelity cost of the draft CE − H, and the
     mean w_t by kind of emitted token."""
+
     def ranks(x: torch.Tensor) -> torch.Tensor:  # tied values share their average rank
         values, order = x.sort()
         _, inverse, counts = torch.unique_consecutive(values, return_inverse=True, return_counts=True)
@@ -84,6 +98,14 @@ def what_separates(w: torch.Tensor, positions: Rollouts, tokenizer) -> dict:
     kinds = {}
     for weight, token in zip(w.tolist(), positions.tokens[0].tolist()):
         kinds.setdefault(token_kind(tokenizer.decode([token])), []).append(weight)
-    return {"spearman_w_vs": {"tv": spearman(tv), "target_entropy": spearman(h), "fidelity_cost": spearman(ce - h)},
-            "mean_w_by_token": {kind: {"mean_w": sum(v) / len(v), "positions": len(v)}
-                                for kind, v in sorted(kinds.items(), key=lambda kv: -len(kv[1]))}}
+    return {
+        "spearman_w_vs": {
+            "tv": spearman(tv),
+            "target_entropy": spearman(h),
+            "fidelity_cost": spearman(ce - h),
+        },
+        "mean_w_by_token": {
+            kind: {"mean_w": sum(v) / len(v), "positions": len(v)}
+            for kind, v in sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+        },
+    }

@@ -24,6 +24,7 @@ credit; REINFORCE still carries what a token does to the rest of the sequence. T
 then raises w_t exactly where the draft's tokens cost the most fidelity per unit of acceptance,
 CE − H > λ·TV, which a static w cannot do.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,17 +34,13 @@ from pathlib import Path
 import torch
 
 from ..core.prompt import encode_prompt
-from ..models.heads import new_head, save_head, user_heads_dir
-from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from ..eval.rewards import task_reward
-from .config import check_config
-from .objective import group_advantages
-from .objective import head_loss
-from .objective import multiplier_update
+from ..models.heads import new_head, save_head, user_heads_dir
+from .config import HeadTrainConfig, check_config, training_examples
+from .objective import group_advantages, head_loss, multiplier_update
+from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from .rollouts import sample_rollouts
-from .config import training_examples
 from .warm_start import warm_start
-from .config import HeadTrainConfig
 
 
 @dataclass
@@ -54,7 +51,9 @@ class TrainResult:
     checkpoint: Path | None = None
 
 
-def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, progress: bool = True) -> TrainResult:
+def train_head(
+    pair, config: HeadTrainConfig, callback=None, should_stop=None, progress: bool = True
+) -> TrainResult:
     """Train a head for `pair` on `config.task`. `callback(record)` gets {step, steps, reward, acceptance,
     mean_w, loss, elapsed_s} after each step; `should_stop()` returning True cancels (a checkpoint is kept)."""
     from accelerate import Accelerator
@@ -71,9 +70,12 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
     torch.manual_seed(config.seed)
     head = new_head(pair, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init)
     head.meta.update(task=config.task, training=asdict(config))
-    optimizer, scheduler = adamw_with_schedule(head.parameters(), config.lr, config.warmup_steps, config.steps,
-                                               weight_decay=0.01)
-    generator = torch.Generator(device=pair.target.device).manual_seed(config.seed + accelerator.process_index)
+    optimizer, scheduler = adamw_with_schedule(
+        head.parameters(), config.lr, config.warmup_steps, config.steps, weight_decay=0.01
+    )
+    generator = torch.Generator(device=pair.target.device).manual_seed(
+        config.seed + accelerator.process_index
+    )
     start_step, history = 0, []
     saved = load_checkpoint(checkpoint_path, optimizer, scheduler) if config.resume else None
     if saved is not None:
@@ -83,21 +85,41 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
     warm = saved.get("warm_start") if saved is not None else None
     if saved is None and config.warm_start_prompts:
         warm = warm_start(pair, head, examples, config, generator, progress)
-        save_checkpoint(checkpoint_path, optimizer, scheduler, step=0, history=[], head=head.state_dict(),
-                        generator=generator.get_state(), warm_start=warm)
+        save_checkpoint(
+            checkpoint_path,
+            optimizer,
+            scheduler,
+            step=0,
+            history=[],
+            head=head.state_dict(),
+            generator=generator.get_state(),
+            warm_start=warm,
+        )
     if warm is not None:
         head.meta["warm_start"] = warm
-    lam = (history[-1]["next_lam"] if history and "next_lam" in history[-1]
-           else warm["lam"] if warm is not None else config.lam)
+    lam = (
+        history[-1]["next_lam"]
+        if history and "next_lam" in history[-1]
+        else warm["lam"]
+        if warm is not None
+        else config.lam
+    )
     # After a warm start λ already gives the target acceptance on recorded positions: it stays fixed.
     adapt_lam = config.target_acceptance is not None and warm is None
     head_model, optimizer, scheduler = accelerator.prepare(head, optimizer, scheduler)
 
     def write_checkpoint(step):
         if accelerator.is_main_process:
-            save_checkpoint(checkpoint_path, optimizer, scheduler, step=step, history=history,
-                            head=accelerator.unwrap_model(head_model).state_dict(), generator=generator.get_state(),
-                            warm_start=warm)
+            save_checkpoint(
+                checkpoint_path,
+                optimizer,
+                scheduler,
+                step=step,
+                history=history,
+                head=accelerator.unwrap_model(head_model).state_dict(),
+                generator=generator.get_state(),
+                warm_start=warm,
+            )
 
     started = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {name}", disable=not progress)
@@ -112,12 +134,28 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
         head_model.eval()
         group = config.rollouts_per_prompt
         prompt_ids = [encode_prompt(pair.tokenizer, example.prompt) for example in batch]
-        every = sample_rollouts(pair, head_model, [ids for ids in prompt_ids for _ in range(group)],
-                                config.max_new_tokens, config.temperature, generator, config.n_draft)
+        every = sample_rollouts(
+            pair,
+            head_model,
+            [ids for ids in prompt_ids for _ in range(group)],
+            config.max_new_tokens,
+            config.temperature,
+            generator,
+            config.n_draft,
+        )
         rollouts = [every.select(slice(i * group, (i + 1) * group)) for i in range(len(batch))]
-        rewards = [task_reward(config.task, example, pair.tokenizer.decode(output_ids, skip_special_tokens=True),
-                               pair=pair, prompt_ids=ids, output_ids=output_ids)
-                   for example, ids, r in zip(batch, prompt_ids, rollouts) for output_ids in r.outputs]
+        rewards = [
+            task_reward(
+                config.task,
+                example,
+                pair.tokenizer.decode(output_ids, skip_special_tokens=True),
+                pair=pair,
+                prompt_ids=ids,
+                output_ids=output_ids,
+            )
+            for example, ids, r in zip(batch, prompt_ids, rollouts)
+            for output_ids in r.outputs
+        ]
         rewards_t = torch.tensor(rewards, device=pair.target.device)
         advantages = group_advantages(rewards_t, config.rollouts_per_prompt)
         head_model.train()
@@ -125,9 +163,10 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
             optimizer.zero_grad()
             totals = torch.zeros(3)  # loss, acceptance, mean w, summed over the prompts
             for i, r in enumerate(rollouts):
-                a = advantages[i * config.rollouts_per_prompt:(i + 1) * config.rollouts_per_prompt]
-                loss, acceptance, mean_w = head_loss(head_model, r, a, lam, config.dense_fidelity,
-                                                     config.target_acceptance, config.penalty)
+                a = advantages[i * config.rollouts_per_prompt : (i + 1) * config.rollouts_per_prompt]
+                loss, acceptance, mean_w = head_loss(
+                    head_model, r, a, lam, config.dense_fidelity, config.target_acceptance, config.penalty
+                )
                 accelerator.backward(loss / len(rollouts))
                 totals += torch.tensor([loss.item(), acceptance.item(), mean_w.item()])
             if epoch == 0:  # report the figures of the rollouts' own head, before reuse moves it
@@ -135,16 +174,24 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
             accelerator.clip_grad_norm_(head_model.parameters(), config.grad_clip)
             optimizer.step()
         scheduler.step()
-        record = {"step": step + 1, "steps": config.steps, "reward": float(rewards_t.mean()),
-                  "acceptance": acc_total / len(rollouts), "mean_w": w_total / len(rollouts),
-                  "loss": loss_total / len(rollouts), "lam": lam, "elapsed_s": time.perf_counter() - started}
+        record = {
+            "step": step + 1,
+            "steps": config.steps,
+            "reward": float(rewards_t.mean()),
+            "acceptance": acc_total / len(rollouts),
+            "mean_w": w_total / len(rollouts),
+            "loss": loss_total / len(rollouts),
+            "lam": lam,
+            "elapsed_s": time.perf_counter() - started,
+        }
         if adapt_lam:
             lam = multiplier_update(lam, record["acceptance"], config.target_acceptance, config.penalty)
             record["next_lam"] = lam
         history.append(record)
         bar.update(1)
-        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['acceptance']:.3f}",
-                        w=f"{record['mean_w']:.3f}")
+        bar.set_postfix(
+            reward=f"{record['reward']:.3f}", acc=f"{record['acceptance']:.3f}", w=f"{record['mean_w']:.3f}"
+        )
         if callback is not None:
             callback(record)
         if (step + 1) % config.checkpoint_every == 0:
@@ -152,7 +199,9 @@ def train_head(pair, config: HeadTrainConfig, callback=None, should_stop=None, p
     bar.close()
     write_checkpoint(config.steps)
     final = accelerator.unwrap_model(head_model)
-    tail = history[-max(1, len(history) // 4):]
-    final.meta["train_figures"] = {k: sum(h[k] for h in tail) / len(tail) for k in ("reward", "acceptance", "mean_w")}
+    tail = history[-max(1, len(history) // 4) :]
+    final.meta["train_figures"] = {
+        k: sum(h[k] for h in tail) / len(tail) for k in ("reward", "acceptance", "mean_w")
+    }
     path = save_head(final, out) if accelerator.is_main_process else None
     return TrainResult(path, history, checkpoint=checkpoint_path)

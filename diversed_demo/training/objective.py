@@ -1,7 +1,9 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
+
 from .config import GREEDY_SOFTNESS
 from .rollouts import Rollouts
 
@@ -26,8 +28,10 @@ def lam_for_acceptance(positions: Rollouts, target: float) -> float:
     order = ratio.argsort(descending=True)  # w = 1 goes first where the target gains most per unit of TV
     acceptance = 1 - tv[order].cumsum(0) / len(tv)  # after setting w = 1 on the first k positions
     if not acceptance[-1] <= target <= 1:
-        raise ValueError(f"a target acceptance of {target} is out of reach here: it lies in "
-                         f"[{acceptance[-1]:.3f}, 1] (exact decoding's acceptance is the lower end)")
+        raise ValueError(
+            f"a target acceptance of {target} is out of reach here: it lies in "
+            f"[{acceptance[-1]:.3f}, 1] (exact decoding's acceptance is the lower end)"
+        )
     k = min(int((acceptance > target).sum()) + 1, len(tv))  # w = 1 on the first k: acceptance reaches target
     ranked = ratio[order].clamp(max=1e3)
     # halfway to the next position's ratio, so that the strict rule CE − H > λ·TV keeps exactly the first k
@@ -35,8 +39,15 @@ def lam_for_acceptance(positions: Rollouts, target: float) -> float:
     return max(float((ranked[k - 1] + ranked[k]) / 2) if k < len(tv) else float(ranked[-1]) / 2, 0.0)
 
 
-def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float, dense_fidelity: float = 0.0,
-              target_acceptance: float | None = None, penalty: float = 0.0):
+def head_loss(
+    head,
+    rollouts: Rollouts,
+    advantages: torch.Tensor,
+    lam: float,
+    dense_fidelity: float = 0.0,
+    target_acceptance: float | None = None,
+    penalty: float = 0.0,
+):
     """Policy-gradient term, acceptance term and, optionally, the dense fidelity term and the augmented
     Lagrangian's penalty on the gap to a target acceptance; returns (loss, acceptance, mean_w)."""
     w = head(rollouts.target_hidden, rollouts.draft_hidden)
@@ -49,7 +60,9 @@ def head_loss(head, rollouts: Rollouts, advantages: torch.Tensor, lam: float, de
     mean_w = (w * mask).sum() / tokens
     loss = policy - lam * acceptance
     if dense_fidelity:
-        expected_log_p = -(rollouts.target_entropy + share * (rollouts.cross_entropy - rollouts.target_entropy))
+        expected_log_p = -(
+            rollouts.target_entropy + share * (rollouts.cross_entropy - rollouts.target_entropy)
+        )
         loss = loss - dense_fidelity * (expected_log_p * mask).sum() / tokens
     if target_acceptance is not None:
         loss = loss + penalty / 2 * (acceptance - target_acceptance) ** 2

@@ -1,5 +1,6 @@
 """The optimiser, its learning-rate schedule and resumable checkpoints: one of each for head training
 (train.py) and draft training (distill/train.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ def adamw_with_schedule(params, lr: float, warmup_steps: int, total_steps: int, 
     """AdamW, and transformers' schedule for it: linear warm-up over `warmup_steps`, then cosine decay to 0
     at `total_steps`. Returns (optimizer, scheduler)."""
     from transformers import get_cosine_schedule_with_warmup
+
     optimizer = torch.optim.AdamW(params, lr=lr, **adamw)
     return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup_steps, total_steps)
 
@@ -20,7 +22,9 @@ def adamw_with_schedule(params, lr: float, warmup_steps: int, total_steps: int, 
 def save_checkpoint(path, optimizer, scheduler, **entries) -> None:
     """`entries` (weights, step, history, …) with the optimiser's and the schedule's state, in one file written
     atomically: an interrupt leaves the previous checkpoint or this one."""
-    atomic_torch_save({**entries, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, path)
+    atomic_torch_save(
+        {**entries, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, path
+    )
 
 
 def load_checkpoint(path, optimizer, scheduler, map_location="cpu", weights_only: bool = True) -> dict | None:

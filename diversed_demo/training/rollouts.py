@@ -1,16 +1,20 @@
 """TODO."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
+
 from ..core.decode import Row, decode_rows
-from ..models.pair import text_config
 from ..core.verify import total_variation
+from ..models.pair import text_config
 
 
 @dataclass
 class Rollouts:
     """Per rollout, the positions where w_t decided the emitted token, left-aligned and padded."""
+
     tokens: torch.Tensor  # [B, T] the emitted token at each such position
     mask: torch.Tensor  # [B, T] 1 where a position is recorded, 0 in the padding
     target_hidden: torch.Tensor  # [B, T, Ht] at the position that predicts each token
@@ -20,17 +24,26 @@ class Rollouts:
     tv: torch.Tensor  # [B, T] TV(p_t, q_t)
     target_entropy: torch.Tensor  # [B, T] H(p_t) = −Σ p log p
     cross_entropy: torch.Tensor  # [B, T] CE(q_t, p_t) = −Σ q log p
-    greedy_limit: torch.Tensor  # [B, T] greedy decoding keeps the draft's token iff w_t < this; NaN when sampled
+    greedy_limit: (
+        torch.Tensor
+    )  # [B, T] greedy decoding keeps the draft's token iff w_t < this; NaN when sampled
     outputs: list = field(default_factory=list)  # each rollout's whole output ids (bonus tokens too)
 
-    def select(self, rows: slice) -> "Rollouts":
+    def select(self, rows: slice) -> Rollouts:
         """The rollouts of `rows` (a prompt's group, one prompt of a batch)."""
         return Rollouts(**{key: getattr(self, key)[rows] for key in self.__dataclass_fields__})
 
 
 @torch.no_grad()
-def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                    generator: torch.Generator, n_draft: int = 4) -> Rollouts:
+def sample_rollouts(
+    pair,
+    head,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+    n_draft: int = 4,
+) -> Rollouts:
     """One decode of each prompt (ids; repeat a prompt for a group of rollouts) by the speculative decoder
     itself, with the head choosing w_t; all as one batch, so each target pass serves every rollout.
 
@@ -41,7 +54,9 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
     """
     n = len(prompts)
     seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in range(n)]
-    fields = [{k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)]
+    fields = [
+        {k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)
+    ]
     outputs = [[] for _ in range(n)]
     rows = [Row(prompt_ids, seed, "dynamic", head=head) for prompt_ids, seed in zip(prompts, seeds)]
     for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature):
@@ -61,11 +76,17 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
                 # on w_t set by the true p and q (see greedy_limit).
                 limit = greedy_limit(p, q, v.draft_tokens[:k])
                 p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
-            for key, value in (("tokens", tokens), ("target_hidden", v.target_hidden[:k].float()),
-                               ("draft_hidden", v.draft_hidden[:k].float()), ("target_prob", p[rows_k, tokens]),
-                               ("draft_prob", q[rows_k, tokens]), ("tv", total_variation(p, q)),
-                               ("target_entropy", -(p * log_p).sum(-1)), ("cross_entropy", -(q * log_p).sum(-1)),
-                               ("greedy_limit", limit)):
+            for key, value in (
+                ("tokens", tokens),
+                ("target_hidden", v.target_hidden[:k].float()),
+                ("draft_hidden", v.draft_hidden[:k].float()),
+                ("target_prob", p[rows_k, tokens]),
+                ("draft_prob", q[rows_k, tokens]),
+                ("tv", total_variation(p, q)),
+                ("target_entropy", -(p * log_p).sum(-1)),
+                ("cross_entropy", -(q * log_p).sum(-1)),
+                ("greedy_limit", limit),
+            ):
                 fields[r][key].append(value)
         outputs[r] += step.new_ids
     rows = [{k: torch.cat(v) if v else None for k, v in row.items()} for row in fields]
@@ -77,11 +98,17 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
         batch["mask"][i, :count] = 1
         for key, value in r.items():
             if key not in batch:
-                width = {"target_hidden": text_config(pair.target).hidden_size,
-                         "draft_hidden": text_config(pair.draft).hidden_size}.get(key)
+                width = {
+                    "target_hidden": text_config(pair.target).hidden_size,
+                    "draft_hidden": text_config(pair.draft).hidden_size,
+                }.get(key)
                 shape = (n, length, width) if width else (n, length)
-                batch[key] = torch.full(shape, float("nan") if key == "greedy_limit" else 0, device=device,
-                                        dtype=torch.long if key == "tokens" else torch.float32)
+                batch[key] = torch.full(
+                    shape,
+                    float("nan") if key == "greedy_limit" else 0,
+                    device=device,
+                    dtype=torch.long if key == "tokens" else torch.float32,
+                )
             if count:
                 batch[key][i, :count] = value
     return Rollouts(**batch, outputs=outputs)
@@ -90,8 +117,11 @@ def sample_rollouts(pair, head, prompts: list[list[int]], max_new_tokens: int, t
 def flat_positions(rollouts: list[Rollouts]) -> Rollouts:
     """Every recorded position of several Rollouts as one row [1, P] (the per-token terms need no sequence)."""
     keep = [r.mask > 0 for r in rollouts]
-    fields = {key: torch.cat([getattr(r, key)[k] for r, k in zip(rollouts, keep)])[None]
-              for key in Rollouts.__dataclass_fields__ if key != "outputs"}
+    fields = {
+        key: torch.cat([getattr(r, key)[k] for r, k in zip(rollouts, keep)])[None]
+        for key in Rollouts.__dataclass_fields__
+        if key != "outputs"
+    }
     return Rollouts(**fields)
 
 
@@ -99,13 +129,16 @@ def one_hot_of_argmax(probs: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, probs.argmax(-1, keepdim=True), 1.0)
 
 
-def greedy_limit(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+def greedy_limit(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor
+) -> torch.Tensor:
     """[k] the largest w at which argmax(w·p + (1 − w)·q) is still the draft's token x (its argmax of q):
     greedy verification keeps x iff w_t < this. A token y overtakes x once w·(p(y) − p(x)) exceeds
     (1 − w)·(q(x) − q(y)); the first to do so sets the limit (1 where no token has more target mass than x)."""
     rows = torch.arange(len(draft_tokens), device=draft_tokens.device)
     target_gap = target_probs - target_probs[rows, draft_tokens][:, None]
     draft_gap = draft_probs[rows, draft_tokens][:, None] - draft_probs
-    crossing = torch.where(target_gap > 0, draft_gap / (draft_gap + target_gap).clamp_min(1e-30),
-                           torch.ones_like(target_gap))
+    crossing = torch.where(
+        target_gap > 0, draft_gap / (draft_gap + target_gap).clamp_min(1e-30), torch.ones_like(target_gap)
+    )
     return crossing.min(-1).values.clamp(0, 1)

@@ -1,22 +1,21 @@
 """TODO."""
+
 from __future__ import annotations
 
 import torch
-from ..core.prompt import encode_prompt
-from .rollouts import Rollouts
-from .objective import draft_share
-from .rollouts import flat_positions
-from .diagnostics import frontier_gain
-from .objective import lam_for_acceptance
-from .rollouts import sample_rollouts
-from .diagnostics import what_separates
-from .config import HeadTrainConfig
 
+from ..core.prompt import encode_prompt
+from .config import HeadTrainConfig
+from .diagnostics import frontier_gain, what_separates
+from .objective import draft_share, lam_for_acceptance
+from .rollouts import Rollouts, flat_positions, sample_rollouts
 
 WARM_START_BATCH = 8  # prompts decoded together: a few rows cost the target little more than one
 
 
-def fit_to_positions(head, train: Rollouts, lam: float, steps: int, lr: float, weight_decay: float = 0.01) -> list[float]:
+def fit_to_positions(
+    head, train: Rollouts, lam: float, steps: int, lr: float, weight_decay: float = 0.01
+) -> list[float]:
     """Full-batch AdamW towards the dense objective's per-token optimum on recorded positions, before any
     sequence reward is sampled: the head learns which positions to hand to the draft.
 
@@ -40,7 +39,9 @@ def fit_to_positions(head, train: Rollouts, lam: float, steps: int, lr: float, w
     return losses
 
 
-def warm_start(pair, head, examples, config: HeadTrainConfig, generator: torch.Generator, progress: bool = True) -> dict:
+def warm_start(
+    pair, head, examples, config: HeadTrainConfig, generator: torch.Generator, progress: bool = True
+) -> dict:
     """Record positions of static-w decodes of the first `warm_start_prompts` training prompts, fit the head
     to the per-token optimum on three quarters of the prompts, and report on the held-back quarter how much
     of the gain over a static w (same acceptance) the head captures next to the optimum. Returns the
@@ -48,20 +49,39 @@ def warm_start(pair, head, examples, config: HeadTrainConfig, generator: torch.G
     from tqdm.auto import tqdm
 
     from ..core.head import ConstantHead
-    prompts = examples[:config.warm_start_prompts]
+
+    prompts = examples[: config.warm_start_prompts]
     rollouts = []  # one per prompt, decoded WARM_START_BATCH prompts at a time
-    for first in tqdm(range(0, len(prompts), WARM_START_BATCH), desc="warm start: decoding", unit="batch",
-                      disable=not progress):
-        chunk = [encode_prompt(pair.tokenizer, e.prompt) for e in prompts[first:first + WARM_START_BATCH]]
-        batch = sample_rollouts(pair, ConstantHead(config.w_init), chunk, config.max_new_tokens,
-                                config.temperature, generator, config.n_draft)
+    for first in tqdm(
+        range(0, len(prompts), WARM_START_BATCH),
+        desc="warm start: decoding",
+        unit="batch",
+        disable=not progress,
+    ):
+        chunk = [encode_prompt(pair.tokenizer, e.prompt) for e in prompts[first : first + WARM_START_BATCH]]
+        batch = sample_rollouts(
+            pair,
+            ConstantHead(config.w_init),
+            chunk,
+            config.max_new_tokens,
+            config.temperature,
+            generator,
+            config.n_draft,
+        )
         rollouts += [batch.select(slice(i, i + 1)) for i in range(len(chunk))]
     cut = max(1, round(0.75 * len(rollouts)))
     fit, held_back = flat_positions(rollouts[:cut]), flat_positions(rollouts[cut:])
-    lam = lam_for_acceptance(fit, config.target_acceptance) if config.target_acceptance is not None else config.lam
+    lam = (
+        lam_for_acceptance(fit, config.target_acceptance)
+        if config.target_acceptance is not None
+        else config.lam
+    )
     losses = fit_to_positions(head, fit, lam, config.warm_start_steps, config.warm_start_lr)
     with torch.no_grad():
-        w = {split: head(r.target_hidden, r.draft_hidden)[0] for split, r in (("fit", fit), ("held_back", held_back))}
+        w = {
+            split: head(r.target_hidden, r.draft_hidden)[0]
+            for split, r in (("fit", fit), ("held_back", held_back))
+        }
         figures = {"fit": frontier_gain(w["fit"], fit), "held_back": frontier_gain(w["held_back"], held_back)}
         figures["held_back"]["separates"] = what_separates(w["held_back"], held_back, pair.tokenizer)
     return {"lam": lam, "prompts": len(prompts), "final_loss": losses[-1] if losses else None, **figures}

@@ -2,6 +2,7 @@
 
 Pure functions of runs and tables; no Gradio and no models here.
 """
+
 from __future__ import annotations
 
 import html
@@ -22,16 +23,25 @@ KIND_LABELS = {
     "ar": "target-only token",
 }
 # Same hues as the token classes in assets/app.css.
-KIND_COLORS = {"accepted": "#16a34a", "rejected": "#dc2626", "resampled": "#d97706", "bonus": "#2563eb",
-               "ar": "#64748b"}
+KIND_COLORS = {
+    "accepted": "#16a34a",
+    "rejected": "#dc2626",
+    "resampled": "#d97706",
+    "bonus": "#2563eb",
+    "ar": "#64748b",
+}
 STATIC_COLOR, HEAD_COLOR, THEORY_COLOR = "#d97706", "#7c3aed", "#94a3b8"
 MODE_COLORS = dict(zip(COMPARE_MODES, ("#64748b", "#2563eb", STATIC_COLOR, HEAD_COLOR)))
 
 
 def token_title(event) -> str:
     """The hover text of a token: its fate and the numbers behind it."""
-    lines = [KIND_LABELS[event.kind], f"w_t = {fmt(event.w)}" + ("" if event.w is not None else " (no draft here)"),
-             f"p(x) = {fmt(event.p)}  (target)", f"q(x) = {fmt(event.q)}  (draft)"]
+    lines = [
+        KIND_LABELS[event.kind],
+        f"w_t = {fmt(event.w)}" + ("" if event.w is not None else " (no draft here)"),
+        f"p(x) = {fmt(event.p)}  (target)",
+        f"q(x) = {fmt(event.q)}  (draft)",
+    ]
     if event.accept_prob is not None:
         lines.append(f"acceptance probability = {fmt(event.accept_prob)}")
     return "\n".join(lines)
@@ -49,8 +59,9 @@ def render_token(event, departs: bool = False) -> str:
     return f'<span class="{classes}" title="{html.escape(title, quote=True)}">{text}</span>'
 
 
-def render_tokens(events, placeholder: str = "Tokens appear here as they are decided.",
-                  departs_at: int | None = None) -> str:
+def render_tokens(
+    events, placeholder: str = "Tokens appear here as they are decided.", departs_at: int | None = None
+) -> str:
     """The events as coloured tokens; `departs_at` (an output-token index) marks where the text leaves
     target-only decoding."""
     if not events:
@@ -64,8 +75,11 @@ def render_tokens(events, placeholder: str = "Tokens appear here as they are dec
 
 
 def legend_html(kinds=KIND_LABELS) -> str:
-    items = "".join(f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> '
-                    f'{html.escape(label)}</span>' for kind, label in kinds.items())
+    items = "".join(
+        f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> '
+        f"{html.escape(label)}</span>"
+        for kind, label in kinds.items()
+    )
     hint = '<span class="dd-legend-item dd-hint">hover a token for w_t, p, q</span>'
     return f'<div class="dd-legend">{items}{hint}</div>'
 
@@ -73,30 +87,48 @@ def legend_html(kinds=KIND_LABELS) -> str:
 def stats_html(run: DecodeRun | None, replayed: bool = False) -> str:
     """Live statistics cards: acceptance, τ, tokens/s, elapsed, tokens, mean w."""
     if run is None:
-        cards = [("acceptance", "–"), ("τ (tokens / target pass)", "–"), ("tokens / s", "–"), ("elapsed", "–")]
+        cards = [
+            ("acceptance", "–"),
+            ("τ (tokens / target pass)", "–"),
+            ("tokens / s", "–"),
+            ("elapsed", "–"),
+        ]
     else:
-        cards = [("acceptance", fmt(run.acceptance_rate, ".0%")),
-                 ("τ (tokens / target pass)", fmt(run.tau, ".2f")),
-                 ("tokens / s", fmt(run.tokens_per_second, ".1f")),
-                 ("elapsed", f"{fmt(run.elapsed_s, '.1f')} s"),
-                 ("tokens", str(run.new_tokens)),
-                 ("mean w_t", fmt(run.mean_w, ".2f"))]
-    body = "".join(f'<div class="dd-stat"><div class="dd-stat-value">{html.escape(value)}</div>'
-                   f'<div class="dd-stat-label">{html.escape(label)}</div></div>' for label, value in cards)
+        cards = [
+            ("acceptance", fmt(run.acceptance_rate, ".0%")),
+            ("τ (tokens / target pass)", fmt(run.tau, ".2f")),
+            ("tokens / s", fmt(run.tokens_per_second, ".1f")),
+            ("elapsed", f"{fmt(run.elapsed_s, '.1f')} s"),
+            ("tokens", str(run.new_tokens)),
+            ("mean w_t", fmt(run.mean_w, ".2f")),
+        ]
+    body = "".join(
+        f'<div class="dd-stat"><div class="dd-stat-value">{html.escape(value)}</div>'
+        f'<div class="dd-stat-label">{html.escape(label)}</div></div>'
+        for label, value in cards
+    )
     if run is None:
         return f'<div class="dd-stats" data-state="idle">{body}</div>'
     # The settings as attributes let scripts (and the browser test) tell which run the numbers belong to.
     state = "done" if run.done else "running"
-    return (f'<div class="dd-stats" data-state="{state}" data-mode="{run.settings.mode}" '
-            f'data-w="{run.settings.ensemble_weight:g}" data-seed="{run.settings.seed}"'
-            f'{" data-replay" if replayed else ""}>{body}</div>')
+    return (
+        f'<div class="dd-stats" data-state="{state}" data-mode="{run.settings.mode}" '
+        f'data-w="{run.settings.ensemble_weight:g}" data-seed="{run.settings.seed}"'
+        f"{' data-replay' if replayed else ''}>{body}</div>"
+    )
 
 
 def figure(title: str, height: int, x_title: str, y_title: str) -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height, template="plotly_white",
-                      margin=dict(l=50, r=20, t=40, b=40), legend=dict(orientation="h", y=-0.25),
-                      xaxis_title=x_title, yaxis_title=y_title)
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=14)),
+        height=height,
+        template="plotly_white",
+        margin=dict(l=50, r=20, t=40, b=40),
+        legend=dict(orientation="h", y=-0.25),
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+    )
     return fig
 
 
@@ -115,16 +147,26 @@ def w_chart(run: DecodeRun | None) -> go.Figure:
             texts.append(event.text)
         position += event.kind != "rejected"  # a rejected draft sits at the position its resample fills
     for kind, (xs, ys, texts) in points.items():
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=KIND_LABELS[kind], text=texts,
-                                 marker=dict(color=KIND_COLORS[kind], size=7),
-                                 hovertemplate="%{text}<br>w_t = %{y:.3f}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name=KIND_LABELS[kind],
+                text=texts,
+                marker=dict(color=KIND_COLORS[kind], size=7),
+                hovertemplate="%{text}<br>w_t = %{y:.3f}<extra></extra>",
+            )
+        )
     if run.settings.mode == "ar":
-        fig.add_annotation(text="target only: no draft, no w_t", showarrow=False, x=0.5, y=0.5,
-                           xref="paper", yref="paper")
+        fig.add_annotation(
+            text="target only: no draft, no w_t", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper"
+        )
     return fig
 
 
 # ---------------------------------------------------------------- compare
+
 
 def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
     """Cumulative acceptance and elapsed time against the generated token index, one line per mode."""
@@ -135,7 +177,9 @@ def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
         xs = list(range(1, run.new_tokens + 1))
         line = dict(color=MODE_COLORS[label], width=2)
         if run.settings.mode != "ar":
-            acceptance.add_trace(go.Scatter(x=xs, y=run.acceptance_per_token, mode="lines", name=label, line=line))
+            acceptance.add_trace(
+                go.Scatter(x=xs, y=run.acceptance_per_token, mode="lines", name=label, line=line)
+            )
         elapsed.add_trace(go.Scatter(x=xs, y=run.elapsed_per_token, mode="lines", name=label, line=line))
     return acceptance, elapsed
 
@@ -146,10 +190,14 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
     run = comparison.runs.get(label)
     if run is None:
         why = comparison.skipped.get(label, "waiting…")
-        return f'<div class="dd-panel"><div class="dd-panel-head">{html.escape(label)}</div>' \
-               f'<div class="dd-tokens dd-empty">{html.escape(why)}</div></div>'
-    line = (f"acc {fmt(run.acceptance_rate, '.0%')} · τ {fmt(run.tau, '.2f')} · "
-            f"{fmt(run.tokens_per_second, '.1f')} tok/s · {fmt(run.elapsed_s, '.1f')} s")
+        return (
+            f'<div class="dd-panel"><div class="dd-panel-head">{html.escape(label)}</div>'
+            f'<div class="dd-tokens dd-empty">{html.escape(why)}</div></div>'
+        )
+    line = (
+        f"acc {fmt(run.acceptance_rate, '.0%')} · τ {fmt(run.tau, '.2f')} · "
+        f"{fmt(run.tokens_per_second, '.1f')} tok/s · {fmt(run.elapsed_s, '.1f')} s"
+    )
     departs_at = comparison.departures().get(label)
     if label == "Target only":
         departure = "the reference for the ▶ marks"
@@ -157,12 +205,14 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
         departure = "same tokens as target only" if run.done and "Target only" in comparison.runs else ""
     else:
         departure = f"▶ departs from target only at token {departs_at + 1}"
-    return (f'<div class="dd-panel" data-state="{"done" if run.done else "running"}"'
-            f'{"" if departs_at is None else f" data-departs={departs_at}"}>'
-            f'<div class="dd-panel-head">{html.escape(label)}'
-            f'<span class="dd-panel-stats">{html.escape(line)}</span>'
-            f'<span class="dd-panel-stats dd-departure">{html.escape(departure)}</span></div>'
-            f'{render_tokens(run.events, departs_at=departs_at)}</div>')
+    return (
+        f'<div class="dd-panel" data-state="{"done" if run.done else "running"}"'
+        f"{'' if departs_at is None else f' data-departs={departs_at}'}>"
+        f'<div class="dd-panel-head">{html.escape(label)}'
+        f'<span class="dd-panel-stats">{html.escape(line)}</span>'
+        f'<span class="dd-panel-stats dd-departure">{html.escape(departure)}</span></div>'
+        f"{render_tokens(run.events, departs_at=departs_at)}</div>"
+    )
 
 
 # ---------------------------------------------------------------- speed–quality dial
@@ -178,29 +228,70 @@ def acceptance_figure(points, expected_tv: float) -> go.Figure:
     fig = figure("per-token acceptance vs w", DIAL_HEIGHT, "w", "per-token acceptance α")
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
     if not math.isnan(expected_tv):
-        fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1 - expected_tv], mode="lines",
-                                 name=f"theory 1 − w·E[TV] (E[TV] ≈ {expected_tv:.2f})",
-                                 line=dict(color=THEORY_COLOR, dash="dash")))
-    fig.add_trace(go.Scatter(x=static["w"], y=static["alpha"], mode="markers+lines", name="static w (measured)",
-                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)))
+        fig.add_trace(
+            go.Scatter(
+                x=[0, 1],
+                y=[1, 1 - expected_tv],
+                mode="lines",
+                name=f"theory 1 − w·E[TV] (E[TV] ≈ {expected_tv:.2f})",
+                line=dict(color=THEORY_COLOR, dash="dash"),
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=static["w"],
+            y=static["alpha"],
+            mode="markers+lines",
+            name="static w (measured)",
+            marker=dict(color=STATIC_COLOR, size=8),
+            line=dict(color=STATIC_COLOR),
+        )
+    )
     if not heads.empty:
-        fig.add_trace(go.Scatter(x=heads["w"], y=heads["alpha"], mode="markers", name="DIVERSED heads (mean w_t)",
-                                 marker=HEAD_STAR, text=heads["label"]))
+        fig.add_trace(
+            go.Scatter(
+                x=heads["w"],
+                y=heads["alpha"],
+                mode="markers",
+                name="DIVERSED heads (mean w_t)",
+                marker=HEAD_STAR,
+                text=heads["label"],
+            )
+        )
     fig.update_xaxes(range=[-0.05, 1.05])
     return fig
 
 
-
 def quality_figure(points) -> go.Figure:
     """Quality against the acceptance rate: the static frontier, and each head as a star."""
-    fig = figure("quality vs acceptance", DIAL_HEIGHT, "acceptance (accepted / drafted)", "quality (task reward)")
+    fig = figure(
+        "quality vs acceptance", DIAL_HEIGHT, "acceptance (accepted / drafted)", "quality (task reward)"
+    )
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
-    fig.add_trace(go.Scatter(x=static["acceptance"], y=static["quality"], mode="markers+lines+text",
-                             text=static["label"], textposition="top center", name="static w",
-                             marker=dict(color=STATIC_COLOR, size=8), line=dict(color=STATIC_COLOR)))
+    fig.add_trace(
+        go.Scatter(
+            x=static["acceptance"],
+            y=static["quality"],
+            mode="markers+lines+text",
+            text=static["label"],
+            textposition="top center",
+            name="static w",
+            marker=dict(color=STATIC_COLOR, size=8),
+            line=dict(color=STATIC_COLOR),
+        )
+    )
     if not heads.empty:
-        fig.add_trace(go.Scatter(x=heads["acceptance"], y=heads["quality"], mode="markers+text", text=heads["label"],
-                                 textposition="bottom center", name="DIVERSED heads", marker=HEAD_STAR))
+        fig.add_trace(
+            go.Scatter(
+                x=heads["acceptance"],
+                y=heads["quality"],
+                mode="markers+text",
+                text=heads["label"],
+                textposition="bottom center",
+                name="DIVERSED heads",
+                marker=HEAD_STAR,
+            )
+        )
     return fig
 
 
@@ -208,23 +299,44 @@ def speed_figure(points) -> go.Figure:
     """Tokens/s of each setting, as measured where the points were measured."""
     fig = figure("measured speed (where it was measured)", DIAL_HEIGHT, "", "tokens / s")
     colors = [HEAD_COLOR if kind == "head" else STATIC_COLOR for kind in points["kind"]]
-    fig.add_trace(go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False))
+    fig.add_trace(
+        go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False)
+    )
     return fig
 
 
 def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
     """The projected speedup (1 − α^{N+1}) / ((1 − α)(N·c + 1)) against α, with each setting at its α."""
-    fig = figure(f"projected speedup (N = {n_draft}, c = {cost_ratio:g})", DIAL_HEIGHT, "per-token acceptance α",
-                 "projected speedup ×")
+    fig = figure(
+        f"projected speedup (N = {n_draft}, c = {cost_ratio:g})",
+        DIAL_HEIGHT,
+        "per-token acceptance α",
+        "projected speedup ×",
+    )
     alphas = [i / 100 for i in range(101)]
-    fig.add_trace(go.Scatter(x=alphas, y=[analytic_speedup(a, n_draft, cost_ratio) for a in alphas], mode="lines",
-                             name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))", line=dict(color=THEORY_COLOR)))
+    fig.add_trace(
+        go.Scatter(
+            x=alphas,
+            y=[analytic_speedup(a, n_draft, cost_ratio) for a in alphas],
+            mode="lines",
+            name="projection (1 − α^{N+1}) / ((1 − α)(N·c + 1))",
+            line=dict(color=THEORY_COLOR),
+        )
+    )
     measured = points.dropna(subset=["alpha"])
-    fig.add_trace(go.Scatter(x=measured["alpha"], y=[analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
-                             mode="markers+text", text=measured["label"], textposition="top center",
-                             name="settings at their α",
-                             marker=dict(color=[HEAD_COLOR if k == "head" else STATIC_COLOR for k in measured["kind"]],
-                                         size=9)))
+    fig.add_trace(
+        go.Scatter(
+            x=measured["alpha"],
+            y=[analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
+            mode="markers+text",
+            text=measured["label"],
+            textposition="top center",
+            name="settings at their α",
+            marker=dict(
+                color=[HEAD_COLOR if k == "head" else STATIC_COLOR for k in measured["kind"]], size=9
+            ),
+        )
+    )
     fig.add_hline(y=1, line_dash="dot", line_color=THEORY_COLOR)
     return fig
 
@@ -232,12 +344,29 @@ def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
 def training_figure(history: list[dict]) -> go.Figure:
     """Reward (left: its scale depends on the task) and acceptance and mean w_t (right, in [0, 1]) per step."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("reward", "acceptance and mean w_t"))
-    fig.update_layout(height=300, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(
+        height=300,
+        template="plotly_white",
+        margin=dict(l=50, r=20, t=50, b=40),
+        legend=dict(orientation="h", y=-0.25),
+    )
     steps = [h.get("step") for h in history]
-    for key, color, col in (("reward", "#16a34a", 1), ("acceptance", "#2563eb", 2), ("mean_w", HEAD_COLOR, 2)):
-        fig.add_trace(go.Scatter(x=steps, y=[h.get(key) for h in history], mode="lines+markers", name=key,
-                                 line=dict(color=color)), row=1, col=col)
+    for key, color, col in (
+        ("reward", "#16a34a", 1),
+        ("acceptance", "#2563eb", 2),
+        ("mean_w", HEAD_COLOR, 2),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=[h.get(key) for h in history],
+                mode="lines+markers",
+                name=key,
+                line=dict(color=color),
+            ),
+            row=1,
+            col=col,
+        )
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
     fig.update_xaxes(title_text="step")
     return fig

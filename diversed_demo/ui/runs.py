@@ -2,6 +2,7 @@
 
 Plain Python over the decoder; nothing here knows about Gradio, so the tests drive it directly.
 """
+
 from __future__ import annotations
 
 import math
@@ -9,13 +10,13 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from ..core.generate import speculative_generate
+from ..core.prompt import encode_prompt
 from ..core.settings import MODES
 from ..core.stats import Counts, Summary
-from ..core.prompt import encode_prompt
-from ..core.generate import speculative_generate
-from ..models.heads import load_head
 from ..eval.rewards import fidelity, task_reward
 from ..eval.tasks import REFERENCE_TASKS, Example
+from ..models.heads import load_head
 
 MAX_PROMPT_CHARS = 4000
 # The decoder's modes under the names the page shows, in the order the page lists them.
@@ -38,7 +39,9 @@ def check_prompt(prompt: str) -> str:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("the prompt is empty: type one or pick an example")
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"the prompt is {len(prompt)} characters long; the demo takes at most {MAX_PROMPT_CHARS}")
+        raise ValueError(
+            f"the prompt is {len(prompt)} characters long; the demo takes at most {MAX_PROMPT_CHARS}"
+        )
     return prompt
 
 
@@ -47,7 +50,9 @@ def resolve_head(pair, settings: DecodeSettings):
     if settings.mode != "dynamic":
         return None
     if not settings.head_name:
-        raise ValueError("DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab")
+        raise ValueError(
+            "DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab"
+        )
     return load_head(settings.head_name, pair)  # a name in the heads folders, or a path
 
 
@@ -58,6 +63,7 @@ class DecodeRun:
     The counts are the decoder's (a Summary in the making), so acceptance, τ and tokens/s are computed
     by Summary alone, live and at the end.
     """
+
     settings: DecodeSettings
     prompt: str = ""
     events: list = field(default_factory=list)
@@ -85,8 +91,16 @@ class DecodeRun:
         if self.summary is not None:
             return self.summary
         c = self.counts
-        return Summary("", c.new_tokens, c.target_passes, c.drafted, c.accepted, time.perf_counter() - self.started,
-                       mean_w=self._mean_w(), rejected=c.rejected)
+        return Summary(
+            "",
+            c.new_tokens,
+            c.target_passes,
+            c.drafted,
+            c.accepted,
+            time.perf_counter() - self.started,
+            mean_w=self._mean_w(),
+            rejected=c.rejected,
+        )
 
     def _mean_w(self) -> float | None:
         ws = [e.w for e in self.events if e.w is not None and e.kind != "resampled"]
@@ -132,9 +146,17 @@ def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
     """
     check_prompt(prompt)
     run = DecodeRun(settings, prompt)
-    stream = speculative_generate(pair, prompt, mode=settings.mode, ensemble_weight=settings.ensemble_weight,
-                                  head=head, n_draft=settings.n_draft, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature, seed=settings.seed)
+    stream = speculative_generate(
+        pair,
+        prompt,
+        mode=settings.mode,
+        ensemble_weight=settings.ensemble_weight,
+        head=head,
+        n_draft=settings.n_draft,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        seed=settings.seed,
+    )
     for item in stream:
         if isinstance(item, Summary):
             run.summary = item
@@ -165,6 +187,7 @@ COMPARE_MODES = tuple(MODE_LABELS)
 @dataclass
 class Comparison:
     """The runs of one prompt through each mode, and each finished run's quality."""
+
     runs: dict[str, DecodeRun] = field(default_factory=dict)
     quality: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # label → (value, metric)
     skipped: dict[str, str] = field(default_factory=dict)  # label → why
@@ -176,8 +199,11 @@ class Comparison:
         if baseline is None:
             return {}
         reference = [e.token_id for e in baseline.output_events]
-        return {label: first_departure([e.token_id for e in run.output_events], reference, baseline.done)
-                for label, run in self.runs.items() if label != "Target only"}
+        return {
+            label: first_departure([e.token_id for e in run.output_events], reference, baseline.done)
+            for label, run in self.runs.items()
+            if label != "Target only"
+        }
 
 
 def first_departure(ids: list[int], reference: list[int], reference_done: bool = True) -> int | None:
@@ -230,6 +256,7 @@ def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:
 
 # ---------------------------------------------------------------- training
 
+
 class TrainingJob:
     """The app's one training run at a time, in a background thread so that decoding keeps working.
 
@@ -257,7 +284,9 @@ class TrainingJob:
                 return False
             self._stop.clear()
             self.history, self.result, self.error, self.owner = [], None, None, owner
-            self._thread = threading.Thread(target=self._work, args=(train_fn,), name="diversed-train", daemon=True)
+            self._thread = threading.Thread(
+                target=self._work, args=(train_fn,), name="diversed-train", daemon=True
+            )
             self._thread.start()
             return True
 

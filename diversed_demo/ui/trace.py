@@ -1,6 +1,7 @@
 """A run's trace as a file: its token events (fate, w_t, p, q, acceptance probability, timing), its
 settings and the pair, as JSON (replayable in the Decode view without models) and CSV (one row per event).
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,15 +20,25 @@ SETTING_FIELDS = [f.name for f in fields(DecodeSettings)]
 
 def run_record(label: str, run: DecodeRun) -> dict:
     stats = run.stats
-    return {"label": label, "prompt": run.prompt, "settings": asdict(run.settings),
-            "summary": {**stats.to_dict(), "text": stats.text, "events_s": stats.events_s},
-            "events": [{**event.to_dict(), "elapsed_s": elapsed} for event, elapsed in zip(run.events, run.event_times)]}
+    return {
+        "label": label,
+        "prompt": run.prompt,
+        "settings": asdict(run.settings),
+        "summary": {**stats.to_dict(), "text": stats.text, "events_s": stats.events_s},
+        "events": [
+            {**event.to_dict(), "elapsed_s": elapsed} for event, elapsed in zip(run.events, run.event_times)
+        ],
+    }
 
 
 def trace_of(runs: dict[str, DecodeRun], pair_info: dict, view: str) -> dict:
     """The trace of the runs of one view (Decode: one run; Compare: one per mode)."""
-    return {"format": TRACE_FORMAT, "view": view, "pair": pair_info,
-            "runs": [run_record(label, run) for label, run in runs.items()]}
+    return {
+        "format": TRACE_FORMAT,
+        "view": view,
+        "pair": pair_info,
+        "runs": [run_record(label, run) for label, run in runs.items()],
+    }
 
 
 def trace_json(data: dict) -> str:
@@ -42,7 +53,9 @@ def trace_csv(data: dict) -> str:
     writer.writeheader()
     for record in data["runs"]:
         for i, event in enumerate(record["events"]):
-            writer.writerow({"run": record["label"], "index": i, **event, **record["settings"], **data["pair"]})
+            writer.writerow(
+                {"run": record["label"], "index": i, **event, **record["settings"], **data["pair"]}
+            )
     return out.getvalue()
 
 
@@ -71,8 +84,10 @@ def read_trace(text: str) -> dict:
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"not a JSON file ({err})") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
-        raise ValueError(f"not a DIVERSED trace: expected \"format\": \"{TRACE_FORMAT}\" "
-                         "(download one from Decode's Trace fold or from Compare)")
+        raise ValueError(
+            f'not a DIVERSED trace: expected "format": "{TRACE_FORMAT}" '
+            "(download one from Decode's Trace fold or from Compare)"
+        )
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
         raise ValueError("the trace holds no runs")
@@ -92,7 +107,9 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
     runs = read_trace(text)["runs"]
     record = next((r for r in runs if r.get("label") == label), runs[0]) if label else runs[0]
     try:
-        settings = DecodeSettings(**{k: v for k, v in record.get("settings", {}).items() if k in SETTING_FIELDS})
+        settings = DecodeSettings(
+            **{k: v for k, v in record.get("settings", {}).items() if k in SETTING_FIELDS}
+        )
         run = DecodeRun(settings, str(record.get("prompt", "")))
         for i, raw in enumerate(record.get("events") or []):
             where = f"event {i + 1}"
@@ -101,15 +118,24 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
             values = {k: raw[k] for k in EVENT_FIELDS if k in raw}
             for key in ("w", "p", "q", "accept_prob", "draft_ms", "verify_ms"):
                 _number(values.get(key), f"{where}: {key}")
-            event = TokenEvent(**{"text": "", "step": 0, **values, "token_id": int(values.get("token_id", -1))})
-            run.add(event, elapsed_s=_number(raw.get("elapsed_s", 0.0), f"{where}: elapsed_s", optional=False))
+            event = TokenEvent(
+                **{"text": "", "step": 0, **values, "token_id": int(values.get("token_id", -1))}
+            )
+            run.add(
+                event, elapsed_s=_number(raw.get("elapsed_s", 0.0), f"{where}: elapsed_s", optional=False)
+            )
         summary = record.get("summary") or {}
         counts = run.counts
-        run.summary = Summary(str(summary.get("text", "")), counts.new_tokens, counts.target_passes, counts.drafted,
-                              counts.accepted, float(_number(summary.get("wall_time_s"), "wall_time_s")
-                                                     or counts.wall_time_s),
-                              mean_w=_number(summary.get("mean_w"), "mean_w"),
-                              token_ids=[e.token_id for e in run.output_events])
+        run.summary = Summary(
+            str(summary.get("text", "")),
+            counts.new_tokens,
+            counts.target_passes,
+            counts.drafted,
+            counts.accepted,
+            float(_number(summary.get("wall_time_s"), "wall_time_s") or counts.wall_time_s),
+            mean_w=_number(summary.get("mean_w"), "mean_w"),
+            token_ids=[e.token_id for e in run.output_events],
+        )
     except TypeError as err:
         raise ValueError(f"the trace's run is malformed ({err})") from None
     return run
