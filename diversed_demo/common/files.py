@@ -1,4 +1,5 @@
-"""Files: the user cache folder, and the one atomic writer (an interrupt leaves the old file or the new one)."""
+"""Files: the user cache folder, and the one atomic writer (an interrupt leaves the old file or the new
+one)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def cache_dir() -> Path:
 
 
 def atomic_write(path, write) -> None:
-    """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one, never half."""
+    """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one,
+    never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

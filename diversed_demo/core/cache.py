@@ -1,4 +1,5 @@
-"""TODO."""
+"""The target's KV cache for one sequence or a batch of rows (rollback by cropping, holes where rows
+differ), and the feature draft's cached attention."""
 
 from __future__ import annotations
 

@@ -115,6 +115,28 @@ def decode_steps(
         yield step
 
 
+def clock(device: torch.device) -> float:
+    """The time once the device has finished its queued work (a GPU runs ahead of the host)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int):
+    """Up to n drafted tokens (none without a draft, or before a feature draft has the target's features of
+    the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None)."""
+    if draft is None or n <= 0 or not draft.ready(len(sequence)):
+        return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
+    return draft.propose(sequence, n, sampler)
+
+
+def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
+    """The tokens a verdict emits, cut after the first EOS, and whether one ended the decode."""
+    new_ids = torch.cat([verdict.draft_tokens[: verdict.n_accepted], verdict.next_token.view(1)]).tolist()
+    stop_at = next((j + 1 for j, t in enumerate(new_ids) if t in stop_ids), None)
+    return new_ids[:stop_at], stop_at is not None
+
+
 def decode_rows(
     pair,
     rows: list[Row],
@@ -126,59 +148,42 @@ def decode_rows(
     """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
     each step. Every row has its own draft state, weight rule and random stream, so row r follows the law
     (and, up to rounding, the tokens) of a decode of rows[r] alone; the rows share one target pass a step,
-    which streams the target's weights once for all of them (a Step's verify_s is its share of that pass).
+    which streams the target's weights once for all of them (a Step's times are its share of the step's).
     The event stream, the frontier and head training's rollouts all read this loop: one law."""
     device = pair.target.device
-    samplers = [
-        Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(row.seed)) for row in rows
-    ]
-    stop_ids = eos_ids(pair)
+    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(r.seed)) for r in rows]
     drafts = [make_draft(pair, row.mode) for row in rows]
     weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
     aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
     target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows))
     sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]
-    emitted, active, index = [0] * len(rows), list(range(len(rows))), 0
+    stop_ids, emitted, active, index = eos_ids(pair), [0] * len(rows), list(range(len(rows))), 0
     while active:
         index += 1
-        proposals, draft_s = [], []
-        for r in active:
-            # Never draft past the budget: the step emits at most n + 1 tokens. A feature draft waits for
-            # the target's first pass over the prompt.
-            draft, sequence = drafts[r], sequences[r]
-            n = min(n_draft, max_new_tokens - emitted[r] - 1) if draft and draft.ready(len(sequence)) else 0
-            t0 = time.perf_counter()
-            if n > 0:
-                proposals.append(draft.propose(sequence, n, samplers[r]))
-            else:
-                proposals.append(
-                    (sequence.new_empty(0), torch.empty(0, pair.vocab_size, device=device), None)
-                )
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            draft_s.append(time.perf_counter() - t0)
-        t1 = time.perf_counter()
+        start = clock(device)
+        # Never draft past the budget: the step emits at most n + 1 tokens.
+        budgets = [min(n_draft, max_new_tokens - emitted[r] - 1) for r in active]
+        proposals = [
+            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size) for r, n in zip(active, budgets)
+        ]
+        drafted = clock(device)
         feeds = [
-            torch.cat([sequences[r][target.lengths[i] :], proposal[0]])
-            for i, (r, proposal) in enumerate(zip(active, proposals))
+            torch.cat([sequences[r][target.lengths[i] :], p[0]])
+            for i, (r, p) in enumerate(zip(active, proposals))
         ]
         scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
         verdicts = [
             verify_step(out, len(feed) - len(p[0]), *p, weighs[r], samplers[r])
             for r, out, feed, p in zip(active, scored, feeds, proposals)
         ]
-        verify_s = (time.perf_counter() - t1) / len(active)
+        draft_s, verify_s = (drafted - start) / len(active), (clock(device) - drafted) / len(active)
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
-            new_ids = torch.cat(
-                [verdict.draft_tokens[: verdict.n_accepted], verdict.next_token.view(1)]
-            ).tolist()
-            stop_at = next((j + 1 for j, t in enumerate(new_ids) if t in stop_ids), None)
-            new_ids = new_ids[:stop_at]
-            yield r, Step(index, sequences[r], verdict, new_ids, stop_at is not None, draft_s[i], verify_s)
+            new_ids, stopped = emitted_ids(verdict, stop_ids)
+            yield r, Step(index, sequences[r], verdict, new_ids, stopped, draft_s, verify_s)
             emitted[r] += len(new_ids)
             sequences[r] = torch.cat([sequences[r], sequences[r].new_tensor(new_ids)])
-            if stop_at is not None or emitted[r] >= max_new_tokens:
+            if stopped or emitted[r] >= max_new_tokens:
                 continue
             still.append(i)
             # Keep the caches on the new sequence minus its last token (which is fed next step).

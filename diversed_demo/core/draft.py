@@ -41,7 +41,7 @@ class StandaloneDraft:
         return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
 
     def observe(self, length: int, target_features=None) -> None:
-        """The sequence is now `length` tokens long; keep the cache on its verified part (all but the last)."""
+        """The sequence is `length` tokens long: keep the cache on its verified part (all but the last)."""
         self.lm.rollback(length - 1)
 
 
@@ -60,7 +60,8 @@ class FeatureDraft:
         self.pending = None  # true features [P, n_aux·H] of positions length .. length + P − 1
 
     def ready(self, length: int) -> bool:
-        """Whether the features of every verified position but the last are known (not before the target's first pass)."""
+        """Whether the features of every verified position but the last are known (not before the target's
+        first pass)."""
         return self.pending is not None and self.length + len(self.pending) >= length - 1
 
     def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):

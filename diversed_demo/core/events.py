@@ -1,4 +1,5 @@
-"""TODO."""
+"""Token events: what the app and the CLI show of a decode, one per decided token (a rejected draft
+included), built from each step's verdict."""
 
 from __future__ import annotations
 
@@ -48,79 +49,38 @@ def token_text(tokenizer, context: list[int], token_id: int) -> str:
     return tokenizer.decode(context + [token_id], skip_special_tokens=False)[len(before) :]
 
 
+def draft_figures(verdict: Verdict) -> list[tuple[float, float, float, float]]:
+    """(p(x), q(x), acceptance probability, w) of each drafted token x, in one host transfer."""
+    n = verdict.draft_tokens.numel()
+    if not n:
+        return []
+    at = torch.arange(n, device=verdict.draft_tokens.device), verdict.draft_tokens
+    figures = [verdict.target_probs[:n][at], verdict.draft_probs[at], verdict.accept_probs.float(), verdict.w]
+    return torch.stack([f.float() for f in figures], dim=1).tolist()
+
+
 def step_events(tokenizer, sequence, verdict: Verdict, mode, step, draft_ms, verify_ms) -> list[TokenEvent]:
-    """The events of one decoding step, in order, with one host transfer for all their numbers."""
-    draft_tokens, draft_probs, target_probs, w = (
-        verdict.draft_tokens,
-        verdict.draft_probs,
-        verdict.target_probs,
-        verdict.w,
-    )
-    n_accepted, next_token, accept_probs = verdict.n_accepted, verdict.next_token, verdict.accept_probs
-    n = draft_tokens.numel()
-    pos = torch.arange(n, device=draft_tokens.device)
+    """The events of one decoding step, in order: the accepted drafts, then either the rejected draft and
+    its resampled replacement, or the bonus token (the target's own token in target-only decoding)."""
+    n, n_accepted, next_token = verdict.draft_tokens.numel(), verdict.n_accepted, int(verdict.next_token)
     at = min(n_accepted, n)  # position of next_token among the drafted ones (n for the bonus)
-    per_draft = (
-        torch.stack(
-            [
-                target_probs[:n][pos, draft_tokens],
-                draft_probs[pos, draft_tokens],
-                accept_probs.float(),
-                w.float(),
-            ],
-            dim=1,
-        ).tolist()
-        if n
-        else []
-    )
-    next_p = float(target_probs[at, next_token])
-    next_q = float(draft_probs[at, next_token]) if at < n else None
-    drafted, nxt = draft_tokens.tolist(), int(next_token)
+    figures, drafted = draft_figures(verdict), verdict.draft_tokens.tolist()
+    next_p = float(verdict.target_probs[at, next_token])
     context = sequence[-4:].tolist()
     timing = dict(step=step, drafted=n, draft_ms=draft_ms, verify_ms=verify_ms)
+
+    def event(token_id, kind, **figures):
+        return TokenEvent(token_id, token_text(tokenizer, context, token_id), kind, **figures, **timing)
+
     events = []
-    for i in range(n_accepted):
-        p, q, a, wi = per_draft[i]
-        events.append(
-            TokenEvent(
-                drafted[i],
-                token_text(tokenizer, context, drafted[i]),
-                "accepted",
-                w=wi,
-                p=p,
-                q=q,
-                accept_prob=a,
-                **timing,
-            )
-        )
-        context.append(drafted[i])
+    for token_id, (p, q, accept_prob, w) in zip(drafted[:n_accepted], figures):
+        events.append(event(token_id, "accepted", w=w, p=p, q=q, accept_prob=accept_prob))
+        context.append(token_id)
     if at < n:
-        p, q, a, wi = per_draft[at]
-        events.append(
-            TokenEvent(
-                drafted[at],
-                token_text(tokenizer, context, drafted[at]),
-                "rejected",
-                w=wi,
-                p=p,
-                q=q,
-                accept_prob=a,
-                **timing,
-            )
-        )
-        events.append(
-            TokenEvent(
-                nxt, token_text(tokenizer, context, nxt), "resampled", w=wi, p=next_p, q=next_q, **timing
-            )
-        )
+        p, q, accept_prob, w = figures[at]
+        events.append(event(drafted[at], "rejected", w=w, p=p, q=q, accept_prob=accept_prob))
+        next_q = float(verdict.draft_probs[at, next_token])
+        events.append(event(next_token, "resampled", w=w, p=next_p, q=next_q))
     else:
-        events.append(
-            TokenEvent(
-                nxt,
-                token_text(tokenizer, context, nxt),
-                "ar" if mode == "ar" else "bonus",
-                p=next_p,
-                **timing,
-            )
-        )
+        events.append(event(next_token, "ar" if mode == "ar" else "bonus", p=next_p))
     return events

@@ -1,4 +1,5 @@
-"""TODO."""
+"""The public entry points: stream a decode as token events then a Summary (`speculative_generate`), run
+one to the end (`generate`), or decode a batch of rows (`decode_batch`)."""
 
 from __future__ import annotations
 

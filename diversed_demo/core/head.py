@@ -1,9 +1,5 @@
-"""Ensemble heads: w_t for each drafted position from both models' last hidden states.
-
-A head file is safetensors (weights) whose metadata holds the head's shape, the pair it belongs to
-(model fingerprints, hidden sizes, vocabulary, tokenizer fingerprint), its task, training settings and
-evaluation figures. Loading never unpickles, and refuses a head of another pair with a clear message.
-"""
+"""The ensemble weight w_t of each drafted position: a constant for exact (w = 1) and static modes, or a
+learned head reading both models' last hidden states (files and pair binding: models/heads.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO."""
+"""Tokens in and out: a prompt's ids (through the chat template) and the ids that end a decode."""
 
 from __future__ import annotations
 

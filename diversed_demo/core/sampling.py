@@ -1,4 +1,5 @@
-"""TODO."""
+"""Sampling from logits, the same way for draft and target: temperature, top-p, greedy, and the exponential
+race that draws a token without a host sync."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO."""
+"""What a decode takes, and the checks that refuse a bad setting with a message naming it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO."""
+"""A decode's accounting: token counts, acceptance rate, τ and speed, defined once for every report."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class Summary(Rates):
         )
 
     def to_dict(self) -> dict:
-        """The figures of a decode (not its text or ids), as the CLI's --json and the app's traces write them."""
+        """A decode's figures (not its text or ids), as the CLI's --json and the app's traces hold them."""
         return {
             "acceptance_rate": self.acceptance_rate,
             "tau": self.tau,
@@ -122,7 +122,8 @@ class Tally:
         summary.wall_time_s += step.draft_s + step.verify_s
 
     def finish(self, tokenizer, wall_time_s: float | None = None) -> Summary:
-        """The Summary, with its text; wall_time_s replaces the steps' own time (which leaves out the loop's)."""
+        """The Summary, with its text; wall_time_s replaces the steps' own time (which leaves out the
+        loop's)."""
         summary = self.summary
         if wall_time_s is not None:
             summary.wall_time_s = wall_time_s

@@ -158,7 +158,7 @@ class Eagle3Draft(nn.Module):
             "inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False
         )
 
-    # ------------------------------------------------------------------ pieces shared by decoding and training
+    # ---------------------------------------------------------- pieces shared by decoding and training
 
     @property
     def draft_token_ids(self) -> torch.Tensor:
@@ -183,7 +183,8 @@ class Eagle3Draft(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
-        """The target's aux hidden states, concatenated [..., n_aux·H] -> the draft's input features [..., H]."""
+        """The target's aux hidden states, concatenated [..., n_aux·H] -> the draft's input features
+        [..., H]."""
         return self.fc(target_features.to(self.fc.weight.dtype))
 
     def layer(self, features, token_ids, positions, attend) -> torch.Tensor:

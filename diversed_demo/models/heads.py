@@ -1,4 +1,5 @@
-"""TODO."""
+"""Head files: the shipped and the user's heads, their safetensors format and metadata, and the pair each is
+bound to. Loading never unpickles, and refuses a head of another pair with a clear message."""
 
 from __future__ import annotations
 

@@ -21,10 +21,9 @@ def linear_product(
 ) -> torch.Tensor:
     """hidden [..., in] · weightᵀ (+ bias) -> [..., out]: the product of every linear layer of a pair.
 
-    In fp32 on CPU, MKL multiplies a weight by a few rows 2–3× faster as W·Xᵀ than as X·Wᵀ, and fastest
+    In fp32 on some CPUs MKL multiplies a weight by a few rows faster as W·Xᵀ than as X·Wᵀ, and fastest
     with 2 or 4 columns: one row (its matrix–vector path) or three cost more than the padded product.
-    Measured on these machines over all of the target's weights: one token 61 → 30 ms, 2 rows 103 → 30,
-    3 rows 126 → 33 (padded to 4), 5 rows 79 → 54. In bf16 and on GPUs the usual product is as fast.
+    Figures: docs/measurements/core.md.
     """
     rows = hidden.reshape(-1, hidden.shape[-1])
     n_rows = len(rows)
@@ -49,9 +48,8 @@ class FastLinear(torch.nn.Linear):
 @functools.cache
 def fast_product_pays() -> bool:
     """Whether `linear_product` beats the stock product on this machine for decoding-sized blocks (1 and 4
-    rows through a 1536×576 weight, a SmolLM2 MLP's shape), timed once per process (about 50 ms).
-    Measured: on the project's first machines, 61 → 30 ms per target token; on later ones (PyTorch 2.13,
-    oneDNN 3.12) the stock product was 2–4× faster at 1 to 5 rows, and the switch halved decoding speed."""
+    rows through a 1536×576 weight, a SmolLM2 MLP's shape), timed once per process (about 50 ms): which
+    product wins differs between CPUs."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(1536, 576, generator=generator)
 

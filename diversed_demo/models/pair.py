@@ -1,4 +1,4 @@
-"""TODO."""
+"""A (target, draft) pair that shares a tokenizer, as the decoder sees it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO."""
+"""A standalone draft restricted to a subset of the vocabulary (q = 0 elsewhere): a cheaper draft token."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ class VocabSubsetHead(torch.nn.Module):
     """A draft LM head over a fixed subset of the vocabulary; every other token gets logit −inf (q = 0).
 
     For a user's small standalone draft (`restrict_draft_vocab(pair.draft, ids)`): its vocabulary-sized head
-    is most of its cost (two thirds for a 4-layer SmolLM2 draft), while the target rarely puts mass outside its few thousand most frequent tokens (FR-Spec,
-    Zhao et al. 2025). Verification stays exact for any q, so this only trades a little acceptance for
-    a much cheaper draft token. The logits keep the full vocabulary, so every caller sees one q.
+    is most of its cost, while the target rarely puts mass outside its few thousand most frequent tokens
+    (FR-Spec, Zhao et al. 2025). Verification stays exact for any q, so this only trades a little
+    acceptance for a much cheaper draft token. The logits keep the full vocabulary, so every caller sees
+    one q.
     """
 
     def __init__(self, weight: torch.nn.Parameter, token_ids: torch.Tensor):
