@@ -1,5 +1,6 @@
 # Two commands: `make demo` (install everything, launch the app on the embedded pair)
-# and `make test` (install everything, run all tests including the browser test).
+# and `make test` (install everything, lint, run all tests including the browser test).
+# `make quick` lints and runs the fast tests only.
 # CPU machines get the pinned CPU wheel of torch; on a CUDA machine use `make demo TORCH=torch`
 # (PyPI's default Linux torch is a CUDA build).
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install chromium clean screenshots
+.PHONY: demo test quick lint install chromium clean screenshots
 
 install: $(STAMP)
 
@@ -28,8 +29,17 @@ chromium:
 demo: install
 	$(BIN)/diversed-demo app
 
-test: install chromium
+# Everything: lint, format check, and every test (browser, embedded pair and slow ones included).
+test: install chromium lint
 	$(BIN)/python -m pytest -q
+
+# The fast loop while editing: no browser, no embedded pair, nothing slow.
+quick: install lint
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not embedded"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Refresh the README's screenshots (the test run itself writes them to a temporary folder).
 screenshots: install chromium
