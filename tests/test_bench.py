@@ -192,7 +192,8 @@ def test_bench_command_runs_the_chosen_categories(tmp_path, capsys):
 
 
 def test_vs_transformers_handles_the_end_weights_and_leaves_the_draft_config_alone(pair):
-    # transformers accepts only 0 < w < 1: w = 1 is compared as plain assisted generation, w = 0 is not compared.
+    # transformers accepts only 0 < w < 1: w = 1 is compared as plain assisted generation, w = 0 is not
+    # compared.
     before = pair.draft.generation_config.to_dict()
     examples = [Example("the cat sat on the", "general", category="writing")]
     modes = parse_modes("ar,static:0,static:1", pair)

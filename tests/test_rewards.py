@@ -95,14 +95,19 @@ MBPP_ROW = {
 HUMANEVAL_PROBLEM = {
     "task_id": "Toy/0",
     "entry_point": "double",
-    "prompt": 'from typing import List\n\n\ndef double(xs: List[int]) -> List[int]:\n    """Double each."""\n',
+    "prompt": (
+        'from typing import List\n\n\ndef double(xs: List[int]) -> List[int]:\n    """Double each."""\n'
+    ),
     "canonical_solution": "    return [2 * x for x in xs]\n",
     "test": "def check(candidate):\n    assert candidate([1, 2]) == [2, 4]\n    assert candidate([]) == []\n",
 }
 
 
 def test_extract_code_prefers_block_defining_entry_point():
-    text = "Example:\n```python\nprint(add(1, 2))\n```\nSolution:\n```python\ndef add(a, b):\n    return a + b\n```"
+    text = (
+        "Example:\n```python\nprint(add(1, 2))\n```\n"
+        "Solution:\n```python\ndef add(a, b):\n    return a + b\n```"
+    )
     assert extract_code(text, "add").startswith("def add")
     assert extract_code("def add(a, b): return a + b", "add") == "def add(a, b): return a + b"
     assert extract_code("```python\ndef add(a, b):\n    return a + b", "add").startswith(
@@ -160,7 +165,10 @@ def test_sandbox_timeout_stops_infinite_loop():
 def test_sandbox_timeout_kills_children(tmp_path):
     # A background child would outlive a kill of the program alone; the whole process group must go.
     started, late = tmp_path / "started", tmp_path / "late"
-    child = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(1.5); pathlib.Path({str(late)!r}).touch()"
+    child = (
+        f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(1.5); "
+        f"pathlib.Path({str(late)!r}).touch()"
+    )
     program = (
         f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n"
         f"while not os.path.exists({str(started)!r}):\n    time.sleep(0.01)\nwhile True:\n    pass\n"

@@ -1,16 +1,99 @@
-"""TODO."""
+"""The bench's report: speedups, analytic bounds and goals from what bench.py measured, and the report as
+Markdown tables and a plotly figure."""
 
 from __future__ import annotations
 
 import statistics
 
 from ..common.formatting import fmt
+from .theory import alpha_from_acceptance, analytic_speedup
+
+
+def report(settings: dict, costs: dict, runs, n_of: dict) -> dict:
+    """The --json report of a bench: per category (and overall) and mode, speed and quality; the bound and
+    how much of it each mode reaches; the comparison with transformers; streaming's price; the goals.
+    `runs` is a bench.BenchRuns, `n_of` each mode's draft length."""
+    result = {"settings": settings, "costs": costs, "per_category": {}, "overall": {}}
+    for category, by_mode in runs.totals.items():
+        table = mode_table(runs, category, by_mode)
+        if category == "overall":
+            result["overall"] = table
+        else:
+            result["per_category"][category] = table
+    result["bound_efficiency"] = bound_efficiency(result["overall"], n_of, costs)
+    result["vs_transformers"] = {
+        name: runs.ours[name].tokens_per_second / runs.theirs[name].tokens_per_second for name in runs.theirs
+    }
+    result["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in runs.greedy_identical.items()}
+    result["streaming_overhead"] = streaming_overhead(runs)
+    result["goals"] = goals(result)
+    return result
+
+
+def mode_table(runs, category: str, by_mode: dict) -> dict:
+    """{mode: speedup over ar, τ, acceptance, tokens/s, mean quality, mean fidelity} of one category."""
+    ar_speed = runs.counts[category]["ar"].tokens_per_second
+    table = {}
+    for name, t in by_mode.items():
+        c = runs.counts[category][name]
+        table[name] = {
+            "speedup": c.tokens_per_second / ar_speed,
+            "tau": c.tau,
+            "acceptance_rate": c.acceptance_rate,
+            "tokens_per_second": c.tokens_per_second,
+            "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
+            "fidelity": t["fidelity"] / t["examples"],
+        }
+        if runs.scores[category][name]:
+            table[name]["quality_scores"] = runs.scores[category][name]
+    return table
+
+
+def bound_efficiency(overall: dict, n_of: dict, costs: dict) -> dict:
+    """{mode: achieved speedup ÷ analytic bound}; each drafting mode's row gets its "analytic_bound",
+    (1 − α^{N+1}) / ((1 − α)(N·c + v)) at the measured acceptance α, draft cost c and verify cost v[N]."""
+    efficiency = {}
+    for name, row in overall.items():
+        if row["acceptance_rate"] is not None:
+            # accepted/drafted counts drafts after a rejection too: the bound needs per-token α.
+            n = n_of[name]
+            alpha = alpha_from_acceptance(row["acceptance_rate"], n)
+            bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
+            efficiency[name] = row["speedup"] / bound
+            row["analytic_bound"] = bound
+    return efficiency
+
+
+def streaming_overhead(runs) -> float:
+    """Streaming's price: the time the loop spent building and yielding token events, over all runs,
+    against the rest of the loop (the bare loop)."""
+    # Timed inside the loop: an A/B of whole runs drowns a fraction of a percent in run-to-run noise.
+    events_s = sum(t["events_s"] for t in runs.totals["overall"].values())
+    seconds = sum(c.wall_time_s for c in runs.counts["overall"].values())
+    return events_s / (seconds - events_s)
+
+
+def batch_report(settings: dict, modes: list, alone: dict, batched: dict, identical: dict) -> dict:
+    """The --json report of a batch bench: per mode, tokens/s one after another and as one batch."""
+    return {
+        "settings": settings,
+        "modes": {
+            name: {
+                "tokens_per_second_alone": alone[name].tokens_per_second,
+                "tokens_per_second_batch": batched[name].tokens_per_second,
+                "batch_over_alone": batched[name].tokens_per_second / alone[name].tokens_per_second,
+                "identical_outputs": sum(identical[name]) / len(identical[name]),
+            }
+            for name in modes
+        },
+    }
 
 
 def batch_markdown(report: dict) -> str:
     s = report["settings"]
     lines = [
-        "| mode | tokens/s, one after another | tokens/s, one batch | batch ÷ one after another | rows identical |",
+        "| mode | tokens/s, one after another | tokens/s, one batch | batch ÷ one after another "
+        "| rows identical |",
         "|---|---|---|---|---|",
     ]
     for name, row in report["modes"].items():
@@ -19,8 +102,9 @@ def batch_markdown(report: dict) -> str:
             f"{row['batch_over_alone']:.2f}× | {row['identical_outputs']:.0%} |"
         )
     lines.append(
-        f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, ≤{s['max_new_tokens']} "
-        f"new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads on {s['device']}."
+        f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, "
+        f"≤{s['max_new_tokens']} new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads "
+        f"on {s['device']}."
     )
     return "\n".join(lines)
 
@@ -32,30 +116,7 @@ def goals(report: dict) -> dict:
     overall mean that pools them is not a quality): the DIVERSED goal needs every one within 5% of exact.
     Each change comes with its standard error over questions, which says whether the run can tell.
     """
-    overall, result = report["overall"], {"diversed": {}}
-    exact = overall.get("exact")
-    referenced = {
-        category: table
-        for category, table in report["per_category"].items()
-        if table.get("exact", {}).get("quality_scores")
-    }
-    for name, row in overall.items():
-        if name.startswith(("static:", "dynamic:")):
-            changes = {
-                category: paired_change(table[name]["quality_scores"], table["exact"]["quality_scores"])
-                for category, table in referenced.items()
-            }
-            known = [change for change, _ in changes.values() if change is not None]
-            result["diversed"][name] = {
-                "speedup": row["speedup"],
-                "quality_vs_exact": {category: change for category, (change, _) in changes.items()},
-                "quality_vs_exact_se": {category: se for category, (_, se) in changes.items()},
-                "fidelity_vs_exact": relative_change(row["fidelity"], exact and exact["fidelity"]),
-                "met": row["speedup"] >= 1.5
-                and bool(known)
-                and len(known) == len(changes)
-                and min(known) >= -0.05,
-            }
+    result = {"diversed": diversed_goals(report)}
     if "exact" in report["vs_transformers"]:
         result["exact_vs_transformers"] = {
             "ratio": report["vs_transformers"]["exact"],
@@ -75,11 +136,56 @@ def goals(report: dict) -> dict:
     return result
 
 
-def markdown_table(report: dict) -> str:
-    def cell(value, spec=".2f"):
-        return fmt(value, spec, missing="–")
+def diversed_goals(report: dict) -> dict:
+    """Per relaxed mode: speedup ≥ 1.5× and quality within 5% of exact in every referenced category."""
+    overall, result = report["overall"], {}
+    exact = overall.get("exact")
+    referenced = {
+        category: table
+        for category, table in report["per_category"].items()
+        if table.get("exact", {}).get("quality_scores")
+    }
+    for name, row in overall.items():
+        if name.startswith(("static:", "dynamic:")):
+            changes = {
+                category: paired_change(table[name]["quality_scores"], table["exact"]["quality_scores"])
+                for category, table in referenced.items()
+            }
+            known = [change for change, _ in changes.values() if change is not None]
+            result[name] = {
+                "speedup": row["speedup"],
+                "quality_vs_exact": {category: change for category, (change, _) in changes.items()},
+                "quality_vs_exact_se": {category: se for category, (_, se) in changes.items()},
+                "fidelity_vs_exact": relative_change(row["fidelity"], exact and exact["fidelity"]),
+                "met": row["speedup"] >= 1.5
+                and bool(known)
+                and len(known) == len(changes)
+                and min(known) >= -0.05,
+            }
+    return result
 
+
+def cell(value, spec=".2f") -> str:
+    return fmt(value, spec, missing="–")
+
+
+def markdown_table(report: dict) -> str:
+    """The bench report as Markdown: a cell per category and mode, the settings, each mode against its
+    analytic bound and transformers, streaming's price, and the DIVERSED goals."""
     modes = list(report["overall"])
+    lines = category_rows(report, modes) + ["", *settings_lines(report), "", *bound_rows(report, modes)]
+    if "streaming_overhead" in report:
+        lines.append(
+            f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare "
+            "loop (time spent building and yielding events, over all runs)."
+        )
+    diversed = report.get("goals", {}).get("diversed")
+    if diversed:
+        lines += ["", *goal_rows(diversed)]
+    return "\n".join(lines)
+
+
+def category_rows(report: dict, modes: list) -> list[str]:
     lines = ["| category | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for category, table in [*sorted(report["per_category"].items()), ("**overall**", report["overall"])]:
         cells = []
@@ -93,10 +199,12 @@ def markdown_table(report: dict) -> str:
                 + f" · fid {cell(r['fidelity'])}"
             )
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
-    s = report["settings"]
-    c = report["costs"]
-    lines += [
-        "",
+    return lines
+
+
+def settings_lines(report: dict) -> list[str]:
+    s, c = report["settings"], report["costs"]
+    return [
         "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
         "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
         f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
@@ -106,7 +214,11 @@ def markdown_table(report: dict) -> str:
         + f"; c = {c['c']:.3f}, v = "
         + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
         + ".",
-        "",
+    ]
+
+
+def bound_rows(report: dict, modes: list) -> list[str]:
+    lines = [
         "| mode | analytic bound | achieved ÷ bound | ours ÷ transformers | greedy text identical |",
         "|---|---|---|---|---|",
     ]
@@ -117,37 +229,30 @@ def markdown_table(report: dict) -> str:
             f"{cell(report['vs_transformers'].get(m))} | "
             f"{report['greedy_text_identical_to_transformers'].get(m, '–')} |"
         )
-    if "streaming_overhead" in report:
-        lines.append(
-            f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare loop "
-            "(time spent building and yielding events, over all runs)."
+    return lines
+
+
+def goal_rows(diversed: dict) -> list[str]:
+    lines = [
+        "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
+        "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |",
+        "|---|---|---|---|---|",
+    ]
+    for m, row in diversed.items():
+        changes = zip(row["quality_vs_exact"].items(), row["quality_vs_exact_se"].values())
+        quality = (
+            ", ".join(f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "") for (c, v), se in changes)
+            or "–"
         )
-    g = report.get("goals", {})
-    if g.get("diversed"):
-        lines += [
-            "",
-            "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
-            "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |",
-            "|---|---|---|---|---|",
-        ]
-        for m, row in g["diversed"].items():
-            quality = (
-                ", ".join(
-                    f"{c} {cell(v, '+.1%')}" + (f" ± {se:.0%}" if se else "")
-                    for (c, v), se in zip(
-                        row["quality_vs_exact"].items(), row["quality_vs_exact_se"].values()
-                    )
-                )
-                or "–"
-            )
-            lines.append(
-                f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
-                f"{row['met']} |"
-            )
-    return "\n".join(lines)
+        lines.append(
+            f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
+            f"{row['met']} |"
+        )
+    return lines
 
 
 def bench_figure(report: dict):
+    """Speedup over target-only per category and mode, as grouped bars."""
     import plotly.graph_objects as go
 
     categories = sorted(report["per_category"]) + ["overall"]

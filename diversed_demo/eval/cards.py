@@ -1,4 +1,5 @@
-"""TODO."""
+"""Head cards: each evaluation of a head, kept in <head>.json beside it and in its metadata; the app
+draws the card's primary evaluation."""
 
 from __future__ import annotations
 

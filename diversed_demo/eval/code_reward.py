@@ -1,4 +1,5 @@
-"""TODO."""
+"""The code reward: extract the program from a model's answer, append the example's tests, and score
+pass@1 by running it in the sandbox."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from .sandbox import SANDBOX_TIMEOUT_S, run_sandboxed
 from .tasks import Example
 
 FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.S)  # an unclosed last fence runs to the end
-
-
 # Where a HumanEval body continuation stops (the Codex paper's stop sequences).
 BODY_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 

@@ -1,4 +1,5 @@
-"""TODO."""
+"""What decoding costs on this machine, in target-token units: the draft's cost per token c and the
+verify pass's v[N]; and, from them, the draft length each mode decodes fastest with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO."""
+"""The decode log of an evaluation (JSON lines), so that a stopped frontier run resumes where it was
+cut off."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class DecodeLog:
         self._append(self.records[key])
 
 
-def _weights_key(head) -> str:
+def weights_key(head) -> str:
     """Which weights a head has: a retrained head of the same name never reuses the old one's decodes."""
     if isinstance(head, ConstantHead):
         return f"constant {head.value!r}"

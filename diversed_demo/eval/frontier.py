@@ -1,10 +1,8 @@
 """The speed–quality frontier: static w over a grid, and heads, decoded on a held-out set.
 
 Every point decodes the same examples with the same seeds (common random numbers), so differences
-between points are not sampling noise of the prompts. A head lies beyond the static frontier when, at
-its acceptance, its quality beats the best static quality at that acceptance or more (or, at its quality,
-its acceptance beats the best static acceptance at that quality or more). The margin's uncertainty comes
-from a bootstrap over examples.
+between points are not sampling noise of the prompts; margins.py says whether a head lies beyond the
+static frontier, and cards.py keeps the result beside the head.
 """
 
 from __future__ import annotations
@@ -20,15 +18,13 @@ from ..core.settings import check_context
 from ..core.stats import Counts
 from ..models.heads import load_head, pair_identity, resolve_head_path, trained_for_greedy
 from .cards import evaluation_key, write_head_card
-from .decode_log import DecodeLog, _weights_key
+from .decode_log import DecodeLog, weights_key
 from .held_out import HELD_OUT, held_out_examples, held_out_set
 from .margins import frontier_margin, versus_exact
 from .point import Point
 from .rewards import task_reward
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
 MAX_BATCH_ROWS = 16  # decodes run together: enough to share each target pass, few enough for the caches
 
 
@@ -87,7 +83,7 @@ def sweep(
     instead of run again."""
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
     points += [
-        (Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{_weights_key(head)}")
+        (Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{weights_key(head)}")
         for name, head in (heads or {}).items()
     ]
     keys = [
@@ -162,29 +158,14 @@ def evaluate_heads(
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data, set_name)
-    settings = {
-        "n_draft": n_draft,
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "held_out": HELD_OUT[task][set_name],
-    }
+    decoding = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    settings = {**decoding, "held_out": HELD_OUT[task][set_name]}
     log = (
         None
         if log_path is None
         else DecodeLog(log_path, {"task": task, "set": set_name, **settings, "pair": pair_identity(pair)})
     )
-    points = sweep(
-        pair,
-        examples,
-        task,
-        weights,
-        heads,
-        progress=progress,
-        log=log,
-        n_draft=n_draft,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-    )
+    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, **decoding)
     static = [p for p in points if p.w is not None]
     report = {
         "task": task,
@@ -203,18 +184,25 @@ def evaluate_heads(
             "versus_exact": versus_exact(static, point),
         }
         if write_card:
-            evaluation = {
-                **report["heads"][name],
-                "head_point": point.row(),
-                "static_points": [p.row() for p in static],
-                "examples": len(examples),
-                "settings": report["settings"],
-                "command": command,
-            }
-            # the evaluation of the kind of decoding the head was trained for (greedy or sampled), on the
-            # task's default set
-            primary = (temperature == 0) == trained_for_greedy(
-                head.meta.get("training")
-            ) and set_name == next(iter(HELD_OUT[task]))
-            write_head_card(paths[name], head, evaluation, evaluation_key(set_name, temperature), primary)
+            write_evaluation(paths[name], head, report, name, point, static, command)
     return report, points
+
+
+def write_evaluation(
+    path: Path, head, report: dict, name: str, point: Point, static: list, command: str
+) -> None:
+    """Add the head's figures from an evaluate_heads report to its card."""
+    task, set_name, temperature = report["task"], report["set"], report["settings"]["temperature"]
+    evaluation = {
+        **report["heads"][name],
+        "head_point": point.row(),
+        "static_points": [p.row() for p in static],
+        "examples": report["examples"],
+        "settings": report["settings"],
+        "command": command,
+    }
+    # The card draws the evaluation of the decoding the head was trained for (greedy or sampled) on the
+    # task's default set.
+    trained_greedy = trained_for_greedy(head.meta.get("training"))
+    primary = (temperature == 0) == trained_greedy and set_name == next(iter(HELD_OUT[task]))
+    write_head_card(path, head, evaluation, evaluation_key(set_name, temperature), primary)

@@ -1,4 +1,5 @@
-"""TODO."""
+"""The frontier as a plotly figure: the static-w curve and each head as a star, acceptance against
+quality."""
 
 from __future__ import annotations
 

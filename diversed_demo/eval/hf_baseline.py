@@ -1,4 +1,5 @@
-"""TODO."""
+"""The transformers baseline: its own generate (plain or assisted, with an ensemble weight) on the
+pair's models with their stock layers, which the bench times against ours."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO."""
+"""Where a head lies against the static frontier: its quality and acceptance margins with bootstrap
+errors over examples, the verdict they support, and its paired difference from exact decoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TODO."""
+"""One point of the frontier: a static w or a head, with its per-example counts and quality."""
 
 from __future__ import annotations
 

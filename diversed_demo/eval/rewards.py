@@ -74,10 +74,6 @@ def math_exact_match(prediction: str, reference: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Code (HumanEval, MBPP): extract the program, run it with its tests in a sandboxed subprocess
-
-
-# ---------------------------------------------------------------------------------------------------
 # Fidelity: task-free, dense
 
 

@@ -1,4 +1,5 @@
-"""TODO."""
+"""The sandbox generated code runs in: a separate, limited Python interpreter (memory, CPU time, file size,
+no sockets, no network where a namespace can be made) with a timeout; not a security boundary."""
 
 from __future__ import annotations
 
@@ -13,11 +14,7 @@ import tempfile
 from dataclasses import dataclass
 
 SANDBOX_TIMEOUT_S = 10.0
-
-
 SANDBOX_MEMORY_MB = 1024
-
-
 SANDBOX_OUTPUT_MB = 16  # largest file the program may write (its stderr included)
 
 

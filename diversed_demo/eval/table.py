@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import statistics
 
+import torch
+
 from ..common.formatting import fmt
 from ..core.generate import generate
 from ..core.prompt import encode_prompt
@@ -55,37 +57,9 @@ def table_row(
 ) -> dict:
     """One row: the three modes on every example, with acceptance, paired quality and speedup."""
     modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}, "diversed": {"mode": "dynamic", "head": head}}
-    names = list(modes)
-    counts = {name: Counts() for name in modes}
-    scores = {name: [] for name in modes}
-    mean_w = []
-    for i, example in enumerate(examples):
-        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-        for name in names[i % 3 :] + names[: i % 3]:  # rotate: no mode always runs first
-            summary, _ = generate(
-                pair,
-                prompt_ids,
-                n_draft=n_draft,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed + i,
-                **modes[name],
-            )
-            counts[name] += summary.counts
-            scores[name].append(
-                task_reward(
-                    task,
-                    example,
-                    summary.text,
-                    pair=pair,
-                    prompt_ids=prompt_ids,
-                    output_ids=summary.token_ids or [pair.tokenizer.eos_token_id],
-                )
-            )
-            if name == "diversed" and summary.mean_w is not None:
-                mean_w.append(summary.mean_w)
-            if progress is not None:
-                progress()
+    counts, scores, mean_w = decode_modes(
+        pair, task, examples, modes, temperature, n_draft, max_new_tokens, seed, progress
+    )
     quality = {name: mean_and_se(values) for name, values in scores.items()}
     difference = mean_and_se([d - e for d, e in zip(scores["diversed"], scores["exact"])])
     ar_speed = counts["ar"].tokens_per_second
@@ -107,6 +81,38 @@ def table_row(
     }
 
 
+def decode_modes(pair, task, examples, modes, temperature, n_draft, max_new_tokens, seed, progress):
+    """({mode: Counts}, {mode: reward per example}, the diversed decodes' mean w) over every example."""
+    names = list(modes)
+    counts = {name: Counts() for name in modes}
+    scores = {name: [] for name in modes}
+    mean_w = []
+    for i, example in enumerate(examples):
+        prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
+        for name in names[i % 3 :] + names[: i % 3]:  # rotate: no mode always runs first
+            summary, _ = generate(
+                pair,
+                prompt_ids,
+                n_draft=n_draft,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed + i,
+                **modes[name],
+            )
+            counts[name] += summary.counts
+            output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
+            scores[name].append(
+                task_reward(
+                    task, example, summary.text, pair=pair, prompt_ids=prompt_ids, output_ids=output_ids
+                )
+            )
+            if name == "diversed" and summary.mean_w is not None:
+                mean_w.append(summary.mean_w)
+            if progress is not None:
+                progress()
+    return counts, scores, mean_w
+
+
 def results_table(
     pair,
     sets: list[tuple[str, str]],
@@ -122,8 +128,6 @@ def results_table(
 ) -> dict:
     """Every (task, set) at every temperature; heads maps each task to (its head's name, the loaded head),
     greedy_heads those tasks that have a head trained for greedy decoding, used at T = 0."""
-    import torch
-
     rows = []
     for task, set_name in sets:
         examples = held_out_examples(task, limit, (data or {}).get(set_name), set_name)
@@ -172,8 +176,9 @@ def markdown(report: dict) -> str:
         return fmt(q["mean"], spec) + (f" ± {fmt(q['se'], '.3f')}" if q["se"] is not None else "")
 
     for r in report["rows"]:
+        temperature = "greedy" if r["temperature"] == 0 else fmt(r["temperature"], "g")
         lines.append(
-            f"| {r['task']} ({r['set']}; {r['quality_metric']}) | {'greedy' if r['temperature'] == 0 else fmt(r['temperature'], 'g')} "
+            f"| {r['task']} ({r['set']}; {r['quality_metric']}) | {temperature} "
             f"| {r['examples']} | {fmt(r['acceptance']['exact'])} → {fmt(r['acceptance']['diversed'])} "
             f"| {with_se(r['quality']['exact'])} | {with_se(r['quality']['diversed'])} "
             f"| {with_se(r['quality_difference'], '+.3f')} | {fmt(r['speedup']['exact'])}× "
@@ -183,7 +188,8 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         f"Quality ± standard error over examples; DIVERSED − exact is paired (same examples and seeds). "
-        f"Speedup: tokens/s over target-only decoding of the same examples in the same run. N = {s['n_draft']}, "
-        f"≤{s['max_new_tokens']} new tokens, {s['dtype']}, {s['threads']} threads on {s['device']}.",
+        "Speedup: tokens/s over target-only decoding of the same examples in the same run. "
+        f"N = {s['n_draft']}, ≤{s['max_new_tokens']} new tokens, {s['dtype']}, {s['threads']} threads "
+        f"on {s['device']}.",
     ]
     return "\n".join(lines)

@@ -67,7 +67,8 @@ def data_file(relative: str) -> Path:
 
 
 def read_jsonl(path) -> list[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; ValueError naming the line if one is not a JSON object."""
+    """(line number, object) for each non-blank line; ValueError naming the line if one is not a JSON
+    object."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -138,7 +139,8 @@ def load_gsm8k(path=None, limit: int | None = None) -> list[Example]:
 
 
 def load_mbpp(path=None, limit: int | None = None, task_ids=None) -> list[Example]:
-    """MBPP problems (default: the shared mbpp.jsonl), optionally only those in `task_ids`, e.g. MBPP_TEST_IDS."""
+    """MBPP problems (default: the shared mbpp.jsonl), optionally only those in `task_ids`, e.g.
+    MBPP_TEST_IDS."""
     path = Path(path) if path else data_file("mbpp/mbpp.jsonl")
     rows = [row for _, row in read_jsonl(path) if task_ids is None or row["task_id"] in task_ids]
     return [mbpp_example(row) for row in rows[:limit]]
@@ -305,7 +307,8 @@ def example_from_record(record: dict, task: str, id: str, category: str) -> Exam
 
 
 def load_jsonl_prompts(path, task: str = "general") -> list[Example]:
-    """Prompts from a JSONL file, one {"prompt": ..., optional "reference": ...} per line (other keys ignored).
+    """Prompts from a JSONL file, one {"prompt": ..., optional "reference": ...} per line (other keys
+    ignored).
 
     Any malformed line raises ValueError with the file, line number and what is wrong.
     """
