@@ -173,8 +173,8 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
 
 
 def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target, records):
-    # q is 0 outside the draft vocabulary (once `distill --loss rkl` turned that into 0·(−inf) = NaN): the KL is
-    # taken over the draft vocabulary and 1 − TV needs no logarithm.
+    # q is 0 outside the draft vocabulary (once `distill --loss rkl` turned that into 0·(−inf) = NaN): the
+    # KL is taken over the draft vocabulary and 1 − TV needs no logarithm.
     config = DraftTrainConfig(ttt_steps=2, batch_tokens=512, bf16=False)
     vocab = batches.frequent_tokens(records, 8, always=[2])
     draft = distill.init_draft(target, vocab, config, aux_layer_ids=[0, 1, 1])

@@ -381,7 +381,8 @@ README_TARGET_ACCEPTANCE = {
 
 @pytest.mark.parametrize("name", list(README_TARGET_ACCEPTANCE))
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
-    """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists them)."""
+    """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists
+    them)."""
     import argparse
     import json
     from pathlib import Path

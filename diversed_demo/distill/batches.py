@@ -1,4 +1,5 @@
-"""TODO."""
+"""The draft's training data in batches: the held-out split, the draft vocabulary, length-grouped
+batches of records and their padded tensors."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def batches(records: list[dict], batch_tokens: int, max_length: int, seed: int) 
 
 
 def make_batch(records: list[dict], pad_id: int, max_length: int, device) -> dict[str, torch.Tensor]:
-    """Right-padded ids [B, T], the real-token mask and the mask of positions whose next token is a response token."""
+    """Right-padded ids [B, T], the real-token mask and the mask of positions whose next token is a response
+    token."""
     seqs = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in records]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""TODO."""
+"""A draft training run's settings (DraftTrainConfig)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,5 @@ class DraftTrainConfig:
     heldout_fraction: float = 0.02
     draft_vocab_size: int = 8192
     seed: int = 0
-    # bf16 autocast pays on GPUs and on CPUs with AMX; on AVX-512 CPUs without bf16 (this project's
-    # machines) a training step is 2.5x slower than in fp32.
+    # bf16 autocast pays on GPUs and AMX CPUs only (figures: docs/measurements/distill.md)
     bf16: bool = False

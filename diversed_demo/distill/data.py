@@ -27,9 +27,8 @@ from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
 
-SHARDS_DIR = (
-    ASSETS / "draft" / "data"
-)  # the generated responses (committed), not tasks.data_dir()'s data sets
+# the generated responses (committed), not tasks.data_dir()'s data sets
+SHARDS_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
 # are sampled often; GSM8K is large, so once.
@@ -117,23 +116,9 @@ def generate_batch(
     `stop_fraction` of its rows have ended: the last few long responses would otherwise cost as much as
     the rest of the batch, and a truncated response is still on-policy text.
     """
-    from transformers import DynamicCache
-
     device = target.device
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits, cache, mask, positions = prefill(target, prompts, pad_id)
     greedy_rows = torch.tensor(greedy, device=device)
-    cache = DynamicCache(config=target.config)
-    logits = target(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
     rows = torch.arange(len(prompts), device=device)  # which original row each live row is
     responses: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
@@ -151,11 +136,7 @@ def generate_batch(
             keep = live.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             rows, token, mask, positions, greedy_rows = (
-                rows[keep],
-                token[keep],
-                mask[keep],
-                positions[keep],
-                greedy_rows[keep],
+                x[keep] for x in (rows, token, mask, positions, greedy_rows)
             )
         # A row that ended keeps decoding padding until it is pruned; its tokens are never read.
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
@@ -170,10 +151,31 @@ def generate_batch(
     return list(zip(responses, ended))
 
 
+def prefill(target, prompts: list[list[int]], pad_id: int):
+    """The target's pass over left-padded prompts: its next-token logits [B, V], its KV cache, and the
+    attention mask and positions that decoding extends."""
+    from transformers import DynamicCache
+
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=target.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=target.config)
+    logits = target(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    return logits, cache, mask, positions
+
+
 def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of probs [B, V] by inverse CDF: exact, and 30× faster here than multinomial or
-    the exponential race over a batch of 49k-token rows, where sampling would otherwise cost as much as
-    the target's forward."""
+    """One token per row of probs [B, V] by inverse CDF: exact, and much faster than multinomial or the
+    exponential race over a batch of whole-vocabulary rows, where sampling could cost as much as the
+    target's forward (docs/measurements/distill.md)."""
     cdf = probs.cumsum(-1)
     u = torch.rand(len(probs), 1, generator=generator, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(1).clamp_max(probs.shape[-1] - 1)
@@ -184,7 +186,8 @@ def shard_paths(shards_dir: Path = SHARDS_DIR) -> list[Path]:
 
 
 def load_records(shards_dir: Path = SHARDS_DIR) -> list[dict]:
-    """Every generated response, in generation order: {key, source, greedy, prompt_ids, response_ids, ended}."""
+    """Every generated response, in generation order: {key, source, greedy, prompt_ids, response_ids,
+    ended}."""
     records = []
     for path in shard_paths(shards_dir):
         with gzip.open(path, "rt", encoding="utf-8") as f:

@@ -1,7 +1,7 @@
 """Train the EAGLE-3 feature draft on the target's own responses, with EAGLE-3's training-time test.
 
 Each batch runs the target once (no gradient) for its features at the aux layers and its distribution
-at every position, then unrolls the draft `ttt_steps` times (eagle.ttt_forward): step j at position i
+at every position, then unrolls the draft `ttt_steps` times (ttt.ttt_forward): step j at position i
 sees the target's features up to i and its own outputs after, as when drafting, and learns the target's
 distribution of the token at i + 2 + j. The loss is the forward KL over the draft vocabulary (the
 target's logits renormalised over it, as in speculators), on response tokens only, weighted by
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -80,13 +80,28 @@ def init_draft(
 
 
 def continue_from(directory, target) -> Eagle3Draft:
-    """A saved draft, in fp32 and trainable, except the embedding and LM head (the target's, as in init_draft)."""
+    """A saved draft, in fp32 and trainable, except the embedding and LM head (the target's, as in
+    init_draft)."""
     from ..models.loading import load_eagle3
 
     draft = load_eagle3(directory, target).float().train()
     for name, parameter in draft.named_parameters():
         parameter.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
     return draft
+
+
+@dataclass
+class DraftRun:
+    """What a draft training run carries from step to step; its checkpoint holds the state and weights."""
+
+    draft: Eagle3Draft
+    params: list[torch.nn.Parameter]  # what trains: all but the embedding and LM head
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: dict  # step, history, best, wall_time_s, total_steps and (after a step) train_tokens
+    started: float  # time.time() at which the run would have begun had it never stopped
+    work_dir: Path
+    config: DraftTrainConfig
 
 
 def train(
@@ -100,86 +115,111 @@ def train(
     log=print,
     minutes: float | None = None,
 ) -> dict:
-    """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to work_dir/best.
-    `minutes` stops early (after a checkpoint); a rerun resumes."""
-    work_dir = Path(work_dir)
-    checkpoint = work_dir / "checkpoint.pt"
+    """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to
+    work_dir/best. `minutes` stops early (after a checkpoint); a rerun resumes."""
+    schedule = batch_schedule(train_records, config)
+    run = start_or_resume(draft, config, len(schedule), Path(work_dir), target.device, log)
+    draft.train()
+    deadline = time.time() + minutes * 60 if minutes else None
+    while run.state["step"] < len(schedule):
+        if deadline and time.time() > deadline:
+            write_checkpoint(run)
+            log(f"stopped at step {run.state['step']} of {len(schedule)} (time limit); rerun to resume")
+            break
+        group = schedule[run.state["step"]]
+        batch = make_batch([train_records[i] for i in group], pad_id, config.max_length, target.device)
+        loss, per_step = training_step(run, target, batch)
+        step = run.state["step"]
+        if step % 10 == 0:
+            log(
+                f"step {step}/{len(schedule)} loss {loss.item():.3f} per step "
+                f"{[round(x, 2) for x in per_step]} lr {run.scheduler.get_last_lr()[0]:.2e} "
+                f"{run.state['train_tokens'] / (time.time() - run.started):.0f} tok/s"
+            )
+        if step % config.eval_every == 0 or step == len(schedule):
+            evaluate_and_keep_best(run, target, heldout, pad_id, log)
+            write_checkpoint(run)
+    return run.state
+
+
+def batch_schedule(train_records: list[dict], config: DraftTrainConfig) -> list[list[int]]:
+    """Every training batch in order (record indices): config.epochs passes, each shuffled by its own seed,
+    the last one cut short where epochs is fractional."""
     epoch_batches = [
         batches(train_records, config.batch_tokens, config.max_length, seed=config.seed + e)
         for e in range(math.ceil(config.epochs))
     ]
-    schedule = [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
+    return [g for epoch in epoch_batches for g in epoch][: round(config.epochs * len(epoch_batches[0]))]
+
+
+def start_or_resume(
+    draft: Eagle3Draft, config: DraftTrainConfig, total_steps: int, work_dir: Path, device, log
+) -> DraftRun:
+    """The optimiser and schedule for `draft`, and the run's state: restored (with the draft's weights)
+    from work_dir's checkpoint where there is one, else fresh."""
     # the embedding and LM head are the target's (the embedding is its very tensor): never trained
     params = [p for name, p in draft.named_parameters() if not name.startswith(("embed_tokens", "lm_head"))]
     optimizer, scheduler = adamw_with_schedule(
-        params, config.lr, config.warmup_steps, len(schedule), weight_decay=0.0, betas=(0.9, 0.95)
+        params, config.lr, config.warmup_steps, total_steps, weight_decay=0.0, betas=(0.9, 0.95)
     )
-    state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": len(schedule)}
-    saved = load_checkpoint(checkpoint, optimizer, scheduler, map_location=target.device, weights_only=False)
+    state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": total_steps}
+    saved = load_checkpoint(
+        work_dir / "checkpoint.pt", optimizer, scheduler, map_location=device, weights_only=False
+    )
     if saved is not None:
         draft.load_state_dict(saved["model"], strict=False)
         state = saved["state"]
-        log(f"resumed at step {state['step']} of {len(schedule)}")
+        log(f"resumed at step {state['step']} of {total_steps}")
     started = time.time() - state["wall_time_s"]
-    trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("embed_tokens")}
+    return DraftRun(draft, params, optimizer, scheduler, state, started, work_dir, config)
 
-    def write_checkpoint():
-        state["wall_time_s"] = time.time() - started
-        save_checkpoint(
-            checkpoint,
-            optimizer,
-            scheduler,
-            model={k: v for k, v in draft.state_dict().items() if k in trainable},
-            state=state,
-            config=asdict(config),
-        )
 
-    def run_eval():
-        draft.eval()
-        metrics = evaluate(draft, target, heldout, pad_id, config)
-        draft.train()
-        metrics.update(
-            step=state["step"],
-            train_tokens=state.get("train_tokens", 0),
-            wall_time_s=round(time.time() - started, 1),
-            score=score(metrics),
-        )
-        state["history"].append(metrics)
-        log(
-            f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
-            f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}"
-        )
-        if state["best"] is None or metrics["score"] > state["best"]["score"]:
-            state["best"] = metrics
-            draft.save(work_dir / "best")
+def training_step(run: DraftRun, target, batch: dict) -> tuple[torch.Tensor, list[float]]:
+    """One optimiser step on a batch's TTT loss; returns the loss and its per-step parts."""
+    loss, per_step = ttt_loss(run.draft, target, batch, run.config)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.state["step"] += 1
+    run.state["train_tokens"] = run.state.get("train_tokens", 0) + int(batch["predicts_response"].sum())
+    return loss, per_step
 
-    draft.train()
-    deadline = time.time() + minutes * 60 if minutes else None
-    while state["step"] < len(schedule):
-        if deadline and time.time() > deadline:
-            write_checkpoint()
-            log(f"stopped at step {state['step']} of {len(schedule)} (time limit); rerun to resume")
-            break
-        group = schedule[state["step"]]
-        batch = make_batch([train_records[i] for i in group], pad_id, config.max_length, target.device)
-        loss, per_step = ttt_loss(draft, target, batch, config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        state["step"] += 1
-        state["train_tokens"] = state.get("train_tokens", 0) + int(batch["predicts_response"].sum())
-        if state["step"] % 10 == 0:
-            log(
-                f"step {state['step']}/{len(schedule)} loss {loss.item():.3f} per step "
-                f"{[round(x, 2) for x in per_step]} lr {scheduler.get_last_lr()[0]:.2e} "
-                f"{state['train_tokens'] / (time.time() - started):.0f} tok/s"
-            )
-        if state["step"] % config.eval_every == 0 or state["step"] == len(schedule):
-            run_eval()
-            write_checkpoint()
-    return state
+
+def evaluate_and_keep_best(run: DraftRun, target, heldout: list[dict], pad_id: int, log) -> None:
+    """Held-out figures of the draft into the run's history; a new best score saves it to work_dir/best."""
+    state = run.state
+    run.draft.eval()
+    metrics = evaluate(run.draft, target, heldout, pad_id, run.config)
+    run.draft.train()
+    metrics.update(
+        step=state["step"],
+        train_tokens=state.get("train_tokens", 0),
+        wall_time_s=round(time.time() - run.started, 1),
+        score=score(metrics),
+    )
+    state["history"].append(metrics)
+    log(
+        f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
+        f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}"
+    )
+    if state["best"] is None or metrics["score"] > state["best"]["score"]:
+        state["best"] = metrics
+        run.draft.save(run.work_dir / "best")
+
+
+def write_checkpoint(run: DraftRun) -> None:
+    """The run's state and the draft's weights, but not the embedding: that is the target's own tensor."""
+    run.state["wall_time_s"] = time.time() - run.started
+    save_checkpoint(
+        run.work_dir / "checkpoint.pt",
+        run.optimizer,
+        run.scheduler,
+        model={k: v for k, v in run.draft.state_dict().items() if not k.startswith("embed_tokens")},
+        state=run.state,
+        config=asdict(run.config),
+    )
 
 
 def train_draft(
@@ -191,7 +231,8 @@ def train_draft(
     command: str = "",
     init_from=None,
 ) -> dict:
-    """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to work_dir/train.log.
+    """The whole stage: split, draft vocabulary, initialisation (or resume), training. Logs to
+    work_dir/train.log.
 
     `init_from` (a saved draft, e.g. the committed assets/draft) starts from its weights and vocabulary
     instead of a fresh draft: training goes on across machines, where work_dir's checkpoints are lost.

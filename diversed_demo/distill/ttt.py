@@ -1,4 +1,5 @@
-"""TODO."""
+"""EAGLE-3's training-time test: the draft unrolled over whole sequences as decoding would chain it, and
+the loss of that unroll against the target's distributions."""
 
 from __future__ import annotations
 
@@ -43,17 +44,17 @@ def ttt_forward(
     features = draft.fuse(target_features)
     k0 = v0 = None
     diag_keys, diag_values, outputs = [], [], []
+
+    def attend(q, k, v):  # called once per step: step 0's keys are the sequence's, later ones diagonal
+        nonlocal k0, v0
+        if k0 is None:
+            k0, v0 = k, v
+            return ttt_attention(q, k0, v0, [], [], mask0)
+        diag_keys.append(k)
+        diag_values.append(v)
+        return ttt_attention(q, k0, v0, diag_keys, diag_values, mask0)
+
     for step in range(steps):
-
-        def attend(q, k, v):
-            nonlocal k0, v0
-            if step == 0:
-                k0, v0 = k, v
-                return ttt_attention(q, k0, v0, [], [], mask0)
-            diag_keys.append(k)
-            diag_values.append(v)
-            return ttt_attention(q, k0, v0, diag_keys, diag_values, mask0)
-
         features = draft.layer(features, token_ids[:, 1 + step : 1 + step + length], positions + step, attend)
         outputs.append(features)
     return outputs

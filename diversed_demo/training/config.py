@@ -1,4 +1,5 @@
-"""TODO."""
+"""A head training run's settings (HeadTrainConfig) with each task's defaults, the check that refuses bad
+ones, and the prompts a run trains on."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ class HeadTrainConfig:
     warm_start_lr: float = 3e-3
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
     lr: float | None = None
-    epochs: int | None = (
-        None  # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or clip; the dense term stays exact)
-    )
+    # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or
+    # clip; the dense term stays exact)
+    epochs: int | None = None
     warmup_steps: int = 2
     grad_clip: float = 1.0
     hidden_size: int = 64  # 0: the paper's linear head
@@ -58,17 +59,8 @@ class HeadTrainConfig:
 GREEDY_SOFTNESS = 0.02  # the width in w of the smoothed greedy keep/reject step (see draft_share)
 
 
-# Measured on the embedded pair. A sequence reward alone (ROUGE, match, pass@1) gives REINFORCE a weak
-# signal next to the acceptance term's exact gradient, so λ must stay small (0.5 drove a summarization
-# head's w to ~0.3 within 8 steps) and the head barely learns which positions matter. With the dense
-# fidelity term (in nats) the per-token optimum is w_t → 1 where (CE − H)/TV > λ and w_t → 0 elsewhere, so
-# λ is a quantile of that ratio over the pair's own tokens (`train --suggest-lam` prints its quartiles):
-# about 3 / 5 / 7.5 for both tasks with the GPU-trained EAGLE-3 draft (8 / 10.5 / 13 with the weaker
-# CPU-trained one, where λ 3 sent every w to 1 within 7 steps and λ 8 every w to 0 within 10). Training
-# is unstable around the balance: lower w makes the rollouts draft-like text on which the target is
-# flatter, so relaxing looks cheaper still, and w moves as a whole before the head learns which tokens
-# differ. Holding acceptance at a target (target_acceptance) bounds that drift but, with 20 steps, still
-# oscillates with a period of about 12 steps (the rollouts' contexts answer late); see README.
+# With the dense term λ is a quantile of (CE − H)/TV over the pair's tokens (`train --suggest-lam`);
+# without it λ stays small. The figures behind these: docs/measurements/training.md.
 TASK_DEFAULTS = {
     "*": {"lam": 0.15, "lr": 3e-3, "epochs": 1, "dense_fidelity": 0.0},
     "general": {"lam": 5.0, "lr": 1e-3, "epochs": 4, "dense_fidelity": 1.0},
@@ -85,7 +77,8 @@ def check_config(config: HeadTrainConfig) -> None:
         or config.warm_start_prompts == 1
     ):
         raise ValueError(
-            f"warm_start_prompts must be 0 (off) or at least 2 (some are held out), not {config.warm_start_prompts!r}"
+            "warm_start_prompts must be 0 (off) or at least 2 (some are held out), "
+            f"not {config.warm_start_prompts!r}"
         )
     for name in (
         "steps",

@@ -1,9 +1,11 @@
-"""TODO."""
+"""What a head learned, measured offline on recorded positions: its gain over a static w of the same
+acceptance, what separates the positions it hands to the draft, and the scale on which to choose λ."""
 
 from __future__ import annotations
 
 import torch
 
+from ..core.head import ConstantHead
 from ..core.prompt import encode_prompt
 from .config import HeadTrainConfig, training_examples
 from .objective import draft_share, lam_for_acceptance
@@ -15,8 +17,6 @@ def fidelity_cost_quartiles(pair, config: HeadTrainConfig, prompts: int = 6) -> 
     N, temperature and length) of the task's first training prompts. The dense loss's per-token optimum
     sets w_t → 1 where this ratio exceeds λ, so λ at a quartile lets the draft through on that share of
     positions: the scale on which to choose λ for a new pair."""
-    from ..core.head import ConstantHead
-
     generator = torch.Generator().manual_seed(config.seed)
     r = sample_rollouts(
         pair,

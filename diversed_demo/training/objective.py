@@ -1,4 +1,5 @@
-"""TODO."""
+"""The head's training objective: the loss (REINFORCE with group advantages, the acceptance term, the
+dense fidelity term, the target acceptance's penalty), the multiplier's update, and the λ of an acceptance."""
 
 from __future__ import annotations
 
@@ -74,10 +75,9 @@ def multiplier_update(lam: float, acceptance: float, target: float, penalty: flo
 
     Why not a fixed λ: lower w makes the rollouts draft-like text on which the target is flatter, so
     relaxing looks cheaper still, and w moves as a whole. Why not the multiplier alone: the head answers a
-    change of λ a few steps late, and λ overshoots (seen: λ 5 → 13 → 0.03 in 15 steps, w 0.7 → 0.04 → 0.35).
-    The penalty in head_loss pulls the mean back within the step, which bounds the drift; it does not damp
-    it fully: on the embedded pair, 20 steps still swung acceptance 0.60 → 0.94 → 0.52 around a target of
-    0.7 (λ 5 → 10.9 → 0 → 13.6), because the rollouts' contexts answer a step or more late."""
+    change of λ a few steps late, and λ overshoots. The penalty in head_loss pulls the mean back within the
+    step, which bounds the drift without damping it fully, as the rollouts' contexts answer a step or more
+    late (docs/measurements/training.md)."""
     return max(lam + penalty * (target - acceptance), 0.0)
 
 

@@ -1,5 +1,5 @@
 """The optimiser, its learning-rate schedule and resumable checkpoints: one of each for head training
-(train.py) and draft training (distill/train.py)."""
+(training/loop.py) and draft training (distill/train.py)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,16 @@ def adamw_with_schedule(params, lr: float, warmup_steps: int, total_steps: int, 
 
 
 def save_checkpoint(path, optimizer, scheduler, **entries) -> None:
-    """`entries` (weights, step, history, …) with the optimiser's and the schedule's state, in one file written
-    atomically: an interrupt leaves the previous checkpoint or this one."""
+    """`entries` (weights, step, history, …) with the optimiser's and the schedule's state, in one file
+    written atomically: an interrupt leaves the previous checkpoint or this one."""
     atomic_torch_save(
         {**entries, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, path
     )
 
 
 def load_checkpoint(path, optimizer, scheduler, map_location="cpu", weights_only: bool = True) -> dict | None:
-    """Restore the optimiser and the schedule from a checkpoint and return all its entries; None if there is none."""
+    """Restore the optimiser and the schedule from a checkpoint and return all its entries; None if there
+    is none."""
     path = Path(path)
     if not path.exists():
         return None

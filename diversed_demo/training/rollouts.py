@@ -1,4 +1,5 @@
-"""TODO."""
+"""Rollouts: on-policy decodes by the speculative decoder with the head choosing w_t, and at every
+position w_t decided, what the training loss needs (hidden states, p and q of the token, TV, H, CE)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,17 @@ class Rollouts:
     tv: torch.Tensor  # [B, T] TV(p_t, q_t)
     target_entropy: torch.Tensor  # [B, T] H(p_t) = −Σ p log p
     cross_entropy: torch.Tensor  # [B, T] CE(q_t, p_t) = −Σ q log p
-    greedy_limit: (
-        torch.Tensor
-    )  # [B, T] greedy decoding keeps the draft's token iff w_t < this; NaN when sampled
+    # [B, T] greedy decoding keeps the draft's token iff w_t < this; NaN when sampled
+    greedy_limit: torch.Tensor
     outputs: list = field(default_factory=list)  # each rollout's whole output ids (bonus tokens too)
 
     def select(self, rows: slice) -> Rollouts:
         """The rollouts of `rows` (a prompt's group, one prompt of a batch)."""
         return Rollouts(**{key: getattr(self, key)[rows] for key in self.__dataclass_fields__})
+
+
+# What a rollout records at each position w_t decided (the mask and outputs are the batch's).
+RECORDED = [key for key in Rollouts.__dataclass_fields__ if key not in ("mask", "outputs")]
 
 
 @torch.no_grad()
@@ -52,70 +56,78 @@ def sample_rollouts(
     decided the token) is recorded with what the loss needs; bonus tokens, which w never touches, are
     not, but they are part of each output (`outputs`) that the reward scores.
     """
-    n = len(prompts)
-    seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in range(n)]
-    fields = [
-        {k: [] for k in Rollouts.__dataclass_fields__ if k not in ("mask", "outputs")} for _ in range(n)
-    ]
-    outputs = [[] for _ in range(n)]
+    seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in prompts]
+    blocks = [[] for _ in prompts]  # per rollout, what each of its verification steps recorded
+    outputs = [[] for _ in prompts]
     rows = [Row(prompt_ids, seed, "dynamic", head=head) for prompt_ids, seed in zip(prompts, seeds)]
     for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature):
-        v = step.verdict
-        # positions whose token w decided: the accepted drafts and the resampled one, up to an EOS
-        k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
-        if k:
-            tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
-            rows_k = torch.arange(k, device=tokens.device)
-            p, q = v.target_probs[:k], v.draft_probs[:k]
-            log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
-            limit = torch.full((k,), float("nan"), device=p.device)
-            if temperature == 0:
-                # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so
-                # TV is 1 where the draft's token differs from the target's, H is −log p of the target's
-                # own token and CE that of the draft's; whether the draft's token is kept is a threshold
-                # on w_t set by the true p and q (see greedy_limit).
-                limit = greedy_limit(p, q, v.draft_tokens[:k])
-                p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
-            for key, value in (
-                ("tokens", tokens),
-                ("target_hidden", v.target_hidden[:k].float()),
-                ("draft_hidden", v.draft_hidden[:k].float()),
-                ("target_prob", p[rows_k, tokens]),
-                ("draft_prob", q[rows_k, tokens]),
-                ("tv", total_variation(p, q)),
-                ("target_entropy", -(p * log_p).sum(-1)),
-                ("cross_entropy", -(q * log_p).sum(-1)),
-                ("greedy_limit", limit),
-            ):
-                fields[r][key].append(value)
+        recorded = decided_positions(step, temperature)
+        if recorded is not None:
+            blocks[r].append(recorded)
         outputs[r] += step.new_ids
-    rows = [{k: torch.cat(v) if v else None for k, v in row.items()} for row in fields]
-    length = max(1, max(len(r["tokens"]) if r["tokens"] is not None else 0 for r in rows))
-    device = pair.target.device
+    return Rollouts(**padded_batch(pair, blocks), outputs=outputs)
+
+
+def decided_positions(step, temperature: float) -> dict[str, torch.Tensor] | None:
+    """What the loss needs (RECORDED) at the positions of one verification step whose token w decided: the
+    accepted drafts and the resampled one, up to an EOS. None where there are none."""
+    v = step.verdict
+    k = min(v.n_accepted + (v.n_accepted < len(v.draft_tokens)), len(step.new_ids))
+    if not k:
+        return None
+    tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
+    rows_k = torch.arange(k, device=tokens.device)
+    p, q = v.target_probs[:k], v.draft_probs[:k]
+    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
+    limit = torch.full((k,), float("nan"), device=p.device)
+    if temperature == 0:
+        # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so TV is 1
+        # where the draft's token differs from the target's, H is −log p of the target's own token and CE
+        # that of the draft's; whether the draft's token is kept is a threshold on w_t set by the true p
+        # and q (see greedy_limit).
+        limit = greedy_limit(p, q, v.draft_tokens[:k])
+        p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
+    return {
+        "tokens": tokens,
+        "target_hidden": v.target_hidden[:k].float(),
+        "draft_hidden": v.draft_hidden[:k].float(),
+        "target_prob": p[rows_k, tokens],
+        "draft_prob": q[rows_k, tokens],
+        "tv": total_variation(p, q),
+        "target_entropy": -(p * log_p).sum(-1),
+        "cross_entropy": -(q * log_p).sum(-1),
+        "greedy_limit": limit,
+    }
+
+
+def padded_batch(pair, blocks: list[list[dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    """Each rollout's recorded positions left-aligned in one tensor per field, [B, T] or [B, T, H], padded
+    with 0 (NaN in greedy_limit), and the mask of the recorded ones."""
+    counts = [sum(len(block["tokens"]) for block in row) for row in blocks]
+    n, length, device = len(blocks), max(1, max(counts)), pair.target.device
+    widths = {
+        "target_hidden": text_config(pair.target).hidden_size,
+        "draft_hidden": text_config(pair.draft).hidden_size,
+    }
     batch = {"mask": torch.zeros(n, length, device=device)}
-    for i, r in enumerate(rows):
-        count = 0 if r["tokens"] is None else len(r["tokens"])
+    for key in RECORDED:
+        batch[key] = torch.full(
+            (n, length, widths[key]) if key in widths else (n, length),
+            float("nan") if key == "greedy_limit" else 0,
+            device=device,
+            dtype=torch.long if key == "tokens" else torch.float32,
+        )
+    for i, (row, count) in enumerate(zip(blocks, counts)):
         batch["mask"][i, :count] = 1
-        for key, value in r.items():
-            if key not in batch:
-                width = {
-                    "target_hidden": text_config(pair.target).hidden_size,
-                    "draft_hidden": text_config(pair.draft).hidden_size,
-                }.get(key)
-                shape = (n, length, width) if width else (n, length)
-                batch[key] = torch.full(
-                    shape,
-                    float("nan") if key == "greedy_limit" else 0,
-                    device=device,
-                    dtype=torch.long if key == "tokens" else torch.float32,
-                )
-            if count:
-                batch[key][i, :count] = value
-    return Rollouts(**batch, outputs=outputs)
+        if count:
+            for key in RECORDED:
+                batch[key][i, :count] = torch.cat([block[key] for block in row])
+    return batch
 
 
 def flat_positions(rollouts: list[Rollouts]) -> Rollouts:
-    """Every recorded position of several Rollouts as one row [1, P] (the per-token terms need no sequence)."""
+    """Every recorded position of several Rollouts as one row [1, P] (the per-token terms need no
+    sequence)."""
     keep = [r.mask > 0 for r in rollouts]
     fields = {
         key: torch.cat([getattr(r, key)[k] for r, k in zip(rollouts, keep)])[None]
@@ -134,7 +146,8 @@ def greedy_limit(
 ) -> torch.Tensor:
     """[k] the largest w at which argmax(w·p + (1 − w)·q) is still the draft's token x (its argmax of q):
     greedy verification keeps x iff w_t < this. A token y overtakes x once w·(p(y) − p(x)) exceeds
-    (1 − w)·(q(x) − q(y)); the first to do so sets the limit (1 where no token has more target mass than x)."""
+    (1 − w)·(q(x) − q(y)); the first to do so sets the limit (1 where no token has more target mass than
+    x)."""
     rows = torch.arange(len(draft_tokens), device=draft_tokens.device)
     target_gap = target_probs - target_probs[rows, draft_tokens][:, None]
     draft_gap = draft_probs[rows, draft_tokens][:, None] - draft_probs

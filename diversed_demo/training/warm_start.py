@@ -1,9 +1,11 @@
-"""TODO."""
+"""The warm start: decode training prompts once at a static w, then fit the head offline to the dense
+objective's per-token optimum on the recorded positions, before any RL step."""
 
 from __future__ import annotations
 
 import torch
 
+from ..core.head import ConstantHead
 from ..core.prompt import encode_prompt
 from .config import HeadTrainConfig
 from .diagnostics import frontier_gain, what_separates
@@ -47,8 +49,6 @@ def warm_start(
     of the gain over a static w (same acceptance) the head captures next to the optimum. Returns the
     figures with the λ used."""
     from tqdm.auto import tqdm
-
-    from ..core.head import ConstantHead
 
     prompts = examples[: config.warm_start_prompts]
     rollouts = []  # one per prompt, decoded WARM_START_BATCH prompts at a time
