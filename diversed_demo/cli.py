@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from .common.files import write_text
 
@@ -29,6 +30,11 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def command_line() -> str:
+    """How this command was called, for reports and cards."""
+    return " ".join(["diversed-demo"] + sys.argv[1:])
+
+
 def pair_from_args(args):
     from .models.embedded import EMBEDDED
     from .models.loading import load_pair
@@ -37,9 +43,9 @@ def pair_from_args(args):
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", required=True)
     from .core.settings import MODES
 
+    parser.add_argument("--prompt", required=True)
     parser.add_argument("--mode", choices=MODES, default="static")
     parser.add_argument("--w", type=float, default=0.5, help="static ensemble weight in [0, 1] (1 = exact)")
     parser.add_argument(
@@ -104,23 +110,26 @@ def run_generate(args) -> int:
             if not args.json and item.kind != "rejected":
                 print(item.text, end="", flush=True)
     if args.json:
-        summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
-        event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
-        figures = summary.to_dict()
-        print(
-            json.dumps(
-                {
-                    "text": summary.text,
-                    "summary": {k: figures[k] for k in summary_keys},
-                    "events": [{k: getattr(e, k) for k in event_keys} for e in events],
-                },
-                ensure_ascii=False,
-            )
-        )
+        print(generate_json(summary, events))
     else:
         print("\n")
         print(format_summary(summary))
     return 0
+
+
+def generate_json(summary, events) -> str:
+    """generate --json: one object with the text, the summary's figures and every token event."""
+    summary_keys = ("acceptance_rate", "tau", "new_tokens", "tokens_per_second", "wall_time_s")
+    event_keys = ("token_id", "text", "kind", "w", "p", "q", "accept_prob")
+    figures = summary.to_dict()
+    return json.dumps(
+        {
+            "text": summary.text,
+            "summary": {k: figures[k] for k in summary_keys},
+            "events": [{k: getattr(e, k) for k in event_keys} for e in events],
+        },
+        ensure_ascii=False,
+    )
 
 
 def format_summary(summary) -> str:
@@ -128,14 +137,32 @@ def format_summary(summary) -> str:
 
     mean_w = "" if summary.mean_w is None else f"  mean w {summary.mean_w:.3f}"
     return (
-        f"acceptance {fmt(summary.acceptance_rate)}  tau {fmt(summary.tau, '.2f')}  new tokens {summary.new_tokens}  "
-        f"{summary.tokens_per_second:.1f} tok/s  wall {summary.wall_time_s:.2f} s{mean_w}"
+        f"acceptance {fmt(summary.acceptance_rate)}  tau {fmt(summary.tau, '.2f')}  "
+        f"new tokens {summary.new_tokens}  {summary.tokens_per_second:.1f} tok/s  "
+        f"wall {summary.wall_time_s:.2f} s{mean_w}"
     )
 
 
 def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     stages = parser.add_subparsers(dest="stage", required=True)
-    data = stages.add_parser("data", help="sample the target's own responses to training prompts (resumable)")
+    add_distill_data_arguments(
+        stages.add_parser("data", help="sample the target's own responses to training prompts (resumable)")
+    )
+    add_distill_train_arguments(
+        stages.add_parser("train", help="train the feature draft on the generated data (resumable)")
+    )
+    export = stages.add_parser("export", help="copy the best draft to assets/draft with its card")
+    export.add_argument("--work-dir", default="runs/distill")
+    export.add_argument("--out", default=None, help="default: assets/draft")
+    export.set_defaults(func=run_distill_export)
+    measure = stages.add_parser("measure", help="Spec-Bench figures of the embedded draft, into its card")
+    measure.add_argument("--per-category", type=int, default=2)
+    measure.add_argument("--max-new-tokens", type=int, default=64)
+    measure.add_argument("--n-draft", type=int, default=4)
+    measure.set_defaults(func=run_distill_measure)
+
+
+def add_distill_data_arguments(data) -> None:
     data.add_argument(
         "--tokens", type=int, default=1_200_000, help="stop once the responses hold this many tokens"
     )
@@ -146,10 +173,12 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--out", default=None, help="shard folder (default: assets/draft/data)")
     data.add_argument("--gen-dtype", default="bfloat16", help="the target's dtype while sampling")
     data.set_defaults(func=run_distill_data)
+
+
+def add_distill_train_arguments(train) -> None:
     from .distill.config import DraftTrainConfig
 
     defaults = DraftTrainConfig()
-    train = stages.add_parser("train", help="train the feature draft on the generated data (resumable)")
     train.add_argument(
         "--work-dir", default="runs/distill", help="checkpoints and the best draft (default: runs/distill)"
     )
@@ -184,15 +213,6 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
         "fresh one; a work dir with a checkpoint resumes that instead",
     )
     train.set_defaults(func=run_distill_train)
-    export = stages.add_parser("export", help="copy the best draft to assets/draft with its card")
-    export.add_argument("--work-dir", default="runs/distill")
-    export.add_argument("--out", default=None, help="default: assets/draft")
-    export.set_defaults(func=run_distill_export)
-    measure = stages.add_parser("measure", help="Spec-Bench figures of the embedded draft, into its card")
-    measure.add_argument("--per-category", type=int, default=2)
-    measure.add_argument("--max-new-tokens", type=int, default=64)
-    measure.add_argument("--n-draft", type=int, default=4)
-    measure.set_defaults(func=run_distill_measure)
 
 
 def run_distill_train(args) -> int:
@@ -200,7 +220,7 @@ def run_distill_train(args) -> int:
     from .distill.config import DraftTrainConfig
     from .distill.train import train_draft
     from .models.embedded import EMBEDDED
-    from .models.loading import load_pair
+    from .models.loading import is_eagle3_dir, load_pair
 
     config = DraftTrainConfig(
         epochs=args.epochs,
@@ -223,8 +243,6 @@ def run_distill_train(args) -> int:
     ):
         if not value > 0:
             raise ValueError(f"{name} must be positive, not {value}")
-    from .models.loading import is_eagle3_dir
-
     if args.init is not None and not is_eagle3_dir(args.init):
         raise ValueError(f"--init {args.init}: not a saved EAGLE-3 draft (no speculators config.json there)")
     records = data.load_records(args.data or data.SHARDS_DIR)
@@ -239,7 +257,7 @@ def run_distill_train(args) -> int:
         config,
         args.work_dir,
         args.minutes,
-        " ".join(["diversed-demo"] + sys.argv[1:]),
+        command_line(),
         init_from=args.init,
     )
     print(json.dumps(state["best"]))
@@ -301,6 +319,29 @@ def add_train_arguments(parser) -> None:
         "--task", default=defaults.task, help="summarization, math, code or general (fidelity)"
     )
     parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    add_head_config_arguments(parser, defaults)
+    for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
+        parser.set_defaults(**{name: None})
+    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
+    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
+    parser.add_argument(
+        "--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)"
+    )
+    parser.add_argument(
+        "--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint"
+    )
+    parser.add_argument(
+        "--suggest-lam",
+        action="store_true",
+        help="print the quartiles of (CE − H)/TV over exact-SD rollouts of the task's prompts (the "
+        "per-token optimum lets the draft through where this is below λ) and exit",
+    )
+    add_pair_arguments(parser)
+    parser.set_defaults(func=run_train)
+
+
+def add_head_config_arguments(parser, defaults) -> None:
+    """A flag for each number of HeadTrainConfig, with its default."""
     helps_int = {
         "warm_start_prompts": "before RL, decode this many training prompts at static w = --w-init and fit "
         "the head offline to the per-token optimum (default 0: off)",
@@ -348,24 +389,6 @@ def add_train_arguments(parser) -> None:
         parser.add_argument(
             "--" + name.replace("_", "-"), type=float, default=getattr(defaults, name), help=helps.get(name)
         )
-    for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
-        parser.set_defaults(**{name: None})
-    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
-    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
-    parser.add_argument(
-        "--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)"
-    )
-    parser.add_argument(
-        "--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint"
-    )
-    parser.add_argument(
-        "--suggest-lam",
-        action="store_true",
-        help="print the quartiles of (CE − H)/TV over exact-SD rollouts of the task's prompts (the "
-        "per-token optimum lets the draft through where this is below λ) and exit",
-    )
-    add_pair_arguments(parser)
-    parser.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
@@ -427,23 +450,13 @@ def add_frontier_arguments(parser) -> None:
 
 
 def run_frontier(args) -> int:
-    from pathlib import Path
-
-    import pandas as pd
     from tqdm.auto import tqdm
 
-    from .common.formatting import fmt
     from .eval.frontier import evaluate_heads
-    from .eval.frontier_figure import frontier_figure
     from .eval.held_out import held_out_examples
     from .models.heads import resolve_head_path
 
-    try:
-        weights = [float(w) for w in args.weights.split(",")]
-    except ValueError:
-        raise ValueError(f"--weights must be comma-separated numbers, not {args.weights!r}") from None
-    if not all(0 <= w <= 1 for w in weights):
-        raise ValueError(f"--weights must be in [0, 1], not {args.weights!r}")
+    weights = parse_weights(args.weights)
     for head in args.head:  # before the models load: the heads and the held-out set exist
         resolve_head_path(head)
     examples = held_out_examples(args.task, args.limit, args.data, args.set_name)
@@ -451,7 +464,6 @@ def run_frontier(args) -> int:
     bar = tqdm(
         desc=f"frontier {args.task}", unit="decode", total=len(examples) * (len(weights) + len(args.head))
     )
-    command = " ".join(["diversed-demo"] + sys.argv[1:])
     report, points = evaluate_heads(
         pair,
         args.task,
@@ -463,12 +475,35 @@ def run_frontier(args) -> int:
         args.max_new_tokens,
         args.temperature,
         args.write_card,
-        command,
+        command_line(),
         progress=lambda *_: bar.update(1),
         set_name=args.set_name,
         log_path=args.log,
     )
     bar.close()
+    print_frontier(report)
+    write_frontier_plot(report, points, args.task, args.temperature, args.plot)
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def parse_weights(spec: str) -> list[float]:
+    try:
+        weights = [float(w) for w in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights must be comma-separated numbers, not {spec!r}") from None
+    if not all(0 <= w <= 1 for w in weights):
+        raise ValueError(f"--weights must be in [0, 1], not {spec!r}")
+    return weights
+
+
+def print_frontier(report: dict) -> None:
+    """The points as a table, then each head's verdict, acceptance margin and difference from exact."""
+    import pandas as pd
+
+    from .common.formatting import fmt
+
     if "log" in report:
         print(f"log: {report['log']['path']} ({report['log']['decodes_reused']} decodes read back)")
     print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -481,20 +516,22 @@ def run_frontier(args) -> int:
         if m["versus_exact"] is not None:
             v = m["versus_exact"]
             print(
-                f"{name} − exact (w = 1), paired over {v['examples']} examples: quality {v['quality_difference']:+.4f}"
-                f" ± {fmt(v['stderr'], '.4f')}, acceptance {v['acceptance']['exact']:.3f} → {v['acceptance']['head']:.3f}"
+                f"{name} − exact (w = 1), paired over {v['examples']} examples: "
+                f"quality {v['quality_difference']:+.4f} ± {fmt(v['stderr'], '.4f')}, "
+                f"acceptance {v['acceptance']['exact']:.3f} → {v['acceptance']['head']:.3f}"
             )
-    plot = Path(args.plot or Path("runs/frontier") / f"{args.task}-{report['set']}.html")
-    plot.parent.mkdir(parents=True, exist_ok=True)
+
+
+def write_frontier_plot(report: dict, points, task: str, temperature: float, plot: str | None) -> None:
+    from .eval.frontier_figure import frontier_figure
+
+    path = Path(plot or Path("runs/frontier") / f"{task}-{report['set']}.html")
+    path.parent.mkdir(parents=True, exist_ok=True)
     frontier_figure(
         points,
-        f"Frontier on {args.task}, {report['set']} ({report['examples']} held-out examples, "
-        f"T = {args.temperature:g})",
-    ).write_html(plot)
-    print(f"plot: {plot}")
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=2) + "\n")
-    return 0
+        f"Frontier on {task}, {report['set']} ({report['examples']} held-out examples, T = {temperature:g})",
+    ).write_html(path)
+    print(f"plot: {path}")
 
 
 def print_and_write(report: dict, table: str, json_path: str | None, markdown_path: str | None) -> None:
@@ -574,7 +611,7 @@ def run_table(args) -> int:
         greedy_heads=greedy_heads,
     )
     bar.close()
-    report["command"] = " ".join(["diversed-demo"] + sys.argv[1:])
+    report["command"] = command_line()
     print_and_write(report, markdown(report), args.json, args.markdown)
     return 0
 
@@ -638,18 +675,9 @@ def run_bench_command(args) -> int:
 
     from .eval.bench import parse_modes, run_batch_bench, run_bench
     from .eval.bench_report import batch_markdown, bench_figure, markdown_table
-    from .eval.tasks import app_examples, load_spec_bench
 
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     # Everything that can be checked without the models is checked before they load.
-    if args.app_examples is not None:
-        if args.app_examples < 1:
-            raise ValueError(f"--app-examples must be a positive integer, not {args.app_examples}")
-        examples = [e for task_examples in app_examples().values() for e in task_examples][
-            : args.app_examples
-        ]
-    else:
-        examples = load_spec_bench(args.data, categories, per_category=args.per_category or None)
+    examples = bench_examples(args)
     parse_modes(args.modes)
     if args.n_draft != "auto" and not (args.n_draft.isdigit() and int(args.n_draft) >= 1):
         raise ValueError(f"--n-draft must be a positive integer or auto, not {args.n_draft!r}")
@@ -692,6 +720,18 @@ def run_bench_command(args) -> int:
     return 0
 
 
+def bench_examples(args) -> list:
+    """The questions to bench: the app's first K example prompts, or Spec-Bench's first turns."""
+    from .eval.tasks import app_examples, load_spec_bench
+
+    if args.app_examples is not None:
+        if args.app_examples < 1:
+            raise ValueError(f"--app-examples must be a positive integer, not {args.app_examples}")
+        return [e for task_examples in app_examples().values() for e in task_examples][: args.app_examples]
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    return load_spec_bench(args.data, categories, per_category=args.per_category or None)
+
+
 def add_app_arguments(parser) -> None:
     add_pair_arguments(parser)
     parser.add_argument(
@@ -704,8 +744,12 @@ def add_app_arguments(parser) -> None:
 
 def run_app(args) -> int:
     from .ui.app import build_app, launch
+    from .ui.examples import load_examples
+    from .ui.opening import measured_opening
 
-    launch(build_app(pair_from_args(args)), server_name=args.host, server_port=args.port, share=args.share)
+    pair, examples = pair_from_args(args), load_examples()
+    app = build_app(pair, examples, start=measured_opening(pair, examples))
+    launch(app, server_name=args.host, server_port=args.port, share=args.share)
     return 0
 
 

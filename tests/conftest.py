@@ -58,3 +58,64 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the app (tests/test_ui_*.py)
+
+UI_PROMPT = "the cat sat on"
+
+
+def ui_examples():
+    """App examples: one with a summary reference, one with a math answer, one without a reference."""
+    from diversed_demo.eval.tasks import Example
+
+    return [
+        Example(
+            "Summarize: the council voted for a park.",
+            "summarization",
+            "The council approved a park.",
+            "t/s0",
+        ),
+        Example("Tom has 3 boxes of 12. He gives 10 away. How many are left?", "math", "#### 26", "t/m0"),
+        Example("Give me three tips for sleeping better.", "general", id="t/g0"),
+    ]
+
+
+def shipped_heads() -> dict:
+    """The shipped heads by name: their paths."""
+    from diversed_demo.models.heads import HEADS_DIR
+
+    return {path.stem: path for path in sorted(HEADS_DIR.glob("*.safetensors"))}
+
+
+def token_event(kind="accepted", text=" cat", w=0.5, p=0.2, q=0.4, accept_prob=0.75, step=1, token_id=5):
+    from diversed_demo.core.events import TokenEvent
+
+    return TokenEvent(token_id, text, kind, step, w=w, p=p, q=q, accept_prob=accept_prob)
+
+
+def decode_settings(**overrides):
+    """The app's DecodeSettings for a short static decode of the tiny pair, with `overrides`."""
+    from diversed_demo.ui.runs import DecodeSettings
+
+    defaults = dict(mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=24, temperature=1.0, seed=3)
+    return DecodeSettings(**{**defaults, **overrides})
+
+
+@pytest.fixture
+def saved_head(pair, heads_dir):
+    """A freshly initialised head for the tiny pair, saved in the user heads folder: its name."""
+    from diversed_demo.models.heads import new_head, save_head
+
+    save_head(new_head(pair), heads_dir / "fresh.safetensors")
+    return "fresh"
+
+
+# Measured costs (c: a draft token, v[N]: a pass over N + 1 tokens, in target tokens) of a machine where a
+# pass over more than 3 tokens costs much more, as on a 2-core CPU: there the fastest N is at most 2.
+CPU_COSTS = {"c": 0.09, "v": {1: 1.1, 2: 1.2, 3: 1.7, 4: 1.8, 5: 1.9, 6: 2.0}}
+
+
+def app_components(app) -> dict:
+    """A built app's components' properties by elem_id."""
+    return {c.get("props", {}).get("elem_id"): c["props"] for c in app.get_config_file()["components"]}

@@ -305,7 +305,8 @@ def test_events_and_summary_are_consistent(pair):
         assert e.kind in KINDS
         if e.kind in ("accepted", "rejected"):
             assert e.w == pytest.approx(0.5) and 0 <= e.accept_prob <= 1 and e.q > 0
-    # The events' own cost is timed inside the loop (the bench prices streaming with it); the bare loop has none.
+    # The events' own cost is timed inside the loop (the bench prices streaming with it); the bare loop
+    # has none.
     assert 0 < summary.events_s < summary.wall_time_s
     *_, bare = speculative_generate(
         pair, PROMPTS[2], mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=50, emit_events=False

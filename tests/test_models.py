@@ -1,4 +1,5 @@
-"""The pair's layers on CPU: the fast linear product and the grouped attention must compute what transformers' own do."""
+"""The pair's layers on CPU: the fast linear product and the grouped attention must compute what
+transformers' own do."""
 
 from __future__ import annotations
 

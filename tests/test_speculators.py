@@ -1,4 +1,5 @@
-"""Optional: our EAGLE-3 draft files load into vLLM `speculators`' Eagle3DraftModel and compute the same thing.
+"""Optional: our EAGLE-3 draft files load into vLLM `speculators`' Eagle3DraftModel and compute the same
+thing.
 
 Skipped unless `speculators` is installed (it is not a dependency of this project). On CPU its draft must use
 "sdpa" or "eager" attention (its default flex attention needs T to be a multiple of 128 there), and loading by
@@ -19,7 +20,7 @@ from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  
 from tiny import tiny_eagle3, tiny_model  # noqa: E402
 
 from diversed_demo.distill.ttt import ttt_forward  # noqa: E402
-from diversed_demo.models.eagle import target_features
+from diversed_demo.models.eagle import target_features  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -115,8 +116,9 @@ def test_same_drafts_and_logits(models):
 
 
 def test_position_offset_is_irrelevant(models):
-    """speculators trains with position ids 1 + arange(T) (shift_batch keeps position_ids[1:]); we use arange(T),
-    the target position of the features. Rotary attention depends only on differences, so the logits agree."""
+    """speculators trains with position ids 1 + arange(T) (shift_batch keeps position_ids[1:]); we use
+    arange(T), the target position of the features. Rotary attention depends only on differences, so the
+    logits agree."""
     our_logits, their_logits, _ = run_both(models, seed=5, position_offset=1)
     for step in range(STEPS):
         torch.testing.assert_close(their_logits[step], our_logits[step], rtol=1e-4, atol=1e-4)

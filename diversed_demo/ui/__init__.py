@@ -1,5 +1,7 @@
-"""The Gradio app, by concern: `runs` (live run state), `render` (events as HTML, charts), `results` (the
-shipped figures), `trace` (export and replay), `app` (the app built tab by tab, and its handlers)."""
+"""The Gradio app: `app` assembles it from `sidebar` and `tabs/` (one module per tab, with its handlers);
+beneath them `runs` (live run state), `render` (HTML and charts), `trace` (export and replay), the shipped
+figures (`cards`, `frontiers`, `result_tables`, `cost_presets`), `opening` (where the app starts) and
+`snippet` (the dial in transformers)."""
 
 from .app import build_app, launch
 

@@ -13,7 +13,10 @@ from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
 from ..eval.theory import analytic_speedup
-from .runs import COMPARE_MODES, Comparison, DecodeRun
+from .runs import Comparison, DecodeRun
+
+# The decoder's modes (core.settings.MODES) as the page names them; logic keys on the codes.
+MODE_LABELS = {"ar": "Target only", "exact": "Exact SD", "static": "Static ensemble", "dynamic": "DIVERSED"}
 
 KIND_LABELS = {
     "accepted": "accepted draft token",
@@ -31,7 +34,7 @@ KIND_COLORS = {
     "ar": "#64748b",
 }
 STATIC_COLOR, HEAD_COLOR, THEORY_COLOR = "#d97706", "#7c3aed", "#94a3b8"
-MODE_COLORS = dict(zip(COMPARE_MODES, ("#64748b", "#2563eb", STATIC_COLOR, HEAD_COLOR)))
+MODE_COLORS = {"ar": "#64748b", "exact": "#2563eb", "static": STATIC_COLOR, "dynamic": HEAD_COLOR}
 
 
 def token_title(event) -> str:
@@ -52,7 +55,7 @@ DEPARTS_TITLE = "first token where this output departs from target-only decoding
 
 def render_token(event, departs: bool = False) -> str:
     text = html.escape(event.text) or "∅"
-    # Keep newlines visible: a return mark, then the line break itself (the container is white-space: pre-wrap).
+    # Keep newlines visible: a return mark, then the line break itself (the container is pre-wrap).
     text = text.replace("\n", '<span class="dd-nl">↵</span>\n')
     title = token_title(event) + (f"\n▶ {DEPARTS_TITLE}" if departs else "")
     classes = f"dd-tok dd-{event.kind}" + (" dd-departs" if departs else "")
@@ -173,10 +176,10 @@ def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
     acceptance = figure("cumulative acceptance", 280, "generated token", "accepted / drafted")
     acceptance.update_yaxes(range=[0, 1.02])
     elapsed = figure("elapsed time", 280, "generated token", "seconds")
-    for label, run in comparison.runs.items():
+    for mode, run in comparison.runs.items():
         xs = list(range(1, run.new_tokens + 1))
-        line = dict(color=MODE_COLORS[label], width=2)
-        if run.settings.mode != "ar":
+        label, line = MODE_LABELS[mode], dict(color=MODE_COLORS[mode], width=2)
+        if mode != "ar":
             acceptance.add_trace(
                 go.Scatter(x=xs, y=run.acceptance_per_token, mode="lines", name=label, line=line)
             )
@@ -184,12 +187,12 @@ def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
     return acceptance, elapsed
 
 
-def run_panel_html(label: str, comparison: Comparison) -> str:
-    """One column of the compare view: the run's coloured tokens, a one-line summary, and where it
+def run_panel_html(mode: str, comparison: Comparison) -> str:
+    """One column of the compare view: the `mode` run's coloured tokens, a one-line summary, and where it
     departs from target-only decoding."""
-    run = comparison.runs.get(label)
+    label, run = MODE_LABELS[mode], comparison.runs.get(mode)
     if run is None:
-        why = comparison.skipped.get(label, "waiting…")
+        why = comparison.skipped.get(mode, "waiting…")
         return (
             f'<div class="dd-panel"><div class="dd-panel-head">{html.escape(label)}</div>'
             f'<div class="dd-tokens dd-empty">{html.escape(why)}</div></div>'
@@ -198,11 +201,11 @@ def run_panel_html(label: str, comparison: Comparison) -> str:
         f"acc {fmt(run.acceptance_rate, '.0%')} · τ {fmt(run.tau, '.2f')} · "
         f"{fmt(run.tokens_per_second, '.1f')} tok/s · {fmt(run.elapsed_s, '.1f')} s"
     )
-    departs_at = comparison.departures().get(label)
-    if label == "Target only":
+    departs_at = comparison.departures().get(mode)
+    if mode == "ar":
         departure = "the reference for the ▶ marks"
     elif departs_at is None:
-        departure = "same tokens as target only" if run.done and "Target only" in comparison.runs else ""
+        departure = "same tokens as target only" if run.done and "ar" in comparison.runs else ""
     else:
         departure = f"▶ departs from target only at token {departs_at + 1}"
     return (
@@ -224,7 +227,7 @@ HEAD_STAR = dict(color=HEAD_COLOR, size=14, symbol="star")
 
 def acceptance_figure(points, expected_tv: float) -> go.Figure:
     """Per-token acceptance α against w: the static points, the theory line 1 − w·E[TV], heads at their
-    mean w_t. `points` is a frame of the dial's points (results.points_frame)."""
+    mean w_t. `points` is a frame of the dial's points (frontiers.points_frame)."""
     fig = figure("per-token acceptance vs w", DIAL_HEIGHT, "w", "per-token acceptance α")
     static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
     if not math.isnan(expected_tv):
@@ -342,7 +345,8 @@ def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
 
 
 def training_figure(history: list[dict]) -> go.Figure:
-    """Reward (left: its scale depends on the task) and acceptance and mean w_t (right, in [0, 1]) per step."""
+    """Per step: the reward (left: its scale depends on the task), and acceptance and mean w_t (right, in
+    [0, 1])."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("reward", "acceptance and mean w_t"))
     fig.update_layout(
         height=300,

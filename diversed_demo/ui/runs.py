@@ -19,9 +19,6 @@ from ..eval.tasks import REFERENCE_TASKS, Example
 from ..models.heads import load_head
 
 MAX_PROMPT_CHARS = 4000
-# The decoder's modes under the names the page shows, in the order the page lists them.
-MODE_LABELS = dict(zip(("Target only", "Exact SD", "Static ensemble", "DIVERSED"), MODES))
-MODE_NAMES = {mode: label for label, mode in MODE_LABELS.items()}
 
 
 @dataclass
@@ -181,28 +178,26 @@ def throttled(items, interval_s: float):
 
 # ---------------------------------------------------------------- compare
 
-COMPARE_MODES = tuple(MODE_LABELS)
-
 
 @dataclass
 class Comparison:
-    """The runs of one prompt through each mode, and each finished run's quality."""
+    """The runs of one prompt through each mode, and each finished run's quality, keyed by mode."""
 
     runs: dict[str, DecodeRun] = field(default_factory=dict)
-    quality: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # label → (value, metric)
-    skipped: dict[str, str] = field(default_factory=dict)  # label → why
+    quality: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # mode → (value, metric)
+    skipped: dict[str, str] = field(default_factory=dict)  # mode → why
 
     def departures(self) -> dict[str, int | None]:
         """Per run, the index of its first output token that differs from target-only decoding
         (None where it never departs, or no target-only run is there to compare with)."""
-        baseline = self.runs.get("Target only")
+        baseline = self.runs.get("ar")
         if baseline is None:
             return {}
         reference = [e.token_id for e in baseline.output_events]
         return {
-            label: first_departure([e.token_id for e in run.output_events], reference, baseline.done)
-            for label, run in self.runs.items()
-            if label != "Target only"
+            mode: first_departure([e.token_id for e in run.output_events], reference, baseline.done)
+            for mode, run in self.runs.items()
+            if mode != "ar"
         }
 
 
@@ -234,16 +229,16 @@ def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Exam
     runs come from the verifier alone; yield the Comparison as it grows."""
     check_prompt(prompt)
     comparison = Comparison()
-    for label in COMPARE_MODES:
-        mode_settings = replace(settings, mode=MODE_LABELS[label])
-        if mode_settings.mode == "dynamic" and not settings.head_name:
-            comparison.skipped[label] = "no head selected"
+    for mode in MODES:
+        if mode == "dynamic" and not settings.head_name:
+            comparison.skipped[mode] = "no head selected"
             continue
+        mode_settings = replace(settings, mode=mode)
         head = resolve_head(pair, mode_settings)
         for run in stream_decode(pair, prompt, mode_settings, head):
-            comparison.runs[label] = run
+            comparison.runs[mode] = run
             if run.done:
-                comparison.quality[label] = quality_of(pair, prompt, example, run)
+                comparison.quality[mode] = quality_of(pair, prompt, example, run)
             yield comparison
 
 

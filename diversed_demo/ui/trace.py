@@ -7,7 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
+import tempfile
+import time
 from dataclasses import asdict, fields
+from pathlib import Path
 
 from ..core.events import KINDS, TokenEvent
 from ..core.stats import Summary
@@ -16,6 +20,12 @@ from .runs import DecodeRun, DecodeSettings
 TRACE_FORMAT = "diversed-trace/1"
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
 SETTING_FIELDS = [f.name for f in fields(DecodeSettings)]
+TRACES_DIR = Path(tempfile.gettempdir()) / "diversed-traces"
+TRACE_KEEP_S = 3600  # Gradio copies a served file into its own cache; our copy is only needed briefly
+
+
+def pair_info(pair) -> dict:
+    return {"target": pair.target_name, "draft": pair.draft_name, "device": str(pair.device)}
 
 
 def run_record(label: str, run: DecodeRun) -> dict:
@@ -67,6 +77,26 @@ def write_trace(data: dict, folder, stem: str) -> tuple[str, str]:
         path.write_text(text, encoding="utf-8")
         paths.append(str(path))
     return paths[0], paths[1]
+
+
+def remove_expired_traces() -> None:
+    """Delete the trace folders older than TRACE_KEEP_S, so a long-running app does not fill the disk."""
+    for old in TRACES_DIR.iterdir():
+        try:
+            expired = time.time() - old.stat().st_mtime > TRACE_KEEP_S
+        except FileNotFoundError:  # a concurrent request removed it first
+            continue
+        if expired:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def trace_files(runs: dict[str, DecodeRun], pair, view: str) -> list[str]:
+    """The runs' trace (runs by the label the page shows) written to a fresh folder under TRACES_DIR, which
+    Gradio serves: [json, csv]."""
+    TRACES_DIR.mkdir(exist_ok=True)
+    remove_expired_traces()
+    folder = Path(tempfile.mkdtemp(dir=TRACES_DIR))
+    return list(write_trace(trace_of(runs, pair_info(pair), view), folder, f"diversed-{view}-trace"))
 
 
 def _number(value, where: str, optional: bool = True):

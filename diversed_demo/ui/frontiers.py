@@ -1,0 +1,111 @@
+"""The dial's points: static w and heads, each at its acceptance, quality and speed, from the shipped
+frontier cards or a live sweep; and E[TV], which the theory line 1 − w·E[TV] needs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..eval.theory import alpha_from_acceptance
+from .cards import FRONTIER_COMMAND, card_task, frontier_at, head_cards, is_greedy, trained_greedy
+from .shipped_files import dig, shown_path
+
+
+@dataclass
+class Frontier:
+    """One task's shipped frontier: static points and heads, as the dial draws them."""
+
+    task: str
+    points: pd.DataFrame
+    n_draft: int
+    note: str  # where the figures come from
+
+
+def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
+    """The dial's points from frontier rows (frontier.Point.row(), as in the cards or a live sweep).
+
+    One row per point: label, kind (static/head), w (the mean w_t for heads), acceptance (accepted/drafted),
+    alpha (per-token acceptance inferred from it), tokens_per_second, quality (the task reward).
+    """
+    out = []
+    for row in rows:
+        static = row.get("w") is not None
+        acceptance = row.get("acceptance")
+        out.append(
+            {
+                "label": f"w = {row['w']:.2f}"
+                if static
+                else str(row.get("point", "head")).removeprefix("dynamic:"),
+                "kind": "static" if static else "head",
+                "w": row["w"] if static else row.get("mean_w"),
+                "acceptance": acceptance,
+                "alpha": alpha_from_acceptance(acceptance, n_draft) if acceptance is not None else math.nan,
+                "tokens_per_second": row.get("tokens_per_second"),
+                "quality": row.get("quality"),
+            }
+        )
+    return pd.DataFrame(
+        out, columns=["label", "kind", "w", "acceptance", "alpha", "tokens_per_second", "quality"]
+    )
+
+
+def expected_tv(points: pd.DataFrame) -> float:
+    """E[TV(p, q)] from the exact point (w = 1), whose per-token acceptance is 1 − E[TV]; the other static
+    points then test the line 1 − w·E[TV] rather than fit it."""
+    exact = points[(points["kind"] == "static") & (points["w"] == 1.0)]
+    return float(1 - exact["alpha"].iloc[0]) if not exact.empty else math.nan
+
+
+def cards_for_temperature(cards: dict[str, dict], temperature) -> dict[str, dict]:
+    """The cards of the heads trained for the temperature's kind of decoding (greedy or sampled), and all
+    the cards of a task that has none such: the app decodes with those."""
+    greedy = is_greedy(temperature)
+    fitting = {card_task(card) for card in cards.values() if trained_greedy(card) == greedy}
+    return {
+        name: card
+        for name, card in cards.items()
+        if trained_greedy(card) == greedy or card_task(card) not in fitting
+    }
+
+
+def frontier_note(frontier: dict, card_path: Path, n_draft: int) -> str:
+    """Where a drawn frontier comes from: its prompts, settings, card and command."""
+    settings = frontier.get("settings", {})
+    return (
+        f"{frontier.get('examples', '?')} held-out prompts ({settings.get('held_out', 'held-out set')}), "
+        f"N = {n_draft}, T = {settings.get('temperature', '?')}, ≤{settings.get('max_new_tokens', '?')} "
+        f"new tokens; from {shown_path(card_path)}, written by "
+        f"`{frontier.get('command', FRONTIER_COMMAND)}`"
+    )
+
+
+def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> dict[str, Frontier]:
+    """Per task, the static points of its first head card and every carded head of that task as a star
+    (its heads trained for the temperature's kind of decoding, where it has any: a greedy twin at T = 0).
+
+    Each card's evaluation of the temperature's kind (greedy or sampled, see `frontier_at`) is drawn, and
+    a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
+    each evaluated with their own static sweep; the first card's sweep is drawn (the same settings and
+    held-out set for the shipped ones)."""
+    cards = cards_for_temperature(head_cards(head_paths), temperature)
+    chosen = {name: frontier_at(card, temperature) for name, card in cards.items()}
+    tasks_drawn = {card_task(cards[name]) for name, frontier in chosen.items() if frontier}
+    by_task: dict[str, Frontier] = {}
+    for name, card in cards.items():
+        task = card_task(card)
+        frontier = chosen[name] or (None if task in tasks_drawn else card["frontier"])
+        if frontier is None:
+            continue
+        head_row = {**frontier["head_point"], "point": name}
+        if task in by_task:
+            extra = points_frame([head_row], by_task[task].n_draft)
+            by_task[task].points = pd.concat([by_task[task].points, extra], ignore_index=True)
+            continue
+        n_draft = int(dig(frontier, "settings", "n_draft") or 4)
+        note = frontier_note(frontier, Path(head_paths[name]).with_suffix(".json"), n_draft)
+        points = points_frame(frontier["static_points"] + [head_row], n_draft)
+        by_task[task] = Frontier(task, points, n_draft, note)
+    return by_task

@@ -1,0 +1,117 @@
+"""Where the app opens: the first example, at the settings its task's head card was measured with, and the
+draft length that pays on this machine (timed by the launcher before the app is built)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..core.prompt import encode_prompt
+from ..eval.costs import choose_n_draft, measure_costs
+from ..eval.tasks import Example
+from ..models.heads import HeadError, list_heads, load_head
+from .cards import head_cards, trained_greedy
+from .runs import DecodeSettings
+from .shipped_files import dig, shown_path
+from .space import zero_gpu_space
+
+
+@dataclass
+class Defaults:
+    """Where the app starts: the settings at which the shipped figures were measured."""
+
+    settings: DecodeSettings
+    example_index: int | None
+    note: str
+
+
+def opening_head(cards: dict[str, dict], task: str | None) -> str | None:
+    """The carded head to open with: the task's, trained for greedy decoding first (the app opens greedy,
+    where the small target's own text is readable), else any carded head."""
+    ranked = sorted(cards, key=lambda n: not trained_greedy(cards[n]))
+    return next((n for n in ranked if cards[n].get("task") == task), next(iter(ranked), None))
+
+
+def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> Defaults:
+    """The first example, and DIVERSED with the carded head of that example's task at the settings its
+    frontier card was measured with (N, temperature, new tokens); the note says whether the head beat the
+    static frontier there. w starts at the head's mean w_t, so the static ensemble spends the same average
+    weight.
+
+    Without a carded head (another pair), static w = 0.5 at the decoder's defaults, and the note says so.
+    """
+    first = examples[0] if examples else None
+    example_index = 0 if first else None
+    cards = head_cards(head_paths)
+    name = opening_head(cards, first.task if first else None)
+    if name is None:
+        settings = DecodeSettings(mode="static", head_name=next(iter(head_paths), None))
+        return Defaults(settings, example_index, "no frontier card for this pair: decoder defaults")
+    frontier = cards[name]["frontier"]
+    measured = frontier.get("settings", {})
+    mean_w = dig(frontier, "head_point", "mean_w")
+    settings = DecodeSettings(
+        mode="dynamic",
+        head_name=name,
+        ensemble_weight=round(mean_w * 20) / 20 if isinstance(mean_w, (int, float)) else 0.5,
+        n_draft=int(measured.get("n_draft", 4)),
+        max_new_tokens=int(measured.get("max_new_tokens", 64)),
+        temperature=float(measured.get("temperature", 1.0)),
+    )
+    verdict = (
+        "where the head beat the static frontier"
+        if frontier.get("beyond_frontier")
+        else "where the head was not beyond the static frontier"
+    )
+    card_path = shown_path(Path(head_paths[name]).with_suffix(".json"))
+    return Defaults(settings, example_index, f"settings of {card_path}'s frontier run, {verdict}")
+
+
+def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) -> Defaults:
+    """`start` at the draft length found fastest on this machine (by the analytic bound at per-token
+    acceptance α with the measured costs); the note says why where it differs from the card's. A card's N
+    is a frontier setting, and which N pays depends on the machine (docs/measurements/app.md)."""
+    if n_draft == start.settings.n_draft:
+        return start
+    note = (
+        f"{start.note}; N = {n_draft}, not {start.settings.n_draft}: the fastest here by the "
+        f"analytic bound at this example's acceptance (α = {alpha:.2f} in a short decode at start), "
+        f"with a draft token costing {costs['c']:.2f} and a pass over N + 1 tokens "
+        f"{costs['v'][n_draft]:.2f} of a target token"
+    )
+    return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note)
+
+
+def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defaults:
+    """`start` at the draft length that pays on this machine for its example and settings: the draft's and
+    the verification's costs timed, and the example decoded for 32 tokens to measure its acceptance, as
+    `bench --n-draft auto` chooses. Kept as is on ZeroGPU Spaces, where a GPU is attached only inside a
+    call, and where the opening head does not load (the Decode tab then says why, on use)."""
+    settings = start.settings
+    if start.example_index is None or zero_gpu_space():
+        return start
+    prompt = examples[start.example_index].prompt
+    try:
+        head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None
+    except HeadError:
+        return start
+    mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
+    costs = measure_costs(
+        pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
+    )
+    chosen = choose_n_draft(
+        pair,
+        {"opening": mode},
+        costs,
+        [prompt],
+        32,
+        settings.temperature,
+        settings.seed,
+        probe_n_draft=settings.n_draft,
+    )["opening"]
+    return with_draft_length(start, chosen["n_draft"], chosen["calibration_alpha"], costs)
+
+
+def measured_opening(pair, examples: list[Example]) -> Defaults:
+    """What the launchers open the app at: the arrival settings, at the draft length timed on this pair."""
+    return opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))

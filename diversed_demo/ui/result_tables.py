@@ -1,0 +1,147 @@
+"""The measured results as the page states them: the header's headline, the Results tab's frontier table
+(from the heads' cards) and bench reports. Every figure comes from a shipped file; a missing one gives a
+placeholder naming the command that writes it."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from ..common.formatting import fmt
+from ..common.paths import RESULTS_DIR
+from ..eval.bench_report import markdown_table
+from ..eval.rewards import QUALITY_LABEL
+from .cards import card_task, frontier_at, head_cards, is_greedy, trained_greedy
+from .shipped_files import dig, read_json, shown_path
+
+# The bench reports the Results tab draws, and the commands that write them.
+BENCH_REPORTS = {
+    "Spec-Bench, every category": (
+        RESULTS_DIR / "bench.json",
+        "diversed-demo bench --per-category 2 --max-new-tokens 64 --modes "
+        "ar,exact,static:0.5,dynamic:summarization-greedy,dynamic:general-greedy --vs-transformers "
+        "--json results/bench.json",
+    ),
+    "Quality on the referenced categories": (
+        RESULTS_DIR / "quality.json",
+        "diversed-demo bench --categories summarization,math_reasoning --per-category 20 --max-new-tokens 64 "
+        "--modes ar,exact,static:0.5,static:0.8,dynamic:summarization,dynamic:general "
+        "--json results/quality.json",
+    ),
+}
+FRONTIER_COLUMNS = [
+    "task",
+    "T",
+    "quality metric",
+    "setting",
+    "acceptance",
+    "quality",
+    "mean w_t",
+    "margin over the static frontier",
+    "prompts",
+]
+
+
+def quality_metric(task: str) -> str:
+    """The quality a task's frontier measures (its reward in tasks/rewards)."""
+    return QUALITY_LABEL.get(task, QUALITY_LABEL["general"])
+
+
+def head_margin_text(evaluation: dict) -> str:
+    """'+1.44 ± 0.45 (P > 0: 0.997): beyond' from an evaluation's bootstrap margins and verdict, or n/a."""
+    margin = dig(evaluation, "quality_margin")
+    if not isinstance(margin, dict) or margin.get("estimate") is None:
+        return "n/a"
+    kind = dig(evaluation, "verdict", "kind")
+    return (
+        f"{fmt(margin['estimate'], '+.4g')} ± {fmt(margin.get('stderr'), '.2g')} "
+        f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})" + (f": {kind}" if isinstance(kind, str) else "")
+    )
+
+
+def headline_claim(name: str, card: dict) -> str | None:
+    """'<b>name</b> metric +x ± y (verdict)' for a card with a quality margin, else None."""
+    margin = dig(card, "frontier", "quality_margin")
+    if not isinstance(margin, dict) or not isinstance(margin.get("estimate"), (int, float)):
+        return None
+    metric = quality_metric(card_task(card))
+    verdict = dig(card, "frontier", "verdict", "kind")
+    return (
+        f"<b>{html.escape(name)}</b> {metric} {fmt(margin['estimate'], '+.2g')} ± "
+        f"{fmt(margin.get('stderr'), '.1g')}"
+        + (f" ({html.escape(verdict)})" if isinstance(verdict, str) else "")
+    )
+
+
+def headline(head_paths: dict[str, Path]) -> str:
+    """One sentence for the page's header: each carded head's quality margin over the static frontier at
+    its own acceptance and its verdict, grouped by the decoding it was trained for (sampled, greedy), or ""
+    where no head has a card."""
+    groups = {False: [], True: []}
+    for name, card in head_cards(head_paths).items():
+        claim = headline_claim(name, card)
+        if claim is not None:
+            groups[trained_greedy(card)].append(claim)
+    parts = [
+        f"{label}: " + "; ".join(claims)
+        for label, claims in (("Sampled (T = 1)", groups[False]), ("Greedy", groups[True]))
+        if claims
+    ]
+    if not parts:
+        return ""
+    return (
+        "Heads against the static frontier at equal acceptance, on held-out prompts (each card names its "
+        "set). " + ". ".join(parts) + ". (Speed–quality dial, Results.)"
+    )
+
+
+def frontier_rows(name: str, card: dict) -> list[dict]:
+    """The table's rows of one head's card: per temperature kind it was evaluated at on its primary set,
+    each static w and the head."""
+    task = card_task(card)
+    rows = []
+    for frontier in filter(None, (frontier_at(card, 1.0), frontier_at(card, 0.0))):
+        temperature = dig(frontier, "settings", "temperature")
+        for row in frontier["static_points"] + [frontier["head_point"]]:
+            is_head = row.get("w") is None
+            rows.append(
+                {
+                    "task": task,
+                    "T": "greedy" if is_greedy(temperature) else temperature,
+                    "quality metric": quality_metric(task),
+                    "setting": f"DIVERSED head {name}" if is_head else f"static w = {row['w']:g}",
+                    "acceptance": fmt(row.get("acceptance")),
+                    "quality": fmt(row.get("quality"), ".4g"),
+                    "mean w_t": fmt(row.get("mean_w"), ".2f"),
+                    "margin over the static frontier": head_margin_text(frontier) if is_head else "",
+                    "prompts": row.get("examples"),
+                }
+            )
+    return rows
+
+
+def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
+    """The paper-style table: per task and temperature (sampled, greedy: each card's evaluations on its
+    primary set), each static w and each head with acceptance, quality and mean w; for heads, the quality
+    margin over the static frontier at their acceptance."""
+    rows = [row for name, card in head_cards(head_paths).items() for row in frontier_rows(name, card)]
+    # A task's static points appear once per temperature, however many of its heads carry them.
+    return (
+        pd.DataFrame(rows, columns=FRONTIER_COLUMNS)
+        .drop_duplicates(subset=["task", "T", "setting"])
+        .reset_index(drop=True)
+    )
+
+
+def bench_markdown(name: str) -> str:
+    """One bench report as the bench's own markdown tables, or a note naming the command that writes it."""
+    path, command = BENCH_REPORTS[name]
+    report, why = read_json(path)
+    if report is not None:
+        try:
+            return f"*From `{shown_path(path)}`.*\n\n" + markdown_table(report)
+        except (KeyError, TypeError, ValueError) as err:
+            why = f"{path.name} is not a bench report ({type(err).__name__}: {err})"
+    return f"*Not shipped yet: {why}. Written by*\n\n```bash\n{command}\n```"

@@ -1,0 +1,123 @@
+"""The sidebar: the decoding settings that Decode, Compare and the dial share (w, head, N, new tokens,
+temperature, seed), and turning their values into DecodeSettings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from ..core.settings import MAX_N_DRAFT, MAX_SEED
+from ..models.heads import list_heads
+from .cards import head_cards, head_for_temperature
+from .handlers import bind
+from .opening import Defaults
+from .runs import DecodeSettings
+
+
+@dataclass
+class Sidebar:
+    """The sidebar's components: the tabs read them, and the Train tab updates the head."""
+
+    w: gr.Slider
+    head: gr.Dropdown
+    n_draft: gr.Slider
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+    seed: gr.Number
+
+    @property
+    def inputs(self) -> list:
+        """The components a decode reads, in `settings_from`'s order after the mode."""
+        return [self.w, self.head, self.n_draft, self.max_new_tokens, self.temperature, self.seed]
+
+
+def settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeSettings:
+    """The settings of a decode in `mode` (a code of core.settings.MODES) from the sidebar's values."""
+    if seed is None or not 0 <= float(seed) <= MAX_SEED or float(seed) != int(seed):
+        raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
+    return DecodeSettings(
+        mode=mode,
+        ensemble_weight=float(w),
+        head_name=head_name or None,
+        n_draft=int(n_draft),
+        max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature),
+        seed=int(seed),
+    )
+
+
+def head_choices(pair) -> list[str]:
+    return list(list_heads(pair))  # the user's newest first, then the shipped ones
+
+
+def refresh_heads(pair, current):
+    """The head dropdown with the heads on disk now, keeping `current` where it is still there."""
+    names = head_choices(pair)
+    return gr.update(choices=names, value=current if current in names else (names[0] if names else None))
+
+
+def switch_head(cards: dict[str, dict], head_name, temperature):
+    """The head trained for the new temperature's kind of decoding, where the chosen one was not."""
+    choice = head_for_temperature(cards, head_name, temperature)
+    return gr.skip() if choice is None else choice
+
+
+def sliders(start: DecodeSettings) -> tuple[gr.Slider, gr.Slider, gr.Slider]:
+    """N, max new tokens and temperature, at their opening values."""
+    n_draft = gr.Slider(
+        1,
+        min(MAX_N_DRAFT, 12),
+        value=start.n_draft,
+        step=1,
+        label="draft tokens per step N",
+        elem_id="n-draft",
+    )
+    max_new_tokens = gr.Slider(8, 512, value=start.max_new_tokens, step=8, label="max new tokens")
+    temperature = gr.Slider(
+        0,
+        2,
+        value=start.temperature,
+        step=0.05,
+        label="temperature",
+        info="0 = greedy",
+        elem_id="temperature",
+    )
+    return n_draft, max_new_tokens, temperature
+
+
+def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults) -> Sidebar:
+    """The sidebar at the opening settings, its note saying where they come from; the head dropdown lists
+    the heads on disk on each page load."""
+    with gr.Sidebar(label="Decoding settings", open=True, elem_id="sidebar"):
+        gr.Markdown(
+            f"### Decoding settings\nShared by Decode, Compare and the dial. They start at the {start.note}."
+        )
+        w = gr.Slider(
+            0,
+            1,
+            value=start.settings.ensemble_weight,
+            step=0.05,
+            label="static ensemble weight w",
+            info="1 = exact SD; lower accepts more drafts",
+            elem_id="w-slider",
+        )
+        head = gr.Dropdown(
+            list(heads),
+            value=start.settings.head_name,
+            label="DIVERSED head",
+            info="trained heads for this pair; train one in the Train tab",
+            elem_id="head",
+        )
+        n_draft, max_new_tokens, temperature = sliders(start.settings)
+        seed = gr.Number(
+            start.settings.seed, precision=0, minimum=0, maximum=MAX_SEED, label="seed", elem_id="seed"
+        )
+
+    # A task with a head for each kind of decoding: moving to or from greedy switches to the other.
+    temperature.change(
+        bind(switch_head, head_cards(heads)), [head, temperature], head, api_visibility="private"
+    )
+    app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
+    return Sidebar(w, head, n_draft, max_new_tokens, temperature, seed)

@@ -1,0 +1,203 @@
+"""The Compare tab: one prompt through every mode with the same seed, side by side, with the acceptance and
+time charts, a table, a one-line verdict and the comparison's trace."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+
+import gradio as gr
+import pandas as pd
+
+from ...common.formatting import fmt
+from ...core.settings import MODES
+from ...eval.tasks import Example
+from ..examples import example_choices, example_prompt, find_example, opening_prompt
+from ..handlers import bind, user_errors
+from ..opening import Defaults
+from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
+from ..runs import Comparison, speedup, stream_comparison, throttled
+from ..sidebar import Sidebar, settings_from
+from ..space import on_gpu
+from ..trace import trace_files
+from .decode import CHART_INTERVAL_S, UI_INTERVAL_S
+
+TABLE_COLUMNS = ["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality", "metric"]
+CAVEAT = (
+    "One prompt is too few to judge quality: the Results tab has the measured tables "
+    "(many held-out prompts, with standard errors)."
+)
+
+
+def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
+    """How the run's quality compares with exact SD's, or None where either is missing."""
+    value, metric = comparison.quality.get(mode, (None, "n/a"))
+    exact_value, _ = comparison.quality.get("exact", (None, "n/a"))
+    if value is None or exact_value is None:
+        return None
+    if metric == "fidelity":  # a mean log-probability: compare in nats, not in percent
+        return f"fidelity {value:.2f} vs {exact_value:.2f} nats/token for exact SD"
+    if not exact_value:
+        return f"{metric} {value:.3f} vs {exact_value:.3f} for exact SD"
+    change = (value - exact_value) / abs(exact_value)
+    return (
+        f"{metric} {'within' if abs(change) <= 0.05 else 'off by'} {abs(change):.0%} "
+        f"{'above' if change > 0.05 else 'below' if change < -0.05 else 'of'} exact SD's "
+        f"({value:.3f} vs {exact_value:.3f})"
+    )
+
+
+def compare_verdict(comparison: Comparison, running: bool = False) -> str:
+    """One line: how much faster DIVERSED (or the static ensemble) ran than target only, its quality against
+    exact SD, and whether one prompt can tell (it cannot judge quality: the Results tab can)."""
+    mode = "dynamic" if "dynamic" in comparison.runs else "static"
+    run, base = comparison.runs.get(mode), comparison.runs.get("ar")
+    if running or run is None or not run.done:
+        return (
+            '<div class="dd-verdict" data-state="running">The verdict appears when every mode has run.</div>'
+        )
+    parts = []
+    ratio = speedup(run, base)
+    if ratio is not None:
+        parts.append(f"{ratio:.2f}× the speed of target only" + (" (slower)" if ratio < 1 else ""))
+    parts.append(f"acceptance {fmt(run.acceptance_rate, '.0%')}, τ {fmt(run.tau, '.2f')}")
+    quality = quality_against_exact(comparison, mode)
+    if quality is not None:
+        parts.append(quality)
+    departs = comparison.departures().get(mode)
+    parts.append(
+        "same tokens as target only"
+        if departs is None
+        else f"departs from target only at token {departs + 1}"
+    )
+    return (
+        f'<div class="dd-verdict" data-state="done"><b>{html.escape(MODE_LABELS[mode])}</b>: '
+        f'{html.escape("; ".join(parts))}. <span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
+    )
+
+
+def comparison_table(comparison: Comparison) -> pd.DataFrame:
+    """Speedup over target-only, acceptance, τ, tokens/s and quality of each finished run."""
+    baseline = comparison.runs.get("ar")
+    rows = []
+    for mode in MODES:
+        run = comparison.runs.get(mode)
+        if run is None or not run.done:
+            continue
+        quality, metric = comparison.quality.get(mode, (None, "n/a"))
+        ratio = speedup(run, baseline)
+        rows.append(
+            {
+                "mode": MODE_LABELS[mode],
+                "speedup ×": None if ratio is None else round(ratio, 2),
+                "acceptance": None if run.acceptance_rate is None else round(run.acceptance_rate, 3),
+                "τ": round(run.tau, 2),
+                "tokens/s": round(run.tokens_per_second, 1),
+                "tokens": run.new_tokens,
+                "quality": fmt(quality),
+                "metric": metric,
+            }
+        )
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+@on_gpu
+def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, temperature, seed):
+    """Stream the comparison: (four panels, two charts, table, verdict, trace files)."""
+    example = find_example(prompt, examples)
+    last_chart = -math.inf
+    with user_errors():
+        settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
+        comparison = Comparison()
+        for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
+            charts = (gr.skip(), gr.skip())
+            if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                charts, last_chart = comparison_charts(comparison), time.perf_counter()
+            yield (
+                *[run_panel_html(mode, comparison) for mode in MODES],
+                *charts,
+                comparison_table(comparison),
+                compare_verdict(comparison, running=True),
+                gr.skip(),
+            )
+        # The last update always carries the final charts, the full table, the verdict and the trace.
+        labelled = {MODE_LABELS[mode]: run for mode, run in comparison.runs.items()}
+        yield (
+            *[run_panel_html(mode, comparison) for mode in MODES],
+            *comparison_charts(comparison),
+            comparison_table(comparison),
+            compare_verdict(comparison),
+            trace_files(labelled, pair, "compare"),
+        )
+
+
+def build_compare_tab(
+    pair, examples: list[Example], sidebar: Sidebar, start: Defaults, tabs: gr.Tabs
+) -> None:
+    """The Compare tab at the opening example (`start`); its link opens the Results tab."""
+    with gr.Tab("Compare", id="compare"):
+        gr.Markdown(
+            "One prompt through each mode in turn, **all with the same seed**, so differences come "
+            "from the verifier alone. Static uses the sidebar's w, DIVERSED its head. ▶ marks the "
+            "first token where an output departs from target-only decoding (at temperature 0 exact SD "
+            "never departs; above 0 it may, since its random draws differ while its law is the "
+            "target's)."
+        )
+        with gr.Row():
+            example = gr.Dropdown(
+                example_choices(examples),
+                value=start.example_index,
+                label="example prompt",
+                scale=3,
+                min_width=240,
+            )
+            compare_button = gr.Button(
+                "Run compare", variant="primary", scale=1, min_width=120, elem_id="compare"
+            )
+        prompt = gr.Textbox(
+            opening_prompt(examples, start.example_index),
+            label="prompt",
+            lines=2,
+            max_lines=8,
+            elem_id="compare-prompt",
+        )
+        with gr.Row(elem_classes="dd-verdict-row"):
+            verdict = gr.HTML(compare_verdict(Comparison()), elem_id="compare-verdict", min_width=260)
+            results_link = gr.Button(
+                "Measured results →", size="sm", scale=0, min_width=160, elem_id="results-link"
+            )
+        gr.HTML(legend_html())
+        panels, plots, summary, trace = build_compare_outputs()
+
+    example.change(bind(example_prompt, examples), example, prompt, api_visibility="private")
+    compare_button.click(
+        bind(on_compare, pair, examples),
+        [prompt, *sidebar.inputs],
+        [*panels, *plots, summary, verdict, trace],
+        concurrency_id="decode",
+        api_name="compare",
+    )
+    results_link.click(lambda: gr.Tabs(selected="results"), None, tabs, api_visibility="private")
+
+
+def build_compare_outputs() -> tuple[list[gr.HTML], list[gr.Plot], gr.Dataframe, gr.File]:
+    """The panels (one per mode), the two charts, the summary table and the trace box."""
+    with gr.Row(equal_height=False):
+        panels = [
+            gr.HTML(run_panel_html(mode, Comparison()), elem_classes="dd-panel-box", min_width=220)
+            for mode in MODES
+        ]
+    with gr.Row():
+        acceptance_plot = gr.Plot(show_label=False, elem_id="compare-acceptance", min_width=300)
+        elapsed_plot = gr.Plot(show_label=False, elem_id="compare-elapsed", min_width=300)
+    summary = gr.Dataframe(
+        comparison_table(Comparison()), label="summary", interactive=False, elem_id="compare-table"
+    )
+    trace = gr.File(
+        label="trace of the comparison (JSON to replay in Decode, CSV)",
+        file_count="multiple",
+        interactive=False,
+        elem_id="compare-trace",
+    )
+    return panels, [acceptance_plot, elapsed_plot], summary, trace

@@ -1,0 +1,164 @@
+"""The Decode tab: one prompt decoded in one mode, streamed as coloured tokens with live statistics and the
+w_t chart; its trace to download, or a trace replayed without models."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from ...eval.tasks import Example
+from ..examples import example_choices, example_prompt, opening_prompt
+from ..handlers import bind, user_errors
+from ..opening import Defaults
+from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
+from ..runs import DecodeRun, resolve_head, stream_decode, throttled
+from ..sidebar import Sidebar, settings_from
+from ..space import on_gpu
+from ..trace import load_trace, read_trace, run_labels, trace_files
+
+UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
+CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
+REPLAY_S = 3.0  # a replayed trace plays back in at most this long, however long the run took
+DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Spaces tier)
+
+
+@on_gpu
+def on_generate(pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed):
+    """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
+    last_chart = -math.inf
+    with user_errors():
+        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed)
+        head = resolve_head(pair, settings)
+        for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):
+            chart = gr.skip()
+            if run.done or time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                chart, last_chart = w_chart(run), time.perf_counter()
+            files = trace_files({MODE_LABELS[settings.mode]: run}, pair, "decode") if run.done else gr.skip()
+            yield render_tokens(run.events), stats_html(run), chart, files
+
+
+def read_trace_file(trace_path) -> str:
+    """The text of the chosen trace: a JSON file, or a ValueError saying what to choose instead."""
+    if not trace_path:
+        raise ValueError("choose a JSON trace file first (one downloaded from Decode or Compare)")
+    if str(trace_path).lower().endswith(".csv"):
+        raise ValueError("replay reads the JSON trace; the CSV is for spreadsheets")
+    try:
+        return Path(trace_path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not a JSON trace: the file is not text") from None
+
+
+def on_trace_chosen(trace_path):
+    """The runs of the chosen trace, for the replay's run picker (the last, DIVERSED in a comparison, first
+    chosen). A bad file leaves the picker empty; Replay then says what is wrong with it."""
+    try:
+        labels = run_labels(read_trace(read_trace_file(trace_path)))
+    except (ValueError, OSError):
+        return gr.update(choices=[], value=None)
+    return gr.update(choices=labels, value=labels[-1])
+
+
+def on_replay(trace_path, label=None):
+    """Play a JSON trace's run (`label`, else its first) back in the Decode view, without models, at its
+    recorded pace compressed to at most REPLAY_S seconds: the same (tokens, stats, chart) as a live decode."""
+    with user_errors():
+        recorded = load_trace(read_trace_file(trace_path), label)
+    shown = DecodeRun(recorded.settings, recorded.prompt)
+    end = max(recorded.event_times[-1] if recorded.event_times else 0.0, 1e-9)
+    pace = min(1.0, REPLAY_S / end)
+    started, last_sent = time.perf_counter(), -math.inf
+    for event, at in zip(recorded.events, recorded.event_times):
+        time.sleep(max(0.0, at * pace - (time.perf_counter() - started)))
+        shown.add(event, elapsed_s=at)
+        if time.perf_counter() - last_sent >= CHART_INTERVAL_S:
+            last_sent = time.perf_counter()
+            yield render_tokens(shown.events), stats_html(shown, replayed=True), w_chart(shown)
+    yield render_tokens(recorded.events), stats_html(recorded, replayed=True), w_chart(recorded)
+
+
+def build_trace_box(tokens, stats, w_plot) -> gr.File:
+    """The Trace fold: the last run's files, and a trace to replay into the view; its download box."""
+    with gr.Accordion(
+        "Trace: download this run, or replay one without models", open=False, elem_id="trace-box"
+    ):
+        decode_trace = gr.File(
+            label="trace of the last run (JSON to replay, CSV for spreadsheets)",
+            file_count="multiple",
+            interactive=False,
+            elem_id="decode-trace",
+        )
+        with gr.Row():
+            replay_file = gr.File(
+                label="a JSON trace to replay",
+                file_types=[".json"],
+                type="filepath",
+                height=120,
+                elem_id="replay-file",
+            )
+            replay_run = gr.Dropdown([], label="run", elem_id="replay-run", min_width=160, scale=0)
+            replay_button = gr.Button("Replay", elem_id="replay", scale=0, min_width=120)
+
+    replay_file.change(on_trace_chosen, replay_file, replay_run, api_visibility="private")
+    replay_button.click(
+        on_replay,
+        [replay_file, replay_run],
+        [tokens, stats, w_plot],
+        api_name="replay",
+        concurrency_limit=None,
+    )
+    return decode_trace
+
+
+def build_decode_tab(pair, examples: list[Example], sidebar: Sidebar, start: Defaults) -> None:
+    """The Decode tab at the opening example and mode (`start`)."""
+    with gr.Tab("Decode", id="decode"):
+        with gr.Row():
+            example = gr.Dropdown(
+                example_choices(examples),
+                value=start.example_index,
+                label="example prompt",
+                scale=2,
+                min_width=240,
+            )
+            mode = gr.Radio(
+                [(label, code) for code, label in MODE_LABELS.items()],
+                value=start.settings.mode,
+                label="mode",
+                scale=2,
+                min_width=240,
+                info="w and the head are set in the sidebar",
+                elem_id="mode",
+            )
+        prompt = gr.Textbox(
+            opening_prompt(examples, start.example_index),
+            label="prompt",
+            lines=3,
+            max_lines=12,
+            elem_id="prompt",
+            placeholder="Type a prompt or pick an example",
+        )
+        with gr.Row():
+            generate_button = gr.Button("Generate", variant="primary", scale=4, elem_id="generate")
+            stop_button = gr.Button("Stop", variant="secondary", scale=1, elem_id="stop")
+        gr.HTML(legend_html())
+        tokens = gr.HTML(render_tokens([]), elem_id="tokens")
+        stats = gr.HTML(stats_html(None), elem_id="stats")
+        w_plot = gr.Plot(w_chart(None), show_label=False, elem_id="w-chart")
+        decode_trace = build_trace_box(tokens, stats, w_plot)
+
+    example.change(bind(example_prompt, examples), example, prompt, api_visibility="private")
+    # Decode, Compare and the dial share one pool of DECODE_CONCURRENCY slots: they compete for the CPU.
+    decoding = gr.on(
+        [generate_button.click, prompt.submit],
+        bind(on_generate, pair),
+        [prompt, mode, *sidebar.inputs],
+        [tokens, stats, w_plot, decode_trace],
+        concurrency_id="decode",
+        concurrency_limit=DECODE_CONCURRENCY,
+        api_name="generate",
+    )
+    stop_button.click(None, cancels=[decoding])

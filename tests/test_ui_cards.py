@@ -1,0 +1,113 @@
+"""The heads' cards and the frontiers drawn from them: the evaluation that fits the temperature, the heads
+trained for it, and malformed cards left out."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import shipped_heads, ui_examples
+
+from diversed_demo.models.heads import HEADS_DIR
+from diversed_demo.ui import cards, frontiers, opening, result_tables
+from diversed_demo.ui.tabs import dial
+
+
+def summarization_card() -> dict:
+    return json.loads(HEADS_DIR.joinpath("summarization.json").read_text())
+
+
+def greedy_of(frontier: dict, acceptance: float) -> dict:
+    """The evaluation measured greedily, its head at `acceptance`."""
+    return {
+        **frontier,
+        "settings": {**frontier["settings"], "temperature": 0.0},
+        "head_point": {**frontier["head_point"], "acceptance": acceptance},
+    }
+
+
+def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
+    card = summarization_card()
+    primary = card["frontier"]
+    greedy = greedy_of(primary, 0.5)
+    other_set = {
+        **greedy,
+        "settings": {**greedy["settings"], "held_out": "another set"},
+        "head_point": {**primary["head_point"], "acceptance": 0.9},
+    }
+    card["evaluations"] = {"other, greedy": other_set, "spec_bench, greedy": greedy}
+    (tmp_path / "s.json").write_text(json.dumps(card))
+    heads = {"s": tmp_path / "s.safetensors"}
+
+    def head_acceptance(temperature):
+        points = frontiers.shipped_frontiers(heads, temperature)["summarization"].points
+        return float(points[points["kind"] == "head"]["acceptance"].iloc[0])
+
+    assert head_acceptance(0.0) == 0.5  # greedy on the primary's set, not another set's
+    assert head_acceptance(1.0) == head_acceptance(0.7) == primary["head_point"]["acceptance"]
+    drawn = {greedy: frontiers.shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
+    *_, note, _ = dial.shipped_dial(drawn, "summarization", 4, 0.1, 0.0)
+    assert "T = 0.0" in note
+    del card["evaluations"]["spec_bench, greedy"]  # no greedy evaluation: the primary one is drawn
+    (tmp_path / "s.json").write_text(json.dumps(card))
+    assert head_acceptance(0.0) == primary["head_point"]["acceptance"]
+
+
+def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
+    card = summarization_card()
+    primary = card["frontier"]
+    greedy = greedy_of(primary, 0.5)
+    sampled_card = {**card, "evaluations": {"spec_bench, T=1": primary}}
+    greedy_card = {
+        **card,
+        "training": {**card["training"], "temperature": 0.0},
+        "frontier": greedy,
+        "evaluations": {"spec_bench, greedy": greedy},
+    }
+    (tmp_path / "s-greedy.json").write_text(json.dumps(greedy_card))  # listed first
+    (tmp_path / "s.json").write_text(json.dumps(sampled_card))
+    heads = {name: tmp_path / f"{name}.safetensors" for name in ("s-greedy", "s")}
+
+    def stars(temperature):
+        points = frontiers.shipped_frontiers(heads, temperature)["summarization"].points
+        return sorted(points[points["kind"] == "head"]["label"])
+
+    assert stars(1.0) == ["s"] and stars(0.0) == [
+        "s-greedy"
+    ]  # s has no greedy evaluation: only the greedy head
+    carded = cards.head_cards(heads)
+    assert cards.head_for_temperature(carded, "s", 0.0) == "s-greedy"
+    assert cards.head_for_temperature(carded, "s-greedy", 0.7) == "s"
+    assert cards.head_for_temperature(carded, "s", 1.0) is None  # already the right kind: keep it
+    assert cards.head_for_temperature(carded, "not carded", 0.0) is None
+    opened = opening.arrival_defaults(ui_examples(), heads)
+    assert opened.settings.head_name == "s-greedy"  # the app opens greedy
+    table = result_tables.frontier_table(heads)
+    assert set(table["T"]) == {"greedy", 1.0} and len(table) == 2 * (len(primary["static_points"]) + 1)
+
+
+def test_each_temperature_kind_draws_the_heads_trained_for_it():
+    heads = shipped_heads()
+    twins = {
+        card["task"]: name for name, card in cards.head_cards(heads).items() if cards.trained_greedy(card)
+    }
+    assert twins  # greedy twins ship
+    for temperature, expected in ((0.0, lambda task: [twins[task]]), (1.0, lambda task: [task])):
+        drawn = frontiers.shipped_frontiers(heads, temperature)
+        for task in twins:
+            points = drawn[task].points
+            assert list(points[points["kind"] == "head"]["label"]) == expected(task)
+
+
+def test_broken_cards_are_skipped_not_fatal(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty.json").write_text('{"frontier": {}}')
+    card = json.loads(HEADS_DIR.joinpath("general.json").read_text())
+    card["frontier"]["settings"]["n_draft"] = "four"
+    (tmp_path / "typed.json").write_text(json.dumps(card))
+    card["frontier"]["settings"]["n_draft"] = 4
+    card["frontier"]["static_points"][0]["acceptance"] = None
+    (tmp_path / "hole.json").write_text(json.dumps(card))
+    heads = {name: tmp_path / f"{name}.safetensors" for name in ("bad", "empty", "typed", "hole", "none")}
+    assert frontiers.shipped_frontiers(heads) == {} and result_tables.frontier_table(heads).empty
+    assert opening.arrival_defaults(ui_examples(), heads).settings.mode == "static"
+    assert result_tables.headline(heads) == ""

@@ -1,0 +1,83 @@
+"""Where the app opens: the first example at its task's head card settings, and the draft length that pays
+on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import CPU_COSTS, shipped_heads, ui_examples
+
+from diversed_demo.eval import theory
+from diversed_demo.models.heads import HEADS_DIR
+from diversed_demo.ui import opening, runs
+
+FREE_COSTS = {"c": 0.0, "v": {n: 1.0 for n in range(1, 7)}}  # drafting and extra tokens free
+
+
+def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp_path):
+    card = json.loads(HEADS_DIR.joinpath("summarization-greedy.json").read_text())
+    defaults = opening.arrival_defaults(ui_examples(), shipped_heads())
+    measured = card["frontier"]["settings"]
+    assert defaults.example_index == 0 and defaults.settings.mode == "dynamic"
+    assert (
+        defaults.settings.head_name == "summarization-greedy" and measured["temperature"] == 0
+    )  # opens greedy
+    assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == (
+        measured["n_draft"],
+        measured["temperature"],
+        measured["max_new_tokens"],
+    )
+    assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
+    assert ("not beyond" in defaults.note) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
+    # Another pair, without cards: the static ensemble, and the note says these are not measured.
+    plain = opening.arrival_defaults(ui_examples(), {"x": tmp_path / "x.safetensors"})
+    assert plain.settings.mode == "static" and plain.settings.head_name == "x"
+    assert "no frontier card" in plain.note
+
+
+@pytest.mark.parametrize("costs, fastest", [(CPU_COSTS, lambda n: n <= 2), (FREE_COSTS, lambda n: n == 6)])
+def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monkeypatch, costs, fastest):
+    """The opening N maximises the analytic speedup at the example's measured acceptance with the measured
+    costs: short where a pass over more tokens costs much more (a 2-core CPU), long where it is free."""
+    monkeypatch.setattr(opening, "measure_costs", lambda *args, **kwargs: costs)
+    examples = ui_examples()
+    start = opening.arrival_defaults(examples, {})
+    opened = opening.opening_draft_length(pair, examples, start)
+    assert fastest(opened.settings.n_draft)
+    assert opened.note.startswith(start.note)
+    assert f"N = {opened.settings.n_draft}, not {start.settings.n_draft}" in opened.note
+    assert opened.settings == runs.DecodeSettings(
+        **{**vars(start.settings), "n_draft": opened.settings.n_draft}
+    )
+
+
+def test_the_measured_draft_length_is_the_fastest_for_the_costs_timed_on_the_pair(pair, monkeypatch):
+    """Timed for real on the pair: the opening N is the one the analytic bound picks for those costs at the
+    acceptance of the example's short decode."""
+    seen = {}
+
+    def spy(name, fn):
+        def recorded(*args, **kwargs):
+            seen[name] = fn(*args, **kwargs)
+            return seen[name]
+
+        monkeypatch.setattr(opening, name, recorded)
+
+    spy("measure_costs", opening.measure_costs)
+    spy("choose_n_draft", opening.choose_n_draft)
+    examples = ui_examples()
+    opened = opening.opening_draft_length(pair, examples, opening.arrival_defaults(examples, {}))
+    costs, alpha = seen["measure_costs"], seen["choose_n_draft"]["opening"]["calibration_alpha"]
+    assert opened.settings.n_draft == theory.fastest_n_draft(alpha, costs["c"], costs["v"])
+
+
+def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, monkeypatch):
+    from diversed_demo.models.heads import HeadError
+
+    def broken(*args, **kwargs):
+        raise HeadError("heads/x.safetensors: weights do not match its config")
+
+    monkeypatch.setattr(opening, "load_head", broken)
+    start = opening.Defaults(runs.DecodeSettings(mode="dynamic", head_name="x"), 0, "settings of x's card")
+    assert opening.opening_draft_length(pair, ui_examples(), start) == start

@@ -1,0 +1,66 @@
+"""Rendering: token events as HTML coloured by fate with their numbers in tooltips, and the w_t chart."""
+
+from __future__ import annotations
+
+import math
+
+from conftest import UI_PROMPT, decode_settings, token_event
+
+from diversed_demo.ui import render, runs
+from diversed_demo.ui.app import CSS_PATH
+
+
+def test_token_html_escapes_text_and_carries_the_numbers_in_its_tooltip():
+    html = render.render_token(token_event(text='<b>"&'))
+    assert "&lt;b&gt;&quot;&amp;" in html and "<b>" not in html
+    assert 'class="dd-tok dd-accepted"' in html
+    assert "w_t = 0.500" in html and "p(x) = 0.200" in html and "q(x) = 0.400" in html
+    assert "acceptance probability = 0.750" in html
+
+
+def test_newlines_stay_visible_and_break_the_line():
+    html = render.render_token(token_event(text="a\nb"))
+    assert '<span class="dd-nl">↵</span>\nb' in html
+
+
+def test_tokens_without_a_draft_say_so():
+    title = render.token_title(token_event(kind="bonus", w=None, q=None, accept_prob=None))
+    assert "bonus" in title and "w_t = n/a (no draft here)" in title and "acceptance" not in title
+
+
+def test_every_fate_has_a_class_a_legend_entry_and_a_colour():
+    legend = render.legend_html()
+    css = CSS_PATH.read_text()
+    for kind in ("accepted", "rejected", "resampled", "bonus", "ar"):
+        assert f"dd-{kind}" in legend and kind in render.KIND_COLORS
+        assert f".dd-{kind}" in css
+    assert "line-through" in css.split(".dd-rejected")[1].split("}")[0]
+    assert ".dd-departs" in css
+
+
+def test_empty_output_shows_a_placeholder():
+    assert "dd-empty" in render.render_tokens([])
+
+
+def test_the_departure_mark_lands_on_the_output_token_not_on_a_rejected_draft():
+    events = [
+        token_event("accepted", "a", token_id=1),
+        token_event("rejected", "b", token_id=2),
+        token_event("resampled", "c", token_id=3),
+        token_event("bonus", "d", token_id=4),
+    ]
+    html = render.render_tokens(events, departs_at=1)  # output tokens: a, c, d
+    marked = [part for part in html.split("<span ") if "dd-departs" in part]
+    assert len(marked) == 1 and marked[0].endswith(">c</span>") and "departs from target-only" in marked[0]
+
+
+def test_one_number_formatter():
+    assert render.fmt(None) == render.fmt(math.nan) == "n/a"
+    assert render.fmt(0.12345) == "0.123" and render.fmt(0.5, ".0%") == "50%"
+
+
+def test_w_chart_has_a_point_per_verified_draft(pair):
+    *_, run = runs.stream_decode(pair, UI_PROMPT, decode_settings())
+    figure = render.w_chart(run)
+    plotted = sum(len(trace.x) for trace in figure.data)
+    assert plotted == sum(e.kind in ("accepted", "rejected") for e in run.events)
