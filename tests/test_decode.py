@@ -133,6 +133,7 @@ def first_two_law(pair, prompt, w_or_head, eos):
     return law, alpha
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "static", "dynamic"])
 def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair, mode):
     pair, prompt, samples = any_pair, PROMPTS[0], 3000
@@ -175,6 +176,7 @@ def test_restricted_draft_has_zero_mass_outside_and_same_logits_inside(restricte
     assert all(inside[e.token_id] for e in events if e.kind in ("accepted", "rejected"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,w", [("exact", 1.0), ("static", 0.4)])
 def test_restricted_draft_keeps_the_law_of_emitted_tokens(restricted_pair, mode, w):
     # The target puts mass on tokens the draft can never propose: the residual must supply exactly that.
@@ -435,6 +437,7 @@ def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, tempera
         assert any(len({rows[r][i].verdict.n_accepted for r in range(8)}) > 1 for i in range(5))  # holes
 
 
+@pytest.mark.slow
 def test_batched_rows_follow_nu(any_pair):
     # The law of the first two tokens over 3000 rows decoded 500 at a time, against nu computed from scratch.
     prompt, w, samples = PROMPTS[0], 0.4, 3000
