@@ -1,7 +1,8 @@
 """Hugging Face Spaces entry point: the DIVERSED demo app.
 
-The model pair comes from --target/--draft/--device, else the DIVERSED_TARGET / DIVERSED_DRAFT /
-DIVERSED_DEVICE environment variables, else the embedded SmolLM2 pair on the best device.
+The model pair comes from --target/--draft/--device/--dtype, else the DIVERSED_TARGET / DIVERSED_DRAFT /
+DIVERSED_DEVICE / DIVERSED_DTYPE environment variables, else the embedded SmolLM2 pair on the best device
+(on a CPU, in the dtype measured fastest there).
 """
 
 import argparse
@@ -11,8 +12,8 @@ import os
 import subprocess
 import sys
 
+from diversed_demo.eval.dtype_choice import load_measured_pair
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
-from diversed_demo.models.loading import load_pair
 from diversed_demo.models.pair import PairError
 from diversed_demo.ui.app import build_app, launch
 from diversed_demo.ui.examples import load_examples
@@ -26,6 +27,7 @@ def parse_args(argv=None):
     parser.add_argument("--target", default=os.environ.get("DIVERSED_TARGET") or EMBEDDED)
     parser.add_argument("--draft", default=os.environ.get("DIVERSED_DRAFT") or None)
     parser.add_argument("--device", default=os.environ.get("DIVERSED_DEVICE") or "auto")
+    parser.add_argument("--dtype", default=os.environ.get("DIVERSED_DTYPE") or "auto")
     # Spaces (and some launchers) may pass their own arguments: ignore what we do not know.
     return parser.parse_known_args(argv)[0]
 
@@ -50,7 +52,7 @@ if __name__ == "__main__":
     if args.target == EMBEDDED:
         ensure_embedded_wheel()
     try:
-        pair = load_pair(args.target, args.draft, args.device)
+        pair = load_measured_pair(args.target, args.draft, args.device, args.dtype)
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")
     examples = load_examples()

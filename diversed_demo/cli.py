@@ -26,7 +26,10 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps"
     )
     parser.add_argument(
-        "--dtype", default="auto", help="auto (fp32 on CPU, bf16/fp16 on GPU), float32, bfloat16, float16"
+        "--dtype",
+        default="auto",
+        help="auto (on a CPU: fp32 or bf16, whichever is measured faster here; bf16/fp16 on a GPU), "
+        "float32, bfloat16, float16",
     )
 
 
@@ -36,10 +39,13 @@ def command_line() -> str:
 
 
 def pair_from_args(args):
+    from .eval.dtype_choice import choice_note, load_measured_pair
     from .models.embedded import EMBEDDED
-    from .models.loading import load_pair
 
-    return load_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
+    pair = load_measured_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
+    if pair.dtype_choice is not None:
+        print(f"dtype {choice_note(pair.dtype_choice)}", file=sys.stderr)
+    return pair
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:

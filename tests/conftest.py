@@ -1,10 +1,16 @@
+import os
 import socket
+import tempfile
 
 import pytest
 import torch
 from tiny import tiny_eagle3, tiny_pair
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
+# Dtype choices measured on the tests' tiny pairs go to a throwaway file, not the user's cache.
+os.environ["DIVERSED_DTYPE_CHOICES"] = os.path.join(
+    tempfile.mkdtemp(prefix="diversed-tests-"), "choices.json"
+)
 
 
 @pytest.fixture(scope="session")

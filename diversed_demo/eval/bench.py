@@ -19,7 +19,7 @@ from ..core.prompt import encode_prompt
 from ..core.stats import Counts
 from ..models.heads import load_head, resolve_head_path
 from .bench_report import batch_report, report
-from .costs import choose_n_draft, measure_costs
+from .costs import choose_n_draft, measure_costs, memory_limit
 from .hf_baseline import hf_generate, transformers_kwargs
 from .rewards import fidelity, quality
 from .tasks import REFERENCE_TASKS, builtin_examples
@@ -63,6 +63,7 @@ def machine_settings(pair) -> dict:
         "draft": pair.draft_name,
         "device": str(pair.target.device),
         "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "dtype_choice": pair.dtype_choice,
     }
 
 
@@ -78,6 +79,7 @@ class BenchRuns:
     theirs: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> transformers' runs
     ours: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> ours, where compared
     greedy_identical: dict = field(default_factory=lambda: defaultdict(list))
+    outputs: dict = field(default_factory=lambda: defaultdict(list))  # mode -> token ids per question
 
     def add(self, category: str, name: str, counts: Counts, figures: dict) -> None:
         if "quality" in figures:
@@ -169,6 +171,7 @@ def run_bench(
                 pair, example, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens, temperature, seed + i
             )
             runs.add(example.category, name, summary.counts, figures)
+            runs.outputs[name].append(summary.token_ids)
             if vs_transformers and comparable[name] and temperature == 0:
                 their_ids, seconds = hf_generate(
                     pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens
@@ -185,7 +188,7 @@ def run_bench(
         "seed": seed,
         **machine_settings(pair),
     }
-    return report(settings, costs, runs, n_of)
+    return report(settings, costs, runs, n_of, memory_limit(pair.target))
 
 
 def decode_rows_timed(pair, prompt_ids, seeds, mode_kwargs, together: bool, **settings):

@@ -6,13 +6,15 @@ from __future__ import annotations
 import statistics
 
 from ..common.formatting import fmt
+from .dtype_choice import choice_note
 from .theory import alpha_from_acceptance, analytic_speedup
 
 
-def report(settings: dict, costs: dict, runs, n_of: dict) -> dict:
+def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = None) -> dict:
     """The --json report of a bench: per category (and overall) and mode, speed and quality; the bound and
-    how much of it each mode reaches; the comparison with transformers; streaming's price; the goals.
-    `runs` is a bench.BenchRuns, `n_of` each mode's draft length."""
+    how much of it each mode reaches; the comparison with transformers; the memory-bandwidth limit;
+    streaming's price; the goals. `runs` is a bench.BenchRuns, `n_of` each mode's draft length, `limit`
+    the target-only speed limit (costs.memory_limit)."""
     result = {"settings": settings, "costs": costs, "per_category": {}, "overall": {}}
     for category, by_mode in runs.totals.items():
         table = mode_table(runs, category, by_mode)
@@ -25,9 +27,30 @@ def report(settings: dict, costs: dict, runs, n_of: dict) -> dict:
         name: runs.ours[name].tokens_per_second / runs.theirs[name].tokens_per_second for name in runs.theirs
     }
     result["greedy_text_identical_to_transformers"] = {k: all(v) for k, v in runs.greedy_identical.items()}
+    if "ar" in runs.theirs and "exact" in result["overall"]:
+        theirs = runs.theirs["ar"].tokens_per_second
+        result["exact_vs_transformers_target_only"] = result["overall"]["exact"]["tokens_per_second"] / theirs
+    if settings.get("temperature") == 0 and "ar" in runs.outputs:
+        result["greedy_identical_to_target_only"] = identical_to_target_only(runs.outputs)
+    if limit:
+        achieved = result["overall"].get("ar", {}).get("tokens_per_second")
+        result["memory_limit"] = {
+            **limit,
+            "target_only_share": achieved and achieved / limit["tokens_per_second"],
+        }
     result["streaming_overhead"] = streaming_overhead(runs)
     result["goals"] = goals(result)
     return result
+
+
+def identical_to_target_only(outputs: dict) -> dict:
+    """{mode: share of questions whose greedy output equals target-only's, token for token}."""
+    reference = outputs["ar"]
+    return {
+        name: sum(a == b for a, b in zip(ids, reference)) / len(reference)
+        for name, ids in outputs.items()
+        if name != "ar"
+    }
 
 
 def mode_table(runs, category: str, by_mode: dict) -> dict:
@@ -174,6 +197,7 @@ def markdown_table(report: dict) -> str:
     analytic bound and transformers, streaming's price, and the DIVERSED goals."""
     modes = list(report["overall"])
     lines = category_rows(report, modes) + ["", *settings_lines(report), "", *bound_rows(report, modes)]
+    lines += ["", *limit_lines(report)]
     if "streaming_overhead" in report:
         lines.append(
             f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare "
@@ -183,6 +207,33 @@ def markdown_table(report: dict) -> str:
     if diversed:
         lines += ["", *goal_rows(diversed)]
     return "\n".join(lines)
+
+
+def limit_lines(report: dict) -> list[str]:
+    """The memory-bandwidth limit, transformers' target-only speed, and greedy outputs against target-only."""
+    lines = []
+    limit = report.get("memory_limit")
+    if limit:
+        share = limit["target_only_share"]
+        mb, gbs = limit["weight_bytes"] / 1e6, limit["copy_bytes_per_second"] / 1e9
+        lines.append(
+            f"Memory-bandwidth limit of target-only decoding: {limit['tokens_per_second']:.1f} tokens/s "
+            f"({mb:.0f} MB of weights per token ÷ {gbs:.1f} GB/s by a copy); target-only reaches "
+            f"{cell(share)} of it."
+        )
+    if "exact_vs_transformers_target_only" in report:
+        lines.append(
+            f"Our exact SD ÷ transformers' generate (target only, same model and dtype): "
+            f"{report['exact_vs_transformers_target_only']:.2f}×."
+        )
+    identical = report.get("greedy_identical_to_target_only")
+    if identical:
+        lines.append(
+            "Greedy outputs identical to target-only, token for token: "
+            + ", ".join(f"{m} {share:.0%}" for m, share in identical.items())
+            + "."
+        )
+    return lines
 
 
 def category_rows(report: dict, modes: list) -> list[str]:
@@ -204,7 +255,8 @@ def category_rows(report: dict, modes: list) -> list[str]:
 
 def settings_lines(report: dict) -> list[str]:
     s, c = report["settings"], report["costs"]
-    return [
+    dtype = [f"dtype {choice_note(s['dtype_choice'])}."] if s.get("dtype_choice") else []
+    return dtype + [
         "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
         "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
         f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "

@@ -67,6 +67,31 @@ def measure_costs(
     }
 
 
+def calibration_alpha(
+    pair,
+    mode_kwargs: dict,
+    prompts: list,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int = 0,
+    probe_n_draft: int = 4,
+) -> float:
+    """Per-token acceptance α of one mode, from decodes of a few calibration prompts at N = probe_n_draft."""
+    counts = Counts()
+    for i, prompt in enumerate(prompts):
+        summary, _ = generate(
+            pair,
+            prompt,
+            n_draft=probe_n_draft,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed + i,
+            **mode_kwargs,
+        )
+        counts += summary.counts
+    return alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
+
+
 def choose_n_draft(
     pair,
     modes: dict,
@@ -83,19 +108,7 @@ def choose_n_draft(
     for name, kwargs in modes.items():
         if kwargs["mode"] == "ar":
             continue
-        counts = Counts()
-        for i, prompt in enumerate(prompts):
-            summary, _ = generate(
-                pair,
-                prompt,
-                n_draft=probe_n_draft,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed + i,
-                **kwargs,
-            )
-            counts += summary.counts
-        alpha = alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
+        alpha = calibration_alpha(pair, kwargs, prompts, max_new_tokens, temperature, seed, probe_n_draft)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
         chosen[name] = {
             "n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]),
@@ -103,3 +116,33 @@ def choose_n_draft(
             "bounds": bounds,
         }
     return chosen
+
+
+def weight_bytes(model) -> int:
+    """The bytes of a model's weights, each tensor once (tied embeddings are one tensor)."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """The memory bandwidth a plain copy reaches here, in bytes per second (read plus written), best of
+    `repeats`: what a pass streaming the weights can hope for at most."""
+    source = torch.ones(megabytes << 18)  # float32: megabytes MiB
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * source.element_size() / best
+
+
+def memory_limit(target) -> dict:
+    """Target-only decoding's speed limit where each token streams every weight once: bandwidth ÷ bytes."""
+    if target.device.type != "cpu":
+        return {}
+    bytes_per_token, bandwidth = weight_bytes(target), copy_bandwidth()
+    return {
+        "weight_bytes": bytes_per_token,
+        "copy_bytes_per_second": bandwidth,
+        "tokens_per_second": bandwidth / bytes_per_token,
+    }

@@ -24,6 +24,7 @@ class ModelPair:
     target_name: str
     draft_name: str
     device: torch.device
+    dtype_choice: dict | None = None  # how the dtype was chosen, where it was measured (eval.dtype_choice)
 
     def __post_init__(self):
         for model in (self.target, self.draft):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..core.prompt import encode_prompt
 from ..eval.costs import choose_n_draft, measure_costs
+from ..eval.dtype_choice import choice_note
 from ..eval.tasks import Example
 from ..models.heads import HeadError, list_heads, load_head
 from .cards import head_cards, trained_greedy
@@ -113,5 +114,9 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
 
 
 def measured_opening(pair, examples: list[Example]) -> Defaults:
-    """What the launchers open the app at: the arrival settings, at the draft length timed on this pair."""
-    return opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))
+    """What the launchers open the app at: the arrival settings, at the draft length timed on this pair,
+    and, where the dtype was chosen by measurement, which one and why."""
+    start = opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))
+    if pair.dtype_choice is None:
+        return start
+    return replace(start, note=f"{start.note}; the models run in {choice_note(pair.dtype_choice)}")

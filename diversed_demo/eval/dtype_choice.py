@@ -1,0 +1,124 @@
+"""Which dtype a pair runs fastest in on this CPU, by measurement: each candidate's pass costs are timed and
+priced by the analytic bound at the measured acceptance, and the fastest in tokens per second wins.
+
+Which dtype wins depends on the CPU (bf16 halves the bytes a token streams, but only some CPUs have the
+instructions that make bf16 arithmetic fast), so it is measured, never assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..common.files import cache_dir, write_text
+from ..core.prompt import encode_prompt
+from ..models.loading import load_pair, pick_device
+from .costs import calibration_alpha, measure_costs
+from .tasks import builtin_examples
+from .theory import analytic_speedup, fastest_n_draft
+
+CANDIDATES = ("float32", "bfloat16")
+CHOICES_ENV = (
+    "DIVERSED_DTYPE_CHOICES"  # where the choices are kept, else dtype-choices.json in the user cache
+)
+
+
+def cpu_capability() -> str:
+    """The vector instructions PyTorch's CPU kernels use here (e.g. AVX512, AVX2), and whether the CPU
+    has bf16 arithmetic."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return f"{capability}{' with bf16' if bf16 else ', no bf16 instructions'}"
+
+
+def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7)) -> dict:
+    """One dtype's measured costs and the tokens per second the analytic bound gives them at α."""
+    costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=10, draft_tokens=16)
+    n_draft = fastest_n_draft(alpha, costs["c"], costs["v"])
+    bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"][n_draft])
+    return {
+        "target_ms": costs["target_ms"],
+        "c": costs["c"],
+        "v": costs["v"],
+        "n_draft": n_draft,
+        "bound": bound,
+        "tokens_per_second": 1e3 * bound / costs["target_ms"],
+    }
+
+
+def choose_dtype(load: Callable[[str], object], prompt_ids: list[int], alpha: float, candidates=CANDIDATES):
+    """(the pair in the fastest dtype, the choice with every candidate's figures). `load(dtype)` returns
+    the pair in that dtype."""
+    figures = {dtype: dtype_figures(load(dtype), prompt_ids, alpha) for dtype in candidates}
+    best = max(figures, key=lambda dtype: figures[dtype]["tokens_per_second"])
+    choice = {"dtype": best, "alpha": alpha, "cpu": cpu_capability(), "figures": figures}
+    return load(best), choice
+
+
+def choice_note(choice: dict) -> str:
+    """One line on the choice: which dtype, and by how much it beat the others here."""
+    figures, best = choice["figures"], choice["dtype"]
+    others = ", ".join(
+        f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best
+    )
+    cached = ", measured at an earlier start" if choice.get("cached") else ""
+    return (
+        f"{best}: the fastest here ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
+        f"{figures[best]['tokens_per_second']:.0f} tokens/s, {others}{cached})"
+    )
+
+
+def choice_key(target: str, draft: str | None) -> str:
+    """What a cached choice holds for: this CPU, this PyTorch, these threads, this pair."""
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")),
+        "unknown CPU",
+    )
+    return json.dumps([model, cpu_capability(), torch.__version__, torch.get_num_threads(), target, draft])
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def choices_path() -> Path:
+    """The file of measured choices, one per CPU, PyTorch, thread count and pair."""
+    return Path(os.environ.get(CHOICES_ENV) or cache_dir() / "dtype-choices.json")
+
+
+def cached_choices() -> dict:
+    path = choices_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def load_measured_pair(target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto"):
+    """`load_pair`, with dtype "auto" on a CPU chosen by measurement (`choose_dtype`), once per machine and
+    pair: the choice is kept in the user cache. The pair's `dtype_choice` says what was chosen and why."""
+    if dtype != "auto" or pick_device(device).type != "cpu":
+        return load_pair(target, draft, device, dtype)
+
+    def load(name):
+        return load_pair(target, draft, device, name)
+
+    key, choices = choice_key(target, draft), cached_choices()
+    if key in choices:
+        pair, choice = load(choices[key]["dtype"]), {**choices[key], "cached": True}
+    else:
+        pair32 = load("float32")
+        prompts = [e.prompt for e in builtin_examples("general", "train")[:2]]
+        alpha = calibration_alpha(pair32, {"mode": "exact"}, prompts, 32, 0.0)
+        timing_prompt = encode_prompt(pair32.tokenizer, prompts[0])
+        pair, choice = choose_dtype(load, timing_prompt, alpha)
+        write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
+    pair.dtype_choice = choice
+    return pair

@@ -1,0 +1,106 @@
+"""--dtype auto on a CPU: the dtype measured fastest here, once per machine and pair, with its reasons."""
+
+import pytest
+from tiny import save_tiny_pair
+
+from diversed_demo.eval import bench_report, dtype_choice
+from diversed_demo.eval.dtype_choice import choice_note, choose_dtype, load_measured_pair
+from diversed_demo.eval.theory import analytic_speedup
+from diversed_demo.models.loading import load_pair
+
+
+@pytest.fixture
+def saved_pair(tmp_path):
+    return save_tiny_pair(tmp_path)
+
+
+def fake_costs(fast: str):
+    """measure_costs where `fast` runs a target token in 10 ms and the other dtype in 20 ms."""
+
+    def measure(pair, prompt_ids, n_drafts, **kwargs):
+        name = str(pair.target.dtype).removeprefix("torch.")
+        return {
+            "target_ms": 10.0 if name == fast else 20.0,
+            "c": 0.1,
+            "v": {n: 1.0 + 0.05 * n for n in n_drafts},
+        }
+
+    return measure
+
+
+@pytest.mark.parametrize("fast", ["float32", "bfloat16"])
+def test_the_dtype_with_the_fastest_bound_is_chosen(saved_pair, monkeypatch, fast):
+    target, draft = saved_pair
+    monkeypatch.setattr(dtype_choice, "measure_costs", fake_costs(fast))
+    pair, choice = choose_dtype(lambda d: load_pair(target, draft, "cpu", d), [1, 5, 6, 7], alpha=0.6)
+    assert choice["dtype"] == fast and str(pair.target.dtype) == f"torch.{fast}"
+    best = choice["figures"][fast]
+    assert best["tokens_per_second"] == pytest.approx(1e3 * best["bound"] / 10.0)
+    assert best["bound"] == pytest.approx(
+        max(analytic_speedup(0.6, n, 0.1, 1.0 + 0.05 * n) for n in range(1, 7))
+    )
+    assert choice["figures"][fast]["tokens_per_second"] > max(
+        f["tokens_per_second"] for d, f in choice["figures"].items() if d != fast
+    )
+    assert fast in choice_note(choice) and choice["cpu"] in choice_note(choice)
+
+
+def test_auto_measures_once_then_reuses_the_choice(saved_pair, monkeypatch, tmp_path):
+    target, draft = saved_pair
+    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
+    monkeypatch.setattr(dtype_choice, "measure_costs", fake_costs("bfloat16"))
+    first = load_measured_pair(target, draft, "cpu")
+    assert first.dtype_choice["dtype"] == "bfloat16" and not first.dtype_choice.get("cached")
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(dtype_choice, "choose_dtype", no_measuring)
+    again = load_measured_pair(target, draft, "cpu")
+    assert str(again.target.dtype) == "torch.bfloat16" and again.dtype_choice["cached"]
+    assert "earlier start" in choice_note(again.dtype_choice)
+
+
+def test_an_explicit_dtype_is_never_measured(saved_pair, monkeypatch):
+    target, draft = saved_pair
+    monkeypatch.setattr(dtype_choice, "choose_dtype", lambda *a, **k: pytest.fail("measured"))
+    pair = load_measured_pair(target, draft, "cpu", "float32")
+    assert str(pair.target.dtype) == "torch.float32" and pair.dtype_choice is None
+
+
+def test_a_head_stays_in_fp32_over_a_bf16_pair(saved_pair, tmp_path):
+    from diversed_demo.core.generate import generate
+    from diversed_demo.models.heads import load_head, new_head, save_head
+
+    target, draft = saved_pair
+    pair = load_pair(target, draft, "cpu", "bfloat16")
+    save_head(new_head(pair), tmp_path / "h.safetensors")
+    head = load_head(tmp_path / "h.safetensors", pair)
+    assert {str(p.dtype) for p in head.parameters()} == {"torch.float32"}
+    summary, events = generate(pair, [1, 5, 6, 7], mode="dynamic", head=head, n_draft=3, max_new_tokens=12)
+    ws = [e.w for e in events if e.w is not None]
+    assert ws and all(0 <= w <= 1 for w in ws) and summary.new_tokens == 12
+
+
+def test_the_bench_header_says_which_dtype_and_why():
+    choice = {
+        "dtype": "bfloat16",
+        "alpha": 0.5,
+        "cpu": "AVX512 with bf16",
+        "figures": {"float32": {"tokens_per_second": 20.0}, "bfloat16": {"tokens_per_second": 41.0}},
+    }
+    report = {
+        "settings": {
+            "examples": 1,
+            "max_new_tokens": 8,
+            "temperature": 0,
+            "dtype": "bfloat16",
+            "threads": 2,
+            "device": "cpu",
+            "n_draft": {"exact": 2},
+            "dtype_choice": choice,
+        },
+        "costs": {"c": 0.1, "v": {2: 1.05}},
+    }
+    header = "\n".join(bench_report.settings_lines(report))
+    assert "dtype bfloat16: the fastest here" in header and "41 tokens/s, float32 20" in header
