@@ -69,6 +69,27 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert goal["met"] == (goal["speedup"] >= 1.5 and change is not None and change >= -0.05)
     assert report["goals"]["bound_efficiency"]["min"] == min(report["bound_efficiency"].values())
     assert "DIVERSED mode" in table
+    # fp32 greedy exact SD is lossless: every output equals target-only's, token for token.
+    assert report["greedy_identical_to_target_only"]["exact"] == 1.0
+    ours, theirs = overall["exact"]["tokens_per_second"], overall["ar"]["tokens_per_second"]
+    assert report["exact_vs_transformers_target_only"] == pytest.approx(
+        ours / theirs * report["vs_transformers"]["ar"]
+    )
+    limit = report["memory_limit"]
+    assert limit["tokens_per_second"] == pytest.approx(limit["copy_bytes_per_second"] / limit["weight_bytes"])
+    assert limit["target_only_share"] == pytest.approx(theirs / limit["tokens_per_second"])
+    assert "Memory-bandwidth limit" in table and "identical to target-only" in table
+
+
+def test_weight_bytes_count_a_tied_embedding_once():
+    from tiny import tiny_model
+
+    from diversed_demo.eval.costs import weight_bytes
+
+    model = tiny_model(0)
+    untied = weight_bytes(model)
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight  # tie them
+    assert weight_bytes(model) == untied - model.get_input_embeddings().weight.numel() * 4
 
 
 def test_auto_n_draft_picks_each_modes_best_bound(pair):
