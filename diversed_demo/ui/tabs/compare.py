@@ -6,11 +6,13 @@ from __future__ import annotations
 import html
 import math
 import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from ...common.formatting import fmt
+from ...common.paths import RESULTS_DIR
 from ...core.settings import MODES
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, find_example, opening_prompt
@@ -18,11 +20,13 @@ from ..handlers import bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..runs import Comparison, speedup, stream_comparison, throttled
+from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import trace_files
 from .decode import CHART_INTERVAL_S, UI_INTERVAL_S
 
+BENCH_REPORT = RESULTS_DIR / "bench.json"  # README's bench command writes it
 TABLE_COLUMNS = ["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality", "metric"]
 CAVEAT = (
     "One prompt is too few to judge quality: the Results tab has the measured tables "
@@ -132,6 +136,29 @@ def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, te
         )
 
 
+def greedy_exactness(pair, report_path: Path = BENCH_REPORT) -> str:
+    """What exact SD does at temperature 0 in the pair's dtype: in fp32 it never departs from target-only;
+    in bf16 a pass over several tokens rounds differently from one over a single token, so a near-tie can
+    flip, and the shipped bench report says how often it did."""
+    dtype = str(pair.target.dtype).removeprefix("torch.")
+    if dtype == "float32":
+        return "at temperature 0 exact SD never departs"
+    report, _ = read_json(report_path)
+    share = dig(report, "greedy_identical_to_target_only", "exact")
+    examples = dig(report, "settings", "examples")
+    if dig(report, "settings", "dtype") != dtype or share is None or not examples:
+        return (
+            f"at temperature 0 exact SD in {dtype} may depart where rounding flips a near-tie; "
+            "in float32 it never departs"
+        )
+    return (
+        f"at temperature 0 exact SD in {dtype} matched target-only token for token on "
+        f"{round(share * examples)} of {examples} Spec-Bench prompts ({shown_path(report_path)}): a pass "
+        "over several tokens rounds differently from one over a single token, so near-ties can flip; "
+        "in float32 it never departs"
+    )
+
+
 def build_compare_tab(
     pair, examples: list[Example], sidebar: Sidebar, start: Defaults, tabs: gr.Tabs
 ) -> None:
@@ -140,9 +167,9 @@ def build_compare_tab(
         gr.Markdown(
             "One prompt through each mode in turn, **all with the same seed**, so differences come "
             "from the verifier alone. Static uses the sidebar's w, DIVERSED its head. ▶ marks the "
-            "first token where an output departs from target-only decoding (at temperature 0 exact SD "
-            "never departs; above 0 it may, since its random draws differ while its law is the "
-            "target's)."
+            "first token where an output departs from target-only decoding ("
+            + greedy_exactness(pair)
+            + "; above 0 it may, since its random draws differ while its law is the target's)."
         )
         with gr.Row():
             example = gr.Dropdown(
