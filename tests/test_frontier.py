@@ -266,3 +266,21 @@ def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(
         card["frontier"]["settings"]["temperature"] == trained_temperature and len(card["evaluations"]) == 2
     )
     assert card["frontier"]["verdict"]["kind"] in ("beyond", "below", "unresolved", "floor")
+
+
+def test_a_decode_log_is_of_one_dtype(tmp_path):
+    from tiny import save_tiny_pair
+
+    from diversed_demo.eval.decode_log import DecodeLog
+    from diversed_demo.eval.frontier import log_settings
+    from diversed_demo.models.loading import load_pair
+
+    target, draft = save_tiny_pair(tmp_path)
+    fp32, bf16 = (load_pair(target, draft, "cpu", dtype) for dtype in ("float32", "bfloat16"))
+    settings = {"n_draft": 4, "max_new_tokens": 8, "temperature": 0.0, "held_out": "x"}
+    # fp32 logs keep the settings line they were written with, so the committed logs stay valid
+    assert "dtype" not in log_settings(fp32, "general", "spec_bench", settings)
+    path = tmp_path / "log.jsonl"
+    DecodeLog(path, log_settings(fp32, "general", "spec_bench", settings))
+    with pytest.raises(ValueError, match="log of another evaluation"):
+        DecodeLog(path, log_settings(bf16, "general", "spec_bench", settings))

@@ -135,6 +135,14 @@ def head_labels(paths: list) -> dict:
     }
 
 
+def log_settings(pair, task: str, set_name: str, settings: dict) -> dict:
+    """What a decode log is of. The dtype joins it where it is not float32 (the logs predate the choice of
+    dtype and were all fp32), so a bf16 run never reuses fp32 decodes, nor the other way round."""
+    dtype = str(pair.target.dtype).removeprefix("torch.")
+    logged = {"task": task, "set": set_name, **settings, "pair": pair_identity(pair)}
+    return logged if dtype == "float32" else {**logged, "dtype": dtype}
+
+
 def evaluate_heads(
     pair,
     task: str,
@@ -160,11 +168,7 @@ def evaluate_heads(
     examples = held_out_examples(task, limit, data, set_name)
     decoding = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
     settings = {**decoding, "held_out": HELD_OUT[task][set_name]}
-    log = (
-        None
-        if log_path is None
-        else DecodeLog(log_path, {"task": task, "set": set_name, **settings, "pair": pair_identity(pair)})
-    )
+    log = None if log_path is None else DecodeLog(log_path, log_settings(pair, task, set_name, settings))
     points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, **decoding)
     static = [p for p in points if p.w is not None]
     report = {
