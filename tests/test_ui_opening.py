@@ -81,3 +81,16 @@ def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, 
     monkeypatch.setattr(opening, "load_head", broken)
     start = opening.Defaults(runs.DecodeSettings(mode="dynamic", head_name="x"), 0, "settings of x's card")
     assert opening.opening_draft_length(pair, ui_examples(), start) == start
+
+
+def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, monkeypatch):
+    import dataclasses
+
+    figures = {"c": 0.0, "v": {str(n): 1.0 for n in range(1, 7)}, "tokens_per_second": 50.0}  # as cached
+    choice = {"dtype": "float32", "alpha": 0.6, "cpu": "AVX2", "figures": {"float32": figures}}
+    chosen = dataclasses.replace(pair, dtype_choice=choice)
+    monkeypatch.setattr(opening, "measure_costs", lambda *a, **k: pytest.fail("timed again"))
+    examples = ui_examples()
+    opened = opening.measured_opening(chosen, examples)
+    assert opened.settings.n_draft == 6  # free extra tokens: the longest draft
+    assert "the models run in float32: the fastest here" in opened.note

@@ -115,7 +115,7 @@ def load_measured_pair(target: str, draft: str | None = None, device: str = "aut
         pair, choice = load(choices[key]["dtype"]), {**choices[key], "cached": True}
     else:
         pair32 = load("float32")
-        prompts = [e.prompt for e in builtin_examples("general", "train")[:2]]
+        prompts = [e.prompt for e in builtin_examples("general", "train")[:1]]
         alpha = calibration_alpha(pair32, {"mode": "exact"}, prompts, 32, 0.0)
         timing_prompt = encode_prompt(pair32.tokenizer, prompts[0])
         pair, choice = choose_dtype(load, timing_prompt, alpha)

@@ -83,6 +83,16 @@ def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) 
     return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note)
 
 
+def chosen_dtype_costs(pair) -> dict | None:
+    """The costs timed when the pair's dtype was chosen (the probe below, on a calibration prompt), or None:
+    timing them again would only lengthen the start."""
+    choice = pair.dtype_choice
+    figures = choice and choice["figures"].get(choice["dtype"])
+    if not figures:
+        return None
+    return {"c": figures["c"], "v": {int(n): v for n, v in figures["v"].items()}}
+
+
 def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defaults:
     """`start` at the draft length that pays on this machine for its example and settings: the draft's and
     the verification's costs timed, and the example decoded for 32 tokens to measure its acceptance, as
@@ -97,7 +107,7 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     except HeadError:
         return start
     mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
-    costs = measure_costs(
+    costs = chosen_dtype_costs(pair) or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )
     chosen = choose_n_draft(
