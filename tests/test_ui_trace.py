@@ -99,3 +99,46 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
 def test_a_bad_trace_is_refused_with_a_readable_message(text, message):
     with pytest.raises(ValueError, match=message):
         trace.load_trace(text)
+
+
+def hostile_trace(times, settings=None) -> str:
+    import json
+
+    events = [
+        {"token_id": 5, "text": "x", "kind": "ar", "step": i + 1, "elapsed_s": t} for i, t in enumerate(times)
+    ]
+    run = {"label": "Target only", "settings": settings or {"mode": "ar"}, "prompt": "p", "events": events}
+    return json.dumps({"format": trace.TRACE_FORMAT, "runs": [run]})
+
+
+def test_a_replay_never_outlasts_its_budget_whatever_the_times_say(tmp_path):
+    from diversed_demo.ui.tabs import decode
+
+    path = tmp_path / "t.json"
+    path.write_text(hostile_trace([1e9, 0.0, 5.0]))
+    assert trace.load_trace(path.read_text()).event_times == [1e9, 1e9, 1e9]  # never earlier than before
+    started = time.perf_counter()
+    list(decode.on_replay(str(path)))
+    assert time.perf_counter() - started < decode.REPLAY_S + 1.0
+    path.write_text(hostile_trace([0.0, float("inf")]).replace("Infinity", "1e999"))
+    with pytest.raises(ValueError, match="finite"):
+        trace.load_trace(path.read_text())
+
+
+def test_oversized_traces_are_refused_before_they_are_read(tmp_path, monkeypatch):
+    from diversed_demo.ui.tabs import decode
+
+    path = tmp_path / "big.json"
+    path.write_text(hostile_trace([0.0] * (trace.MAX_EVENTS + 1)))
+    with pytest.raises(ValueError, match="at most"):
+        trace.load_trace(path.read_text())
+    monkeypatch.setattr(decode, "MAX_TRACE_BYTES", 100)
+    with pytest.raises(ValueError, match="MB"):
+        decode.read_trace_file(str(path))
+
+
+def test_a_replayed_traces_settings_are_escaped_in_the_page():
+    settings = {"mode": '"><script>alert(1)</script>', "seed": "<b>", "ensemble_weight": "1 onmouseover=x"}
+    shown = render.stats_html(trace.load_trace(hostile_trace([0.0], settings)), replayed=True)
+    assert "<script>" not in shown and "<b>" not in shown and 'data-w="1 onmouseover=x"' in shown
+    assert "&lt;script&gt;" in shown

@@ -35,3 +35,40 @@ def test_a_public_space_turns_training_off(pair, heads_dir, monkeypatch):
     assert by_id["train-start"]["interactive"] is False and "train-off" in by_id
     monkeypatch.setenv(space.PUBLIC_ENV, "0")
     assert not space.public_space()
+
+
+@pytest.mark.parametrize(
+    "host, share, env, public",
+    [
+        (None, False, {}, False),
+        ("127.0.0.1", False, {}, False),
+        ("0.0.0.0", False, {}, True),
+        (None, True, {}, True),
+        (None, False, {"SPACE_ID": "someone/diversed"}, True),
+        (None, False, {space.PUBLIC_ENV: "1"}, True),
+    ],
+)
+def test_training_is_off_wherever_the_app_is_public(monkeypatch, host, share, env, public):
+    for name in (space.PUBLIC_ENV, space.ALLOW_TRAINING_ENV, "SPACE_ID"):
+        monkeypatch.setenv(name, env.get(name, ""))
+    assert space.mark_public(host, share, allow_training=False) is None
+    assert space.public_space() == public
+
+
+def test_allow_training_reopens_it_with_a_warning(monkeypatch):
+    for name in (space.PUBLIC_ENV, space.ALLOW_TRAINING_ENV, "SPACE_ID"):
+        monkeypatch.setenv(name, "")
+    warning = space.mark_public("0.0.0.0", True, allow_training=True)
+    assert "any visitor" in warning and not space.public_space()
+
+
+@pytest.mark.parametrize(
+    "task, line", [("general", '{"prompt": "x", "test_code": "import os"}'), ("code", '{"prompt": "x"}')]
+)
+def test_an_upload_never_carries_code_to_run(pair, tmp_path, task, line):
+    upload = tmp_path / "prompts.jsonl"
+    upload.write_text(line + "\n")
+    job = runs.TrainingJob()
+    with pytest.raises(gr.Error, match="test_code"):
+        list(train.on_start_training(pair, job, task, "Uploaded JSONL", str(upload), 2, 2, 0.5, 1e-3, None))
+    assert not job.running

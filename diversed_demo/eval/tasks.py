@@ -279,11 +279,19 @@ def load_spec_bench(path=None, categories=None, per_category: int | None = None)
     return examples
 
 
-def example_from_record(record: dict, task: str, id: str, category: str) -> Example:
+def example_from_record(
+    record: dict, task: str, id: str, category: str, may_run_code: bool = True
+) -> Example:
     """An Example from a user-written object {"prompt", optional "reference", and for code "test_code",
-    optional "entry_point"}; ValueError saying what is missing or of the wrong type."""
+    optional "entry_point"}; ValueError saying what is missing or of the wrong type. Where the record
+    comes from someone else (`may_run_code` False), code to run is refused, never taken."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
+    if not may_run_code and ("test_code" in record or task == "code"):
+        raise ValueError(
+            'uploaded prompts may not carry "test_code", and code prompts cannot be uploaded: the code '
+            "reward runs only the project's own tests"
+        )
     for key in ("prompt", "reference", "test_code", "entry_point"):
         if key in record and not (
             isinstance(record[key], str) or (key == "reference" and record[key] is None)
@@ -306,9 +314,9 @@ def example_from_record(record: dict, task: str, id: str, category: str) -> Exam
     )
 
 
-def load_jsonl_prompts(path, task: str = "general") -> list[Example]:
+def load_jsonl_prompts(path, task: str = "general", may_run_code: bool = True) -> list[Example]:
     """Prompts from a JSONL file, one {"prompt": ..., optional "reference": ...} per line (other keys
-    ignored).
+    ignored); `may_run_code` False refuses a file that carries code to run (example_from_record).
 
     Any malformed line raises ValueError with the file, line number and what is wrong.
     """
@@ -316,7 +324,9 @@ def load_jsonl_prompts(path, task: str = "general") -> list[Example]:
     examples = []
     for number, record in read_jsonl(path):
         try:
-            examples.append(example_from_record(record, task, f"{path.name}:{number}", path.stem))
+            examples.append(
+                example_from_record(record, task, f"{path.name}:{number}", path.stem, may_run_code)
+            )
         except ValueError as err:
             raise ValueError(f"{path}, line {number}: {err}") from None
     if not examples:

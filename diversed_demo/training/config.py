@@ -12,6 +12,7 @@ from ..eval.tasks import REFERENCE_TASKS, TASKS, builtin_examples, load_jsonl_pr
 class HeadTrainConfig:
     task: str = "general"
     prompts_path: str | None = None  # a JSONL of {"prompt", "reference"?}; default: the built-in train split
+    prompts_may_run_code: bool = True  # False for a visitor's upload: its "test_code" is refused, never run
     steps: int = 20
     prompts_per_step: int = 2
     rollouts_per_prompt: int = 4
@@ -109,7 +110,7 @@ def check_config(config: HeadTrainConfig) -> None:
 
 def training_examples(config: HeadTrainConfig):
     if config.prompts_path:
-        examples = load_jsonl_prompts(config.prompts_path, config.task)
+        examples = load_jsonl_prompts(config.prompts_path, config.task, config.prompts_may_run_code)
     else:
         examples = builtin_examples(config.task, "train")
     if config.task in REFERENCE_TASKS and any(e.reference is None for e in examples):

@@ -23,6 +23,8 @@ from .tabs.dial import build_dial_tab
 from .tabs.results import build_results_tab
 from .tabs.train import build_train_tab
 
+MAX_UPLOAD = "10mb"  # prompt files and traces are far smaller; a larger upload is refused by Gradio
+CACHE_CLEANUP = (3600, 3600)  # every hour, delete Gradio's cached files (uploads, outputs) over an hour old
 CSS_PATH = ASSETS / "app.css"
 QUEUE_SIZE = 64  # past this many waiting requests, new ones are told the queue is full
 
@@ -69,7 +71,7 @@ def build_app(
     heads = list_heads(pair)
     start = start or arrival_defaults(examples, heads)
 
-    with gr.Blocks(title="DIVERSED demo") as app:
+    with gr.Blocks(title="DIVERSED demo", delete_cache=CACHE_CLEANUP) as app:
         gr.HTML(header_html(pair, heads))
         sidebar = build_sidebar(app, pair, heads, start)
         with gr.Tabs(elem_id="tabs") as tabs:
@@ -84,6 +86,8 @@ def build_app(
 
 
 def launch(app, **kwargs):
-    """Launch with the app's stylesheet, theme and script (Gradio 6 takes them at launch, not in Blocks)."""
+    """Launch with the app's stylesheet, theme and script (Gradio 6 takes them at launch, not in Blocks),
+    with uploads capped and Gradio's file cache cleaned."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")
-    return app.launch(css_paths=[CSS_PATH], theme=theme, js=NARROW_SCREEN_JS, **kwargs)
+    limits = {"max_file_size": MAX_UPLOAD, **kwargs}
+    return app.launch(css_paths=[CSS_PATH], theme=theme, js=NARROW_SCREEN_JS, **limits)

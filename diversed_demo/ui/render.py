@@ -87,6 +87,14 @@ def legend_html(kinds=KIND_LABELS) -> str:
     return f'<div class="dd-legend">{items}{hint}</div>'
 
 
+def attribute(value) -> str:
+    """A value as an HTML attribute: numbers as numbers, anything else escaped (a replayed trace's
+    settings come from a visitor's file)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g}"
+    return html.escape(str(value), quote=True)
+
+
 def stats_html(run: DecodeRun | None, replayed: bool = False) -> str:
     """Live statistics cards: acceptance, τ, tokens/s, elapsed, tokens, mean w."""
     if run is None:
@@ -115,8 +123,8 @@ def stats_html(run: DecodeRun | None, replayed: bool = False) -> str:
     # The settings as attributes let scripts (and the browser test) tell which run the numbers belong to.
     state = "done" if run.done else "running"
     return (
-        f'<div class="dd-stats" data-state="{state}" data-mode="{run.settings.mode}" '
-        f'data-w="{run.settings.ensemble_weight:g}" data-seed="{run.settings.seed}"'
+        f'<div class="dd-stats" data-state="{state}" data-mode="{attribute(run.settings.mode)}" '
+        f'data-w="{attribute(run.settings.ensemble_weight)}" data-seed="{attribute(run.settings.seed)}"'
         f"{' data-replay' if replayed else ''}>{body}</div>"
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from ..core.events import KINDS, TokenEvent
 from ..core.stats import Summary
 from .runs import DecodeRun, DecodeSettings
+
+MAX_EVENTS = 5000  # a replayed run's events (a 512-token run has at most about 1000)
 
 TRACE_FORMAT = "diversed-trace/1"
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
@@ -107,6 +110,15 @@ def _number(value, where: str, optional: bool = True):
     return value
 
 
+def _elapsed(value, earlier: list[float], where: str) -> float:
+    """An event's time: a finite number of seconds, never before the previous event's (a replay's pace and
+    its sleeps follow these, so a visitor's file must not stretch them)."""
+    value = _number(value, f"{where}: elapsed_s", optional=False)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: elapsed_s must be finite, not {value!r}")
+    return max(value, earlier[-1] if earlier else 0.0)
+
+
 def read_trace(text: str) -> dict:
     """The trace in a JSON text, checked to be one; ValueError with a readable message otherwise."""
     try:
@@ -141,7 +153,10 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
             **{k: v for k, v in record.get("settings", {}).items() if k in SETTING_FIELDS}
         )
         run = DecodeRun(settings, str(record.get("prompt", "")))
-        for i, raw in enumerate(record.get("events") or []):
+        events = record.get("events") or []
+        if len(events) > MAX_EVENTS:
+            raise ValueError(f"the run has {len(events)} events; a trace holds at most {MAX_EVENTS}")
+        for i, raw in enumerate(events):
             where = f"event {i + 1}"
             if not isinstance(raw, dict) or raw.get("kind") not in KINDS:
                 raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}")
@@ -151,9 +166,7 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
             event = TokenEvent(
                 **{"text": "", "step": 0, **values, "token_id": int(values.get("token_id", -1))}
             )
-            run.add(
-                event, elapsed_s=_number(raw.get("elapsed_s", 0.0), f"{where}: elapsed_s", optional=False)
-            )
+            run.add(event, elapsed_s=_elapsed(raw.get("elapsed_s", 0.0), run.event_times, where))
         summary = record.get("summary") or {}
         counts = run.counts
         run.summary = Summary(

@@ -22,6 +22,8 @@ from ..trace import load_trace, read_trace, run_labels, trace_files
 UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
 CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
 REPLAY_S = 3.0  # a replayed trace plays back in at most this long, however long the run took
+REPLAY_CONCURRENCY = 4  # replays at once: each holds a worker for up to REPLAY_S
+MAX_TRACE_BYTES = 5_000_000  # a 512-token Compare trace is about 1 MB
 DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Spaces tier)
 
 
@@ -46,6 +48,11 @@ def read_trace_file(trace_path) -> str:
         raise ValueError("choose a JSON trace file first (one downloaded from Decode or Compare)")
     if str(trace_path).lower().endswith(".csv"):
         raise ValueError("replay reads the JSON trace; the CSV is for spreadsheets")
+    size = Path(trace_path).stat().st_size
+    if size > MAX_TRACE_BYTES:
+        raise ValueError(
+            f"the trace is {size / 1e6:.1f} MB; replay reads traces of up to {MAX_TRACE_BYTES / 1e6:g} MB"
+        )
     try:
         return Path(trace_path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -68,11 +75,11 @@ def on_replay(trace_path, label=None):
     with user_errors():
         recorded = load_trace(read_trace_file(trace_path), label)
     shown = DecodeRun(recorded.settings, recorded.prompt)
-    end = max(recorded.event_times[-1] if recorded.event_times else 0.0, 1e-9)
+    end = max(recorded.event_times[-1] if recorded.event_times else 0.0, 1e-9)  # times never decrease
     pace = min(1.0, REPLAY_S / end)
     started, last_sent = time.perf_counter(), -math.inf
     for event, at in zip(recorded.events, recorded.event_times):
-        time.sleep(max(0.0, at * pace - (time.perf_counter() - started)))
+        time.sleep(min(REPLAY_S, max(0.0, at * pace - (time.perf_counter() - started))))
         shown.add(event, elapsed_s=at)
         if time.perf_counter() - last_sent >= CHART_INTERVAL_S:
             last_sent = time.perf_counter()
@@ -108,7 +115,8 @@ def build_trace_box(tokens, stats, w_plot) -> gr.File:
         [replay_file, replay_run],
         [tokens, stats, w_plot],
         api_name="replay",
-        concurrency_limit=None,
+        concurrency_limit=REPLAY_CONCURRENCY,
+        concurrency_id="replay",
     )
     return decode_trace
 

@@ -14,7 +14,7 @@ from ..handlers import bind, user_errors
 from ..render import training_figure
 from ..runs import TrainingJob, training_status
 from ..sidebar import Sidebar, refresh_heads
-from ..space import PUBLIC_ENV, public_space
+from ..space import public_space
 
 BUILT_IN, UPLOADED = "Built-in examples", "Uploaded JSONL"
 
@@ -24,13 +24,15 @@ def training_config(task, source, upload, steps, rollouts, lam, lr) -> train_con
     an error message, not a failed run."""
     if public_space():
         raise ValueError(
-            f"training is off on this public Space ({PUBLIC_ENV} is set); run the app locally to train heads"
+            "training is off on this public app (a visitor's run would hold the shared CPU); run it "
+            "locally (`make demo`), or launch with --allow-training"
         )
     if source == UPLOADED and not upload:
         raise ValueError("upload a .jsonl file of prompts first, or choose the built-in examples")
     config = train_config.HeadTrainConfig(
         task=task,
         prompts_path=upload if source == UPLOADED else None,
+        prompts_may_run_code=False,
         steps=int(steps),
         rollouts_per_prompt=int(rollouts),
         lam=float(lam),
@@ -130,8 +132,8 @@ def build_train_tab(app: gr.Blocks, pair, job: TrainingJob, sidebar: Sidebar) ->
     with gr.Tab("Train", id="train"):
         if public:
             gr.Markdown(
-                f"Training is off on this public Space (`{PUBLIC_ENV}` is set): a run would hold "
-                "the shared CPU for minutes. Run the app locally (`make demo`) to train heads.",
+                "Training is off on this public app: a run would hold the shared CPU for minutes. "
+                "Run the app locally (`make demo`) to train heads, or launch it with `--allow-training`.",
                 elem_id="train-off",
             )
         gr.Markdown(
