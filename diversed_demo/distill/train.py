@@ -163,9 +163,7 @@ def start_or_resume(
         params, config.lr, config.warmup_steps, total_steps, weight_decay=0.0, betas=(0.9, 0.95)
     )
     state = {"step": 0, "history": [], "best": None, "wall_time_s": 0.0, "total_steps": total_steps}
-    saved = load_checkpoint(
-        work_dir / "checkpoint.pt", optimizer, scheduler, map_location=device, weights_only=False
-    )
+    saved = load_checkpoint(work_dir / "checkpoint.pt", optimizer, scheduler, map_location=device)
     if saved is not None:
         draft.load_state_dict(saved["model"], strict=False)
         state = saved["state"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from ..common.files import atomic_write, cache_dir
@@ -13,6 +14,7 @@ from ..common.paths import HEADS_DIR
 from ..core.head import EnsembleHead
 from .pair import text_config
 
+HEAD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 FORMAT = "diversed-head/1"
 
 
@@ -121,11 +123,18 @@ def user_heads_dir() -> Path:
     return Path(os.environ.get("DIVERSED_HEADS_DIR") or cache_dir() / "heads")
 
 
+def is_head_name(name) -> bool:
+    """A head's name: letters, digits, '_', '-' and '.', never a path."""
+    return isinstance(name, str) and bool(HEAD_NAME.fullmatch(name)) and name not in (".", "..")
+
+
 def resolve_head_path(path_or_name) -> Path:
     """A path, or a name looked up in the user heads folder, then the shipped heads/."""
     path = Path(path_or_name).expanduser()
     if path.exists():
         return path
+    if not is_head_name(str(path_or_name)):
+        raise HeadError(f"no head {path_or_name!r}: not a file, nor a head name (letters, digits, _ - .)")
     for folder in (user_heads_dir(), HEADS_DIR):
         candidate = folder / f"{path_or_name}.safetensors"
         if candidate.exists():

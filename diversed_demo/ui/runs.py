@@ -16,7 +16,7 @@ from ..core.settings import MODES
 from ..core.stats import Counts, Summary
 from ..eval.rewards import fidelity, task_reward
 from ..eval.tasks import REFERENCE_TASKS, Example
-from ..models.heads import load_head
+from ..models.heads import list_heads, load_head
 
 MAX_PROMPT_CHARS = 4000
 
@@ -50,7 +50,10 @@ def resolve_head(pair, settings: DecodeSettings):
         raise ValueError(
             "DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab"
         )
-    return load_head(settings.head_name, pair)  # a name in the heads folders, or a path
+    path = list_heads(pair).get(settings.head_name)  # a visitor names a head; never a path on the server
+    if path is None:
+        raise ValueError(f"no head {settings.head_name!r} for this pair: pick one in the sidebar")
+    return load_head(path, pair)
 
 
 @dataclass

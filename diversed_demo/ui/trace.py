@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -23,7 +24,8 @@ MAX_EVENTS = 5000  # a replayed run's events (a 512-token run has at most about 
 TRACE_FORMAT = "diversed-trace/1"
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
 SETTING_FIELDS = [f.name for f in fields(DecodeSettings)]
-TRACES_DIR = Path(tempfile.gettempdir()) / "diversed-traces"
+# One folder per user, readable by that user alone: traces hold prompts and outputs.
+TRACES_DIR = Path(tempfile.gettempdir()) / f"diversed-traces-{getattr(os, 'getuid', lambda: 'user')()}"
 TRACE_KEEP_S = 3600  # Gradio copies a served file into its own cache; our copy is only needed briefly
 
 
@@ -96,7 +98,7 @@ def remove_expired_traces() -> None:
 def trace_files(runs: dict[str, DecodeRun], pair, view: str) -> list[str]:
     """The runs' trace (runs by the label the page shows) written to a fresh folder under TRACES_DIR, which
     Gradio serves: [json, csv]."""
-    TRACES_DIR.mkdir(exist_ok=True)
+    TRACES_DIR.mkdir(mode=0o700, exist_ok=True)
     remove_expired_traces()
     folder = Path(tempfile.mkdtemp(dir=TRACES_DIR))
     return list(write_trace(trace_of(runs, pair_info(pair), view), folder, f"diversed-{view}-trace"))

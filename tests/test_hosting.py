@@ -1,0 +1,59 @@
+"""Safe to host: what a file or a name from outside can and cannot make the server do."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from diversed_demo.common import files
+from diversed_demo.models.heads import HeadError, load_head, new_head, save_head
+from diversed_demo.ui import runs, trace
+
+
+def test_an_atomic_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    files.write_text(tmp_path / "card.json", "{}")
+    assert synced[0].startswith(str(tmp_path / "card.json.tmp")) and synced[-1] == str(tmp_path)
+    assert (tmp_path / "card.json").read_text() == "{}"
+
+
+def test_a_head_name_is_never_a_path(pair, heads_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere" / "h.safetensors"
+    save_head(new_head(pair), elsewhere)
+    with pytest.raises(HeadError, match="nor a head name"):
+        load_head("../elsewhere/h", pair)
+    settings = runs.DecodeSettings(mode="dynamic", head_name=str(elsewhere))  # as a visitor could send it
+    with pytest.raises(ValueError, match="pick one in the sidebar"):
+        runs.resolve_head(pair, settings)
+    save_head(new_head(pair), heads_dir / "mine.safetensors")
+    assert runs.resolve_head(pair, runs.DecodeSettings(mode="dynamic", head_name="mine")) is not None
+
+
+def test_a_checkpoint_never_unpickles_objects(tmp_path):
+    from diversed_demo.training.optim import adamw_with_schedule, load_checkpoint
+
+    optimizer, scheduler = adamw_with_schedule([torch.nn.Parameter(torch.zeros(2))], 1e-3, 1, 10)
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "x": Exploit()},
+        tmp_path / "checkpoint.pt",
+    )
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(tmp_path / "checkpoint.pt", optimizer, scheduler)
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/diversed-exploited",))
+
+
+def test_traces_go_to_a_folder_of_this_user_alone(pair):
+    from conftest import UI_PROMPT, decode_settings
+
+    *_, run = runs.stream_decode(pair, UI_PROMPT, decode_settings(max_new_tokens=4))
+    paths = trace.trace_files({"Static ensemble": run}, pair, "decode")
+    folder = trace.TRACES_DIR
+    assert str(os.getuid()) in folder.name and all(str(folder) in p for p in paths)
+    assert folder.stat().st_mode & 0o077 == 0
