@@ -70,6 +70,8 @@ def server(tmp_path_factory):
             draft,
             "--device",
             "cpu",
+            "--dtype",
+            "float32",  # the tests' streams are fp32's (auto would time the tiny pair and might pick bf16)
             "--port",
             str(port),
         ],
