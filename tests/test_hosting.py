@@ -57,3 +57,19 @@ def test_traces_go_to_a_folder_of_this_user_alone(pair):
     folder = trace.TRACES_DIR
     assert str(os.getuid()) in folder.name and all(str(folder) in p for p in paths)
     assert folder.stat().st_mode & 0o077 == 0
+
+
+def test_a_public_app_never_runs_generated_code_in_the_sweep(pair, monkeypatch):
+    import gradio as gr
+
+    from diversed_demo.eval.tasks import app_examples
+    from diversed_demo.ui import space
+    from diversed_demo.ui.tabs import dial
+
+    monkeypatch.setenv(space.PUBLIC_ENV, "1")
+    monkeypatch.setenv(space.ALLOW_TRAINING_ENV, "")
+    monkeypatch.setattr(dial, "sweep_rows", lambda *a, **k: pytest.fail("decoded"))
+    examples = app_examples()["code"]
+    assert examples  # the app's examples include code prompts
+    with pytest.raises(gr.Error, match="public app"):
+        dial.on_sweep(pair, examples, "code", 1, [0.5], 8, 2, 0.0, 0.1)

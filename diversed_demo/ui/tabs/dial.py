@@ -21,7 +21,7 @@ from ..render import DIAL_HEIGHT, acceptance_figure, figure, projection_figure, 
 from ..runs import DecodeSettings
 from ..sidebar import Sidebar, head_choices
 from ..snippet import pair_snippet
-from ..space import on_gpu
+from ..space import on_gpu, public_space
 
 CHART_IDS = ("dial-acceptance", "dial-quality", "dial-speed", "dial-projection")
 INTRO = (
@@ -108,6 +108,11 @@ def on_sweep(
             raise ValueError(f"no example prompts for task {task!r} (assets/prompts/examples.json)")
         if not weights:
             raise ValueError("tick at least one static w to try")
+        if task == "code" and public_space():
+            raise ValueError(
+                "the code task's sweep runs the generated programs, which a public app does not do; "
+                "its frontier card is drawn above, and the sweep runs when you run the app yourself"
+            )
         rows = sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress)
     points = points_frame(rows, int(n_draft))
     note = (
