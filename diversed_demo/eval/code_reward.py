@@ -48,4 +48,7 @@ def pass_at_1(example: Example, output_text: str, timeout_s: float = SANDBOX_TIM
     if not example.test_code:
         raise ValueError(f"example {example.id!r} has no tests")
     program = build_program(example, extract_code(output_text, example.entry_point))
-    return float(run_sandboxed(program, timeout_s).passed)
+    result = run_sandboxed(program, timeout_s)
+    if result.status == "refused":  # a score of 0 would hide that nothing was run
+        raise ValueError(result.detail)
+    return float(result.passed)
