@@ -73,3 +73,23 @@ def test_a_public_app_never_runs_generated_code_in_the_sweep(pair, monkeypatch):
     assert examples  # the app's examples include code prompts
     with pytest.raises(gr.Error, match="public app"):
         dial.on_sweep(pair, examples, "code", 1, [0.5], 8, 2, 0.0, 0.1)
+
+
+def test_a_public_apps_sweep_is_bounded(pair, monkeypatch):
+    from diversed_demo.eval.tasks import app_examples
+    from diversed_demo.ui import space
+    from diversed_demo.ui.tabs import dial
+
+    monkeypatch.setenv(space.PUBLIC_ENV, "1")
+    monkeypatch.setenv(space.ALLOW_TRAINING_ENV, "")
+    asked = {}
+
+    def record(pair, chosen, task, weights, tokens, *rest):
+        asked.update(prompts=len(chosen), tokens=tokens)
+        raise ValueError("recorded")
+
+    monkeypatch.setattr(dial, "sweep_rows", record)
+    examples = app_examples()["summarization"] * 5
+    with pytest.raises(Exception, match="recorded"):
+        dial.on_sweep(pair, examples, "summarization", 10, [0.5], 512, 2, 0.0, 0.1)
+    assert asked == {"prompts": dial.PUBLIC_SWEEP_PROMPTS, "tokens": dial.PUBLIC_SWEEP_TOKENS}

@@ -32,6 +32,8 @@ INTRO = (
     "(general)."
 )
 
+PUBLIC_SWEEP_PROMPTS, PUBLIC_SWEEP_TOKENS = 2, 64  # a public app's sweep: at most this much
+
 
 def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) -> tuple:
     """The dial's four charts (acceptance vs w, quality vs acceptance, measured speed, projected speedup) of
@@ -103,6 +105,11 @@ def on_sweep(
 ):
     """Re-measure the frontier on the task's example prompts: (points, figures, note, table)."""
     with user_errors():
+        if public_space():  # one visitor's sweep must not hold the shared CPU for long
+            n_prompts, tokens = (
+                min(int(n_prompts), PUBLIC_SWEEP_PROMPTS),
+                min(int(tokens), PUBLIC_SWEEP_TOKENS),
+            )
         chosen = [e for e in examples if e.task == task][: int(n_prompts)]
         if not chosen:
             raise ValueError(f"no example prompts for task {task!r} (assets/prompts/examples.json)")
