@@ -31,7 +31,10 @@ def cpu_capability() -> str:
     """The vector instructions PyTorch's CPU kernels use here (e.g. AVX512, AVX2), and whether the CPU
     has bf16 arithmetic."""
     capability = torch.backends.cpu.get_cpu_capability()
-    bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    try:  # a private operator: absent from some builds
+        bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        return f"{capability} (bf16 support unknown)"
     return f"{capability}{' with bf16' if bf16 else ', no bf16 instructions'}"
 
 
@@ -107,17 +110,20 @@ def load_measured_pair(target: str, draft: str | None = None, device: str = "aut
     if dtype != "auto" or pick_device(device).type != "cpu":
         return load_pair(target, draft, device, dtype)
 
-    def load(name):
-        return load_pair(target, draft, device, name)
+    loaded = {}
+
+    def load(name):  # each dtype once, outside load_pair's cache: the one not chosen is let go
+        if name not in loaded:
+            loaded[name] = load_pair.__wrapped__(target, draft, device, name)
+        return loaded[name]
 
     key, choices = choice_key(target, draft), cached_choices()
     if key in choices:
         pair, choice = load(choices[key]["dtype"]), {**choices[key], "cached": True}
     else:
-        pair32 = load("float32")
         prompts = [e.prompt for e in builtin_examples("general", "train")[:1]]
-        alpha = calibration_alpha(pair32, {"mode": "exact"}, prompts, 32, 0.0)
-        timing_prompt = encode_prompt(pair32.tokenizer, prompts[0])
+        alpha = calibration_alpha(load("float32"), {"mode": "exact"}, prompts, 32, 0.0)
+        timing_prompt = encode_prompt(load("float32").tokenizer, prompts[0])
         pair, choice = choose_dtype(load, timing_prompt, alpha)
         write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
     pair.dtype_choice = choice
