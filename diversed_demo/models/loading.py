@@ -12,6 +12,8 @@ import torch
 from .eagle import WEIGHTS_FILE, Eagle3Draft
 from .embedded import EMBEDDED, EMBEDDED_DRAFT_DIR, embedded_gguf_path
 from .gguf_cache import _converted_gguf_dir
+from .gguf_int4 import use_gguf_int4
+from .lean_layer import use_lean_layers
 from .pair import ModelPair, PairError
 
 
@@ -71,6 +73,14 @@ def resolve_source(name_or_path: str) -> str:
         return str(path)
     check_hub_model(name_or_path)
     return name_or_path
+
+
+def gguf_file(name_or_path: str) -> Path | None:
+    """The .gguf file a target is loaded from, if any."""
+    if name_or_path == EMBEDDED:
+        return embedded_gguf_path()
+    path = Path(name_or_path).expanduser()
+    return path if path.suffix == ".gguf" and path.exists() else None
 
 
 def check_hub_model(name: str) -> None:
@@ -171,6 +181,9 @@ def load_pair(
     target_source = resolve_source(target)
     tokenizer = AutoTokenizer.from_pretrained(target_source)
     target_model = _load_model(target_source, dev, torch_dtype)
+    gguf = gguf_file(target)
+    if gguf is not None and use_gguf_int4(target_model, gguf):  # decoding products on its own 4-bit weights
+        use_lean_layers(target_model)
     if draft is None and target == EMBEDDED:
         if not is_eagle3_dir(EMBEDDED_DRAFT_DIR):
             raise PairError(
