@@ -127,3 +127,16 @@ def test_spaces_entry_takes_the_pair_from_env_then_flags(monkeypatch):
     args = spaces_app.parse_args(["--unknown-launcher-flag"])
     assert (args.target, args.draft, args.device) == ("org/big", "org/small", "cpu")
     assert spaces_app.parse_args(["--target", "t", "--device", "cuda"]).target == "t"
+
+
+@pytest.mark.parametrize("api_name", ["generate", "compare", "sweep"])
+def test_decoding_handlers_are_told_who_the_visitor_is(built, api_name):
+    from types import SimpleNamespace
+
+    import gradio as gr
+    from gradio.helpers import special_args
+
+    fn = next(f for f in built.fns.values() if f.api_name == api_name)
+    request = gr.Request(SimpleNamespace(headers={}, query_params={}, client=None), session_hash="visitor")
+    args, *_ = special_args(fn.fn, [None] * len(fn.inputs), request=request)
+    assert args[-1] is request  # what the per-visitor decode limit counts by

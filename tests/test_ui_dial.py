@@ -55,9 +55,11 @@ def test_a_task_without_a_card_says_how_to_make_one():
 def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     examples = [Example(UI_PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
     calls = []
-    points, acceptance, quality, speed, projection, note, table = dial.on_sweep(
+    *running, last = dial.on_sweep(
         pair, examples, "general", 2, [0.0], 12, 3, 1.0, 0.2, progress=lambda f, desc: calls.append(f)
     )
+    points, acceptance, quality, speed, projection, note, table = last
+    assert len(running) == len(calls)  # the handler hands control back after each decode
     assert list(points["label"]) == ["w = 0.00", "w = 1.00", saved_head]
     assert list(points["kind"]) == ["static", "static", "head"]
     assert points.loc[0, "acceptance"] == pytest.approx(1.0) and points.loc[0, "alpha"] == pytest.approx(1.0)
@@ -75,7 +77,21 @@ def test_sweep_handler_measures_points_and_figures(pair, saved_head):
 def test_sweep_handler_refuses_what_it_cannot_measure(pair, task, weights, message):
     examples = [Example(UI_PROMPT, "general", id="g/0")]
     with pytest.raises(gr.Error, match=message):
-        dial.on_sweep(pair, examples, task, 1, weights, 8, 2, 1.0, 0.2, progress=no_progress)
+        list(dial.on_sweep(pair, examples, task, 1, weights, 8, 2, 1.0, 0.2, progress=no_progress))
+
+
+def test_a_stopped_sweep_decodes_no_further_batch(pair, monkeypatch):
+    from diversed_demo.eval import frontier
+
+    batches = []
+    real = frontier.decode_examples
+    monkeypatch.setattr(frontier, "MAX_BATCH_ROWS", 2)
+    monkeypatch.setattr(frontier, "decode_examples", lambda *a, **k: batches.append(1) or real(*a, **k))
+    examples = [Example(UI_PROMPT, "general", id=f"g/{i}") for i in range(3)]
+    sweeping = dial.on_sweep(pair, examples, "general", 3, [0.0, 0.5], 6, 2, 1.0, 0.2, progress=no_progress)
+    next(sweeping)
+    sweeping.close()  # what Gradio does on Stop or when the visitor leaves
+    assert len(batches) == 1
 
 
 def test_nan_quality_does_not_break_the_dial_figures():

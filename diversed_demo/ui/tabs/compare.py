@@ -16,7 +16,7 @@ from ...common.paths import RESULTS_DIR
 from ...core.settings import MODES
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, find_example, opening_prompt
-from ..handlers import bind, user_errors
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..runs import Comparison, speedup, stream_comparison, throttled
@@ -107,11 +107,22 @@ def comparison_table(comparison: Comparison) -> pd.DataFrame:
 
 
 @on_gpu
-def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, temperature, seed):
+def on_compare(
+    pair,
+    examples,
+    prompt,
+    w,
+    head_name,
+    n_draft,
+    max_new_tokens,
+    temperature,
+    seed,
+    request: gr.Request = None,
+):
     """Stream the comparison: (four panels, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
     last_chart = -math.inf
-    with user_errors():
+    with user_errors(), DECODE_SLOTS.hold(request):
         settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
         comparison = Comparison()
         for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
@@ -182,6 +193,7 @@ def build_compare_tab(
             compare_button = gr.Button(
                 "Run compare", variant="primary", scale=1, min_width=120, elem_id="compare"
             )
+            stop_button = gr.Button("Stop", scale=0, min_width=80, elem_id="compare-stop")
         prompt = gr.Textbox(
             opening_prompt(examples, start.example_index),
             label="prompt",
@@ -198,13 +210,14 @@ def build_compare_tab(
         panels, plots, summary, trace = build_compare_outputs()
 
     example.change(bind(example_prompt, examples), example, prompt, api_visibility="private")
-    compare_button.click(
+    comparing = compare_button.click(
         bind(on_compare, pair, examples),
         [prompt, *sidebar.inputs],
         [*panels, *plots, summary, verdict, trace],
         concurrency_id="decode",
         api_name="compare",
     )
+    stop_button.click(None, cancels=[comparing])
     results_link.click(lambda: gr.Tabs(selected="results"), None, tabs, api_visibility="private")
 
 

@@ -11,7 +11,7 @@ import gradio as gr
 
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, opening_prompt
-from ..handlers import bind, user_errors
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
 from ..runs import DecodeRun, resolve_head, stream_decode, throttled
@@ -28,10 +28,12 @@ DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Space
 
 
 @on_gpu
-def on_generate(pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed):
+def on_generate(
+    pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed, request: gr.Request = None
+):
     """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
     last_chart = -math.inf
-    with user_errors():
+    with user_errors(), DECODE_SLOTS.hold(request):
         settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed)
         head = resolve_head(pair, settings)
         for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):

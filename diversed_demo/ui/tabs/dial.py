@@ -9,13 +9,13 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ...eval.frontier import sweep
+from ...eval.frontier import sweep_steps
 from ...eval.tasks import TASKS, Example
 from ...models.heads import load_head
 from ..cards import FRONTIER_COMMAND, is_greedy
 from ..cost_presets import CostPreset, cost_presets
 from ..frontiers import expected_tv, points_frame, shipped_frontiers
-from ..handlers import bind, user_errors
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import DIAL_HEIGHT, acceptance_figure, figure, projection_figure, quality_figure, speed_figure
 from ..runs import DecodeSettings
@@ -74,37 +74,51 @@ def preset_cost(presets: list[CostPreset], label):
     return next((p.cost_ratio for p in presets if p.label == label), gr.skip())
 
 
-def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress) -> list[dict]:
-    """The frontier rows of static w (and w = 1) and every head of the pair on the chosen examples."""
+def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress, idle):
+    """The frontier rows of static w (and w = 1) and every head of the pair on the chosen examples: a
+    generator that yields `idle` after each decode, where a Stop or a disconnect can end it, and returns
+    the rows."""
     weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
     heads = {name: load_head(name, pair) for name in head_choices(pair)}
-    total, done = (len(weights) + len(heads)) * len(chosen), 0
-
-    def report(label, _index, _count):
-        nonlocal done
-        done += 1
-        progress(done / total, desc=f"{label}: {done}/{total} decodes")
-
-    points = sweep(
+    total = (len(weights) + len(heads)) * len(chosen)
+    steps = sweep_steps(
         pair,
         chosen,
         task,
         weights=weights,
         heads=heads,
-        progress=report,
         n_draft=int(n_draft),
         max_new_tokens=int(tokens),
         temperature=float(temperature),
     )
-    return [p.row() for p in points]
+    done = 0
+    while True:
+        try:
+            label, _, _ = next(steps)
+        except StopIteration as finished:
+            return [point.row() for point in finished.value]
+        done += 1
+        progress(done / total, desc=f"{label}: {done}/{total} decodes")
+        yield idle
 
 
 @on_gpu
 def on_sweep(
-    pair, examples, task, n_prompts, weights, tokens, n_draft, temperature, cost_ratio, progress=gr.Progress()
+    pair,
+    examples,
+    task,
+    n_prompts,
+    weights,
+    tokens,
+    n_draft,
+    temperature,
+    cost_ratio,
+    progress=gr.Progress(),
+    request: gr.Request = None,
 ):
-    """Re-measure the frontier on the task's example prompts: (points, figures, note, table)."""
-    with user_errors():
+    """Re-measure the frontier on the task's example prompts, streamed so that Stop ends it between
+    decodes: (points, figures, note, table)."""
+    with user_errors(), DECODE_SLOTS.hold(request):
         if public_space():  # one visitor's sweep must not hold the shared CPU for long
             n_prompts, tokens = (
                 min(int(n_prompts), PUBLIC_SWEEP_PROMPTS),
@@ -120,14 +134,16 @@ def on_sweep(
                 "the code task's sweep runs the generated programs, which a public app does not do; "
                 "its frontier card is drawn above, and the sweep runs when you run the app yourself"
             )
-        rows = sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress)
+        idle = (gr.skip(),) * (len(CHART_IDS) + 3)  # outputs left as they are while the sweep runs
+        decoding = (tokens, n_draft, temperature)
+        rows = yield from sweep_rows(pair, chosen, task, weights, *decoding, progress, idle)
     points = points_frame(rows, int(n_draft))
     note = (
         f"**Your sweep** ({task}): {len(chosen)} example prompt{'s' if len(chosen) > 1 else ''}, "
         f"N = {int(n_draft)}, T = {float(temperature):g}, ≤{int(tokens)} new tokens, "
         "measured on this machine."
     )
-    return (points, *dial_figures(points, n_draft, cost_ratio, ""), note, points.round(3))
+    yield (points, *dial_figures(points, n_draft, cost_ratio, ""), note, points.round(3))
 
 
 def build_dial_controls(start_task: str, presets: list[CostPreset]) -> tuple:
@@ -205,16 +221,18 @@ def build_sweep_box(pair, examples, sidebar: Sidebar, task, cost_ratio, points, 
             )
         with gr.Row():
             sweep_button = gr.Button("Run sweep", variant="primary", elem_id="sweep")
+            stop_button = gr.Button("Stop", elem_id="sweep-stop")
             shipped_button = gr.Button("Show the shipped frontier again", elem_id="shipped")
         table = gr.Dataframe(label="sweep results", interactive=False)
 
-    sweep_button.click(
+    sweeping = sweep_button.click(
         bind(on_sweep, pair, examples),
         [task, n_prompts, weights, tokens, sidebar.n_draft, sidebar.temperature, cost_ratio],
         [points, *plots, note, table],
         concurrency_id="decode",
         api_name="sweep",
     )
+    stop_button.click(None, cancels=[sweeping])
     return shipped_button
 
 
