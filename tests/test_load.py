@@ -154,3 +154,33 @@ def test_past_a_full_queue_clients_are_told_so_and_the_server_stays_up(storm_app
         PROMPTS[0], "exact", 0.5, None, 3, 8, 1.0, 1, api_name="/generate"
     )
     assert "dd-tok" in tokens and 'data-state="done"' in stats
+
+
+def test_a_visitor_who_leaves_mid_sweep_stops_it(storm_app, monkeypatch):
+    import httpx
+
+    from diversed_demo.eval import frontier
+
+    app, url, _ = storm_app
+    batches = []
+    real = frontier.decode_examples
+
+    def slow_batch(*args, **kwargs):
+        batches.append(time.monotonic())
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(frontier, "MAX_BATCH_ROWS", 1)
+    monkeypatch.setattr(frontier, "decode_examples", slow_batch)
+    fn_index = next(i for i, f in app.fns.items() if f.api_name == "sweep")
+    body = {"data": ["general", 4, [0.0, 0.25, 0.5, 0.75], 8, 2, 1.0, 0.1], "fn_index": fn_index}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        http.post("gradio_api/queue/join", json={**body, "session_hash": "leaver"}).raise_for_status()
+        with http.stream("GET", "gradio_api/queue/data", params={"session_hash": "leaver"}) as events:
+            for line in events.iter_lines():
+                if '"process_generating"' in line:
+                    break  # the first decode is done: the visitor closes the page
+    time.sleep(2)
+    decoded_after_leaving = len(batches)
+    time.sleep(2)
+    assert len(batches) == decoded_after_leaving < 20  # 4 prompts x 5 weights, one decode per batch
