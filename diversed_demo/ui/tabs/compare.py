@@ -52,20 +52,36 @@ def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
     )
 
 
+def speed_sentence(comparison: Comparison) -> str:
+    """The measured speed-ups of the three speculative modes over the target alone, in plain words."""
+    base, phrases = comparison.runs.get("ar"), []
+    for mode in ("exact", "static", "dynamic"):
+        run = comparison.runs.get(mode)
+        ratio = speedup(run, base) if run is not None and run.done else None
+        if ratio is not None:
+            name = {
+                "exact": "exact speculative decoding",
+                "static": f"a fixed w = {run.settings.ensemble_weight:g}",
+                "dynamic": "DIVERSED",
+            }[mode]
+            phrases.append(f"{name} {ratio:.2f}×" + (" (slower)" if ratio < 1 else ""))
+    if not phrases:
+        return ""
+    listed = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+    return f"On this prompt, against the target alone: {listed} the speed."
+
+
 def compare_verdict(comparison: Comparison, running: bool = False) -> str:
-    """One line: how much faster DIVERSED (or the static ensemble) ran than target only, its quality against
-    exact SD, and whether one prompt can tell (it cannot judge quality: the Results tab can)."""
+    """The measured speed-ups of all three modes over target only, then DIVERSED's (or the static
+    ensemble's) acceptance, quality against exact SD and departure, and that one prompt cannot judge
+    quality (the Results tab can)."""
     mode = "dynamic" if "dynamic" in comparison.runs else "static"
-    run, base = comparison.runs.get(mode), comparison.runs.get("ar")
+    run = comparison.runs.get(mode)
     if running or run is None or not run.done:
         return (
             '<div class="dd-verdict" data-state="running">The verdict appears when every mode has run.</div>'
         )
-    parts = []
-    ratio = speedup(run, base)
-    if ratio is not None:
-        parts.append(f"{ratio:.2f}× the speed of target only" + (" (slower)" if ratio < 1 else ""))
-    parts.append(f"acceptance {fmt(run.acceptance_rate, '.0%')}, τ {fmt(run.tau, '.2f')}")
+    parts = [f"kept {fmt(run.acceptance_rate, '.0%')} of the drafted tokens, τ {fmt(run.tau, '.2f')}"]
     quality = quality_against_exact(comparison, mode)
     if quality is not None:
         parts.append(quality)
@@ -76,8 +92,9 @@ def compare_verdict(comparison: Comparison, running: bool = False) -> str:
         else f"departs from target only at token {departs + 1}"
     )
     return (
-        f'<div class="dd-verdict" data-state="done"><b>{html.escape(MODE_LABELS[mode])}</b>: '
-        f'{html.escape("; ".join(parts))}. <span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
+        f'<div class="dd-verdict" data-state="done"><b>{html.escape(speed_sentence(comparison))}</b> '
+        f"{html.escape(MODE_LABELS[mode])}: {html.escape('; '.join(parts))}. "
+        f'<span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
     )
 
 
