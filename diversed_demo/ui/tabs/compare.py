@@ -12,13 +12,13 @@ import gradio as gr
 import pandas as pd
 
 from ...common.formatting import fmt
-from ...common.paths import RESULTS_DIR
 from ...core.settings import MODES
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, find_example, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
+from ..results_summary import BENCH_PATH
 from ..runs import Comparison, speedup, stream_comparison, throttled
 from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
@@ -26,7 +26,6 @@ from ..space import on_gpu
 from ..trace import trace_files
 from .decode import CHART_INTERVAL_S, UI_INTERVAL_S
 
-BENCH_REPORT = RESULTS_DIR / "bench.json"  # README's bench command writes it
 TABLE_COLUMNS = ["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality", "metric"]
 CAVEAT = (
     "One prompt is too few to judge quality: the Results tab has the measured tables "
@@ -164,7 +163,7 @@ def on_compare(
         )
 
 
-def greedy_exactness(pair, report_path: Path = BENCH_REPORT) -> str:
+def greedy_exactness(pair, report_path: Path = BENCH_PATH) -> str:
     """What exact SD does at temperature 0 in the pair's dtype: in fp32 it never departs from target-only;
     in bf16 a pass over several tokens rounds differently from one over a single token, so a near-tie can
     flip, and the shipped bench report says how often it did."""
