@@ -4,8 +4,8 @@ The pair comes with one head and a frontier card (the shipped general card's fig
 pair), so the page arrives as the embedded pair's does: an example filled in, DIVERSED selected, a drawn
 frontier. Needs Debian's chromium at /usr/bin/chromium (or $CHROMIUM) and the playwright Python package;
 without the browser it is skipped locally and fails in CI. Saves a screenshot of each tab (and of the
-page at 390 px) to a temporary folder, or to $DIVERSED_SCREENSHOTS: `make screenshots` refreshes the
-README's (assets/screenshots/) that way.
+page at 390 px) to a temporary folder, or to $DIVERSED_SCREENSHOTS; the README's, of the embedded pair, come
+from tests/screenshots.py (`make screenshots`).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_the_verdict_is_derived_from_the_run_and_says_one_prompt_cannot_judge_qu
     assert "ROUGE-2 within 1% of exact SD" in verdict and "departs from target only at token 3" in verdict
     assert "One prompt is too few to judge quality" in verdict and 'data-state="done"' in verdict
     comparison.quality["dynamic"] = (0.05, "ROUGE-2")
-    assert "ROUGE-2 off by 50% below exact SD" in compare.compare_verdict(comparison)
+    assert "ROUGE-2 50% below exact SD" in compare.compare_verdict(comparison)
     del comparison.runs["dynamic"]  # without a head the static ensemble is judged
     assert "Static ensemble" not in compare.compare_verdict(comparison)  # … once it has run
     assert 'data-state="running"' in compare.compare_verdict(comparison, running=True)

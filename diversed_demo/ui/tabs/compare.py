@@ -44,11 +44,12 @@ def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
     if not exact_value:
         return f"{metric} {value:.3f} vs {exact_value:.3f} for exact SD"
     change = (value - exact_value) / abs(exact_value)
-    return (
-        f"{metric} {'within' if abs(change) <= 0.05 else 'off by'} {abs(change):.0%} "
-        f"{'above' if change > 0.05 else 'below' if change < -0.05 else 'of'} exact SD's "
-        f"({value:.3f} vs {exact_value:.3f})"
+    where = (
+        f"within {abs(change):.0%} of"
+        if abs(change) <= 0.05
+        else f"{abs(change):.0%} " + ("above" if change > 0 else "below")
     )
+    return f"{metric} {where} exact SD's ({value:.3f} vs {exact_value:.3f})"
 
 
 def speed_sentence(comparison: Comparison) -> str:

@@ -21,7 +21,10 @@ INTRO = (
     "speculative decoding (acceptance), what that does to quality, and, where it was benched, how much "
     "faster decoding got than the target alone. Quality differences are paired over the same held-out "
     "prompts, ± a standard error; *vs the static frontier* compares the head with a static w of the same "
-    "acceptance (beyond, on or below, ± a bootstrap standard error)."
+    "acceptance (beyond, on or below, ± a bootstrap standard error). Quality is ROUGE-2 for summaries, "
+    "the right final number (match) for math, tests passed (pass@1) for code, and fidelity (the "
+    "target's mean log-probability of the text, nats per token) for general chat; speed-ups are tokens "
+    "per second over the target alone, greedy, from `results/bench.json`."
 )
 
 
@@ -30,7 +33,9 @@ def build_headline(heads: dict[str, Path]) -> None:
     if not data:
         gr.Markdown(f"*No head of this pair has a frontier card: `{FRONTIER_COMMAND}` writes one.*")
         return
-    gr.Dataframe(headline_table(data), interactive=False, wrap=True, elem_id="results-headline")
+    # An HTML table wraps its cells to the page, where a Dataframe would clip its last columns.
+    table = headline_table(data).to_html(index=False, border=0, classes="dd-table")
+    gr.HTML(f'<div class="dd-table-scroll">{table}</div>', elem_id="results-headline")
     gr.Plot(headline_figure(data), show_label=False, elem_id="results-headline-figure")
     if not any(row["speedup"] for row in data):
         gr.Markdown(f"*Speed-ups: `{BENCH_COMMAND}` measures them.*")
