@@ -29,7 +29,7 @@ def serve() -> subprocess.Popen:
             return app
         except OSError:
             if app.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the app did not start")
+                raise SystemExit("the app did not start") from None
             time.sleep(1)
 
 
