@@ -139,20 +139,22 @@ def on_compare(
     """Stream the comparison: (four panels, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
     last_chart = -math.inf
-    with user_errors(), DECODE_SLOTS.hold(request):
+    with user_errors():
         settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
         comparison = Comparison()
-        for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
-            charts = (gr.skip(), gr.skip())
-            if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
-                charts, last_chart = comparison_charts(comparison), time.perf_counter()
-            yield (
-                *[run_panel_html(mode, comparison) for mode in MODES],
-                *charts,
-                comparison_table(comparison),
-                compare_verdict(comparison, running=True),
-                gr.skip(),
-            )
+        with DECODE_SLOTS.hold(request):
+            for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
+                charts = (gr.skip(), gr.skip())
+                if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                    charts, last_chart = comparison_charts(comparison), time.perf_counter()
+                yield (
+                    *[run_panel_html(mode, comparison) for mode in MODES],
+                    *charts,
+                    comparison_table(comparison),
+                    compare_verdict(comparison, running=True),
+                    gr.skip(),
+                )
+        # The visitor's slot is free before the verdict shows: they may go again at once.
         # The last update always carries the final charts, the full table, the verdict and the trace.
         labelled = {MODE_LABELS[mode]: run for mode, run in comparison.runs.items()}
         yield (
