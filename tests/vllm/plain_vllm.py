@@ -1,5 +1,5 @@
 """vLLM with no plugin at all (run with VLLM_PLUGINS=""): greedy token ids for the prompts given as JSON on
-stdin, printed as JSON on the last line. The reference the plugin's w = 1 and no-w outputs must equal."""
+stdin, printed as JSON after "REFERENCE ". The plugin's outputs without w and with w = 1 must equal them."""
 
 import json
 import sys
@@ -15,4 +15,4 @@ if __name__ == "__main__":  # vLLM's engine starts processes that import this fi
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
     params = SamplingParams(temperature=0, max_tokens=request["max_tokens"])
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    print(json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
+    print("REFERENCE", json.dumps([list(o.outputs[0].token_ids) for o in outputs]), flush=True)

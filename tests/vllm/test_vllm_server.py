@@ -1,5 +1,5 @@
-"""The plugin behind vLLM's OpenAI-compatible server, through the `openai` client: w set per request in
-`extra_body`, and a bad w answered with HTTP 400."""
+"""The plugin behind vLLM's OpenAI-compatible server (`vllm serve`, started as docs/vllm.md says), through
+the `openai` client: w set per request in `extra_body`, and a bad w answered with HTTP 400."""
 
 import json
 import os
@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -43,7 +42,7 @@ def server_url(tmp_path_factory):
     port = free_port()
     spec = {"method": "eagle3", "model": str(default_draft()), "num_speculative_tokens": 4}
     command = [
-        str(Path(sys.executable).with_name("vllm")), "serve", embedded_target_dir(),
+        sys.executable, "-m", "diversed_demo.vllm", "serve", embedded_target_dir(),
         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
