@@ -72,18 +72,9 @@ def ensemble_rejection_sample(
     weights = STEP_WEIGHTS.get()
     if weights is None or synthetic_mode:
         return UPSTREAM_REJECTION_SAMPLE(
-            draft_token_ids,
-            num_draft_tokens,
-            max_spec_len,
-            cu_num_draft_tokens,
-            draft_probs,
-            target_logits,
-            bonus_token_ids,
-            sampling_metadata,
-            synthetic_mode,
-            synthetic_conditional_rates,
-            use_fp64_gumbel,
-        )
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+            bonus_token_ids, sampling_metadata, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel,
+        )  # fmt: skip
     device, meta = target_logits.device, sampling_metadata
     weights = spread_to_tokens(weights.to(device), num_draft_tokens)
     output_token_ids = torch.full(
