@@ -32,7 +32,7 @@ def engine_kwargs(
         "enable_prefix_caching": False,  # modes share prompts: no mode may reuse another's prefill
         "disable_log_stats": False,  # the spec-decode counters that acceptance is read from
         "kv_cache_memory_bytes": KV_CACHE_BYTES,
-        "enforce_eager": not compile,  # torch.compile costs minutes of start-up on 2 cores
+        "enforce_eager": not compile,  # no torch.compile at start-up unless asked for
     }
     if draft is not None:
         kwargs["speculative_config"] = {

@@ -17,6 +17,7 @@ from . import cpu_fix
 from .rule import WEIGHT_KEY, parse_ensemble_weight
 
 TESTED_VLLM = ("0.32.",)  # the releases whose rejection_sample and _sample these hooks mirror
+NEEDS_V1_RUNNER = "diversed_w < 1 needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0"
 
 
 def register() -> None:
@@ -60,16 +61,20 @@ def install_validation_hooks() -> None:
     upstream_init, upstream_validate = InputProcessor.__init__, InputProcessor._validate_params
 
     def init_checking_server_weight(self, vllm_config, *args, **kwargs):
-        server_weight(vllm_config)  # a bad default stops the server at start-up, with its message
+        # a bad default stops the server at start-up, with its message
+        if server_weight(vllm_config) < 1 and vllm_config.use_v2_model_runner:
+            raise ValueError(NEEDS_V1_RUNNER)
         upstream_init(self, vllm_config, *args, **kwargs)
 
     def validate_params_and_weight(self, params, *args, **kwargs):
         result = upstream_validate(self, params, *args, **kwargs)
         if isinstance(params, SamplingParams) and params.extra_args and WEIGHT_KEY in params.extra_args:
             try:
-                parse_ensemble_weight(params.extra_args[WEIGHT_KEY])
+                w = parse_ensemble_weight(params.extra_args[WEIGHT_KEY])
             except ValueError as err:
                 raise VLLMValidationError(str(err), parameter=WEIGHT_KEY) from None
+            if w < 1 and self.vllm_config.use_v2_model_runner:  # never serve a relaxed request exactly
+                raise VLLMValidationError(NEEDS_V1_RUNNER, parameter=WEIGHT_KEY)
         return result
 
     InputProcessor.__init__ = init_checking_server_weight
