@@ -62,9 +62,10 @@ def openmp_library() -> Path | None:
 
 
 def preloaded_environment() -> dict | None:
-    """The environment to re-run this process in with Intel OpenMP preloaded, or None where it already is
-    (or there is none: a CUDA build). LD_PRELOAD is read when a process starts, so it cannot be set later."""
+    """The environment to re-run this process in with Intel OpenMP preloaded, or None where an OpenMP is
+    preloaded already (vLLM refuses two) or there is none to preload (a CUDA build). LD_PRELOAD is read
+    when a process starts, so it cannot be set later."""
     library, preload = openmp_library(), os.environ.get("LD_PRELOAD", "")
-    if library is None or "libiomp" in preload:
+    if library is None or any(name in preload for name in ("libiomp", "libgomp", "libomp")):
         return None
     return {**os.environ, "LD_PRELOAD": ":".join(p for p in (str(library), preload) if p)}

@@ -50,8 +50,10 @@ def server_url(tmp_path_factory):
         "--additional-config", json.dumps({"diversed_w": 1.0}),
     ]  # fmt: skip
     log = open(tmp_path_factory.mktemp("server") / "vllm-serve.log", "w")
+    # as from a shell: vLLM's CPU set-up in this process (earlier tests) put its libgomp in LD_PRELOAD
+    environment = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     server = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
     )
     url = f"http://127.0.0.1:{port}"
     try:
