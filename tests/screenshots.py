@@ -39,15 +39,20 @@ def shoot(page, name: str) -> None:
     print("wrote", OUT / name)
 
 
+def compare(page, name: str) -> None:
+    """Run Compare on the example it opens with, and shoot the page once its verdict is in."""
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare").click()
+    page.wait_for_selector("#compare-verdict .dd-verdict[data-state=done]", timeout=TIMEOUT_MS)
+    shoot(page, name)
+
+
 def wide(page) -> None:
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(f"http://127.0.0.1:{PORT}/")
     page.wait_for_selector("#generate")
     shoot(page, "arrival.png")
-    page.get_by_role("tab", name="Compare").click()
-    page.locator("#compare").click()
-    page.wait_for_selector("#compare-verdict .dd-verdict[data-state=done]", timeout=TIMEOUT_MS)
-    shoot(page, "compare.png")
+    compare(page, "compare.png")
     page.get_by_role("tab", name="Decode").click()
     page.locator("#generate").click()
     page.wait_for_selector("#stats .dd-stats[data-state=done]", timeout=TIMEOUT_MS)
@@ -68,10 +73,7 @@ def narrow(page) -> None:
     page.wait_for_selector("#generate")
     page.wait_for_function("!document.querySelector('#sidebar.open')")
     shoot(page, "narrow.png")
-    page.get_by_role("tab", name="Compare").click()
-    page.locator("#compare").click()
-    page.wait_for_selector("#compare-verdict .dd-verdict[data-state=done]", timeout=TIMEOUT_MS)
-    shoot(page, "narrow-compare.png")
+    compare(page, "narrow-compare.png")
 
 
 def main() -> None:

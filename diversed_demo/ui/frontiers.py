@@ -114,21 +114,24 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> 
     return by_task
 
 
-VERDICT_WORDS = {
-    "beyond": "lies **beyond** the static frontier",
-    "below": "lies **below** the static frontier",
-    "unresolved": "lies **on** the static frontier (the margin's 95% CI includes 0)",
-    "floor": "cannot be judged: quality is near zero for every setting",
-}
+def frontier_position(verdict: dict) -> str:
+    """Where a card's verdict puts its head: "beyond", "on" or "below" the static frontier, or "no claim"
+    (quality at the set's floor, or the head's acceptance outside the static curve's range)."""
+    kind = verdict.get("kind")
+    if kind == "unresolved" and "no claim" in verdict.get("text", ""):
+        return "no claim"
+    return {"beyond": "beyond", "below": "below", "unresolved": "on"}.get(kind, "no claim")
 
 
 def verdict_markdown(verdicts: dict[str, dict]) -> str:
     """In words, for each head: beyond, on or below the static frontier, with the card's CI and n."""
     lines = []
     for name, verdict in verdicts.items():
-        detail = verdict.get("text", "")
-        words = VERDICT_WORDS.get(verdict.get("kind"), "has no verdict in its card")
-        if verdict.get("kind") == "unresolved" and "no claim" in detail:
-            words = "cannot be placed against the static frontier"
+        position, detail = frontier_position(verdict), verdict.get("text", "")
+        words = (
+            "makes no claim against the static frontier"
+            if position == "no claim"
+            else f"lies **{position}** the static frontier"
+        )
         lines.append(f"**{name}** {words}." + (f"  \n<small>{detail}</small>" if detail else ""))
     return "\n\n".join(lines)

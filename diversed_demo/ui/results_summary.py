@@ -13,13 +13,12 @@ from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
 from .cards import card_task, frontier_at, head_cards
-from .frontiers import cards_for_temperature
+from .frontiers import cards_for_temperature, frontier_position
 from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
 from .result_tables import BENCH_REPORTS, quality_metric
 from .shipped_files import dig, read_json, shown_path
 
 BENCH_PATH, BENCH_COMMAND = BENCH_REPORTS["Spec-Bench, every category"]
-VERDICT_WORD = {"beyond": "beyond", "below": "below", "unresolved": "on", "floor": "no claim (floor)"}
 HEADLINE_COLUMNS = [
     "task",
     "decoding",
@@ -31,7 +30,6 @@ HEADLINE_COLUMNS = [
     "speed-up",
     "n",
 ]
-SHORT_METRIC = {"summarization": "ROUGE-2", "math": "match", "code": "pass@1", "general": "fidelity"}
 
 
 def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
@@ -84,7 +82,7 @@ def headline_data(head_paths: dict[str, Path], path: Path = BENCH_PATH) -> list[
                     "quality_exact": exact.get("quality"),
                     "quality_difference": versus.get("quality_difference"),
                     "quality_difference_se": versus.get("stderr"),
-                    "verdict": dig(frontier, "verdict", "kind"),
+                    "position": frontier_position(dig(frontier, "verdict") or {}),
                     "margin": dig(frontier, "quality_margin"),
                     "speedup": speedup,
                     "examples": versus.get("examples"),
@@ -98,16 +96,16 @@ def headline_table(data: list[dict]) -> pd.DataFrame:
     rows = []
     for row in data:
         margin = row["margin"] or {}
-        verdict = VERDICT_WORD.get(row["verdict"], "n/a")
+        estimate, stderr = fmt(margin.get("estimate"), "+.3f"), fmt(margin.get("stderr"), ".3f")
         rows.append(
             [
-                f"{row['task']} ({SHORT_METRIC.get(row['task'], quality_metric(row['task']))})",
+                f"{row['task']} ({quality_metric(row['task']).split(' (')[0]})",  # its name, not its unit
                 "greedy" if row["greedy"] else "T = 1",
                 row["head"],
                 f"{fmt(row['acceptance_exact'], '.2f')} → {fmt(row['acceptance_head'], '.2f')}",
                 fmt(row["quality_exact"], ".3g"),
                 f"{fmt(row['quality_difference'], '+.3f')} ± {fmt(row['quality_difference_se'], '.3f')}",
-                f"{verdict}: {fmt(margin.get('estimate'), '+.3f')} ± {fmt(margin.get('stderr'), '.3f')}",
+                f"{row['position']}: {estimate} ± {stderr}",
                 f"{row['speedup']:.2f}×" if row["speedup"] else "not benched",
                 row["examples"],
             ]
