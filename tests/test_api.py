@@ -1,4 +1,4 @@
-"""The package's public names: what README's Python example imports."""
+"""The package's public names: what README's Python examples import."""
 
 import subprocess
 import sys

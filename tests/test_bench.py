@@ -68,7 +68,7 @@ def test_bench_report_on_a_tiny_pair(pair):
     change = goal["quality_vs_exact"]["math_reasoning"]
     assert goal["met"] == (goal["speedup"] >= 1.5 and change is not None and change >= -0.05)
     assert report["goals"]["bound_efficiency"]["min"] == min(report["bound_efficiency"].values())
-    assert "DIVERSED mode" in table
+    assert "relaxed mode" in table and "goal" not in table and "met" not in table.split("|")
     # fp32 greedy exact SD is lossless: every output equals target-only's, token for token.
     assert report["greedy_identical_to_target_only"]["exact"] == 1.0
     ours, theirs = overall["exact"]["tokens_per_second"], overall["ar"]["tokens_per_second"]

@@ -70,7 +70,7 @@ def test_a_missing_hub_model_ends_in_one_line_at_once(env):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no/such-model" in lines[0] and "Traceback" not in out.stderr
-    assert seconds < 20  # transformers alone retries the hub for about a minute
+    assert seconds < 45  # transformers alone retries the hub for about a minute; a busy CPU slows imports
 
 
 def test_generate_prints_the_documented_json_and_summary_line(tmp_path, capsys):

@@ -348,7 +348,7 @@ def test_a_head_serves_its_pair_in_another_dtype(pair, tmp_path):
     assert summary.new_tokens >= 1 and summary.mean_w is not None
 
 
-README_FLAGS = (
+RECIPE_FLAGS = (
     "--warm-start-prompts",
     "32",
     "--steps",
@@ -366,12 +366,12 @@ README_FLAGS = (
     "--penalty",
     "20",
 )
-README_TARGET_ACCEPTANCE = {
+RECIPE_TARGET_ACCEPTANCE = {
     "general": "0.65",
     "math": "0.65",
     "summarization": "0.55",
     "code": "0.75",
-    # the greedy twins: README's flags plus --temperature 0 --rollouts-per-prompt 2
+    # the greedy twins: the same flags plus --temperature 0 --rollouts-per-prompt 2
     "general-greedy": "0.65",
     "summarization-greedy": "0.72",
     "math-greedy": "0.72",
@@ -379,10 +379,10 @@ README_TARGET_ACCEPTANCE = {
 }
 
 
-@pytest.mark.parametrize("name", list(README_TARGET_ACCEPTANCE))
+@pytest.mark.parametrize("name", list(RECIPE_TARGET_ACCEPTANCE))
 def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
-    """`train --task <task>` with README's flags must reproduce the shipped head's settings (its card lists
-    them)."""
+    """`train --task <task>` with the recipe of docs/training.md must reproduce the shipped head's settings
+    (its card lists them)."""
     import argparse
     import json
     from pathlib import Path
@@ -402,7 +402,7 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
     greedy = ("--temperature", "0", "--rollouts-per-prompt", "2") if twin else ()
     made = config(
-        "--task", task, "--target-acceptance", README_TARGET_ACCEPTANCE[name], *README_FLAGS, *greedy
+        "--task", task, "--target-acceptance", RECIPE_TARGET_ACCEPTANCE[name], *RECIPE_FLAGS, *greedy
     )
     for key in (
         "lam",

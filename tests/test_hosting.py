@@ -72,7 +72,7 @@ def test_a_public_app_never_runs_generated_code_in_the_sweep(pair, monkeypatch):
     examples = app_examples()["code"]
     assert examples  # the app's examples include code prompts
     with pytest.raises(gr.Error, match="public app"):
-        dial.on_sweep(pair, examples, "code", 1, [0.5], 8, 2, 0.0, 0.1)
+        list(dial.on_sweep(pair, examples, "code", 1, [0.5], 8, 2, 0.0, 0.1))
 
 
 def test_a_public_apps_sweep_is_bounded(pair, monkeypatch):
@@ -91,5 +91,30 @@ def test_a_public_apps_sweep_is_bounded(pair, monkeypatch):
     monkeypatch.setattr(dial, "sweep_rows", record)
     examples = app_examples()["summarization"] * 5
     with pytest.raises(Exception, match="recorded"):
-        dial.on_sweep(pair, examples, "summarization", 10, [0.5], 512, 2, 0.0, 0.1)
+        list(dial.on_sweep(pair, examples, "summarization", 10, [0.5], 512, 2, 0.0, 0.1))
     assert asked == {"prompts": dial.PUBLIC_SWEEP_PROMPTS, "tokens": dial.PUBLIC_SWEEP_TOKENS}
+
+
+def test_one_visitor_holds_one_decode_slot_at_a_time(pair):
+    from types import SimpleNamespace
+
+    import gradio as gr
+    from conftest import UI_PROMPT
+
+    from diversed_demo.ui.tabs import decode
+
+    def generate(visitor):
+        request = SimpleNamespace(session_hash=visitor)  # what Gradio passes as gr.Request
+        return decode.on_generate(pair, UI_PROMPT, "static", 0.5, None, 2, 8, 1.0, 0, request=request)
+
+    running = generate("visitor")
+    next(running)
+    with pytest.raises(gr.Error, match="already have a decode running"):
+        next(generate("visitor"))
+    assert list(generate("someone else"))  # another visitor is served meanwhile
+    running.close()  # Stop, or the visitor left
+    finishing = generate("visitor")
+    for _, stats, *_ in finishing:
+        if 'data-state="done"' in stats:
+            break  # the page shows the run as done: the visitor may go again at once
+    assert list(generate("visitor"))

@@ -1,4 +1,5 @@
-"""Load: 8 gradio_client clients decode at once while a training run goes on; every request succeeds."""
+"""Load: gradio_client clients decode at once while a training run goes on, and a storm of decodes and
+replays meets a short queue; every request is served or told the queue is full."""
 
 from __future__ import annotations
 
@@ -72,3 +73,114 @@ def test_concurrent_decodes_during_training(served):
     training.result(timeout=120)
     assert not job.running and job.error is None and job.cancelled
     assert time.monotonic() - started < 150
+
+
+STORM_CLIENTS, SHORT_QUEUE = 30, 4
+
+
+@pytest.fixture(scope="module")
+def storm_app(tmp_path_factory):
+    """The app on the tiny pair, served, and a trace to replay: (app, url, trace path)."""
+    from diversed_demo.ui.runs import DecodeSettings, stream_decode
+    from diversed_demo.ui.trace import trace_files
+
+    root = tmp_path_factory.mktemp("storm")
+    pair = load_pair(*save_tiny_pair(root), "cpu")
+    *_, run = stream_decode(pair, PROMPTS[0], DecodeSettings(mode="static", max_new_tokens=24, seed=1))
+    trace_json = trace_files({"Static ensemble": run}, pair, "decode")[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIVERSED_HEADS_DIR", str(root / "heads"))
+        app = ui.build_app(pair)
+        port = free_port()
+        ui.launch(app, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        try:
+            yield app, f"http://127.0.0.1:{port}/", trace_json
+        finally:
+            app.close()
+
+
+def storm_request(url, trace_json, i):
+    """Client i's request (a replay every third, else a decode): ("done", what came back), ("full", the
+    message), or ("refused", the message) for anything else the server said."""
+    import json
+
+    from gradio_client import Client, handle_file
+
+    try:
+        client = Client(url, verbose=False)
+        if trace_json and i % 3 == 2:
+            tokens, stats, _ = client.predict(handle_file(trace_json), None, api_name="/replay")
+            return "done", ("replay", tokens, stats)
+        prompt, seed = PROMPTS[i % len(PROMPTS)], 100 + i
+        *_, files = client.predict(prompt, "static", 0.5, None, 3, 16, 1.0, seed, api_name="/generate")
+        trace = json.loads(open(next(f for f in files if f.endswith(".json"))).read())
+        return "done", ("decode", prompt, seed, trace)
+    except Exception as err:  # gradio_client raises the server's message
+        return ("full" if "queue is full" in str(err).lower() else "refused"), str(err)
+
+
+def storm(url, trace_json=None) -> list[tuple]:
+    with ThreadPoolExecutor(STORM_CLIENTS) as pool:
+        return list(pool.map(lambda i: storm_request(url, trace_json, i), range(STORM_CLIENTS)))
+
+
+def test_thirty_clients_at_once_are_each_served_their_own_results(storm_app):
+    _, url, trace_json = storm_app
+    outcomes = storm(url, trace_json)
+    assert all(kind == "done" for kind, _ in outcomes), [m for kind, m in outcomes if kind != "done"][:3]
+    for _, result in outcomes:  # nothing lost or swapped: each decode's trace is its own request's
+        if result[0] == "decode":
+            _, prompt, seed, trace = result
+            (record,) = trace["runs"]
+            assert record["settings"]["seed"] == seed and record["prompt"] == prompt
+        else:
+            assert "dd-tok" in result[1] and "data-replay" in result[2]
+    assert {result[0] for _, result in outcomes} == {"decode", "replay"}
+
+
+def test_past_a_full_queue_clients_are_told_so_and_the_server_stays_up(storm_app):
+    from gradio_client import Client
+
+    app, url, _ = storm_app
+    places = app._queue.max_size
+    app._queue.max_size = SHORT_QUEUE
+    try:
+        outcomes = storm(url)
+    finally:
+        app._queue.max_size = places
+    kinds = [kind for kind, _ in outcomes]
+    assert set(kinds) == {"done", "full"}, [m for kind, m in outcomes if kind == "refused"][:3]
+    tokens, stats, *_ = Client(url, verbose=False).predict(
+        PROMPTS[0], "exact", 0.5, None, 3, 8, 1.0, 1, api_name="/generate"
+    )
+    assert "dd-tok" in tokens and 'data-state="done"' in stats
+
+
+def test_a_visitor_who_leaves_mid_sweep_stops_it(storm_app, monkeypatch):
+    import httpx
+
+    from diversed_demo.eval import frontier
+
+    app, url, _ = storm_app
+    batches = []
+    real = frontier.decode_examples
+
+    def slow_batch(*args, **kwargs):
+        batches.append(time.monotonic())
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(frontier, "MAX_BATCH_ROWS", 1)
+    monkeypatch.setattr(frontier, "decode_examples", slow_batch)
+    fn_index = next(i for i, f in app.fns.items() if f.api_name == "sweep")
+    body = {"data": ["general", 4, [0.0, 0.25, 0.5, 0.75], 8, 2, 1.0, 0.1], "fn_index": fn_index}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        http.post("gradio_api/queue/join", json={**body, "session_hash": "leaver"}).raise_for_status()
+        with http.stream("GET", "gradio_api/queue/data", params={"session_hash": "leaver"}) as events:
+            for line in events.iter_lines():
+                if '"process_generating"' in line:
+                    break  # the first decode is done: the visitor closes the page
+    time.sleep(2)
+    decoded_after_leaving = len(batches)
+    time.sleep(2)
+    assert len(batches) == decoded_after_leaving < 20  # 4 prompts x 5 weights, one decode per batch

@@ -88,7 +88,9 @@ def test_the_app_command_opens_at_the_draft_length_timed_on_the_pair(pair, carde
     assert by_id["n-draft"]["value"] <= 2 < carded_head["frontier"]["settings"]["n_draft"]
     values = [str(c["props"].get("value")) for c in launched[0].get_config_file()["components"]]
     note = next(value for value in values if value.startswith("### Decoding settings"))
-    assert f"N = {by_id['n-draft']['value']}, not {carded_head['frontier']['settings']['n_draft']}" in note
+    assert note.endswith(f"Opened at N = {by_id['n-draft']['value']}, the fastest on this machine.")
+    why = f"N = {by_id['n-draft']['value']}, not {carded_head['frontier']['settings']['n_draft']},"
+    assert any(why in value for value in values)  # in the sidebar's "Why these settings" fold
 
 
 def test_the_app_works_with_a_feature_draft(feature_pair, heads_dir):
@@ -127,3 +129,16 @@ def test_spaces_entry_takes_the_pair_from_env_then_flags(monkeypatch):
     args = spaces_app.parse_args(["--unknown-launcher-flag"])
     assert (args.target, args.draft, args.device) == ("org/big", "org/small", "cpu")
     assert spaces_app.parse_args(["--target", "t", "--device", "cuda"]).target == "t"
+
+
+@pytest.mark.parametrize("api_name", ["generate", "compare", "sweep"])
+def test_decoding_handlers_are_told_who_the_visitor_is(built, api_name):
+    from types import SimpleNamespace
+
+    import gradio as gr
+    from gradio.helpers import special_args
+
+    fn = next(f for f in built.fns.values() if f.api_name == api_name)
+    request = gr.Request(SimpleNamespace(headers={}, query_params={}, client=None), session_hash="visitor")
+    args, *_ = special_args(fn.fn, [None] * len(fn.inputs), request=request)
+    assert args[-1] is request  # what the per-visitor decode limit counts by

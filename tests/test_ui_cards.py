@@ -8,7 +8,7 @@ import json
 from conftest import shipped_heads, ui_examples
 
 from diversed_demo.models.heads import HEADS_DIR
-from diversed_demo.ui import cards, frontiers, opening, result_tables
+from diversed_demo.ui import cards, frontiers, opening, result_tables, results_summary
 from diversed_demo.ui.tabs import dial
 
 
@@ -45,7 +45,7 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
     assert head_acceptance(0.0) == 0.5  # greedy on the primary's set, not another set's
     assert head_acceptance(1.0) == head_acceptance(0.7) == primary["head_point"]["acceptance"]
     drawn = {greedy: frontiers.shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
-    *_, note, _ = dial.shipped_dial(drawn, "summarization", 4, 0.1, 0.0)
+    *_, note, _, _ = dial.shipped_dial(drawn, "summarization", 4, 0.1, 0.0)
     assert "T = 0.0" in note
     del card["evaluations"]["spec_bench, greedy"]  # no greedy evaluation: the primary one is drawn
     (tmp_path / "s.json").write_text(json.dumps(card))
@@ -110,4 +110,4 @@ def test_broken_cards_are_skipped_not_fatal(tmp_path):
     heads = {name: tmp_path / f"{name}.safetensors" for name in ("bad", "empty", "typed", "hole", "none")}
     assert frontiers.shipped_frontiers(heads) == {} and result_tables.frontier_table(heads).empty
     assert opening.arrival_defaults(ui_examples(), heads).settings.mode == "static"
-    assert result_tables.headline(heads) == ""
+    assert results_summary.headline_data(heads) == []

@@ -51,13 +51,17 @@ def test_the_verdict_is_derived_from_the_run_and_says_one_prompt_cannot_judge_qu
     }
     comparison.quality = {"ar": (0.10, "ROUGE-2"), "exact": (0.10, "ROUGE-2"), "dynamic": (0.099, "ROUGE-2")}
     verdict = compare.compare_verdict(comparison)
-    assert "<b>DIVERSED</b>: 2.00× the speed of target only" in verdict
+    assert (
+        "On this prompt, against the target alone: exact speculative decoding 1.25× and DIVERSED 2.00×"
+        in verdict
+    )
+    assert "DIVERSED: kept 75% of the drafted tokens" in verdict
     assert "ROUGE-2 within 1% of exact SD" in verdict and "departs from target only at token 3" in verdict
     assert "One prompt is too few to judge quality" in verdict and 'data-state="done"' in verdict
     comparison.quality["dynamic"] = (0.05, "ROUGE-2")
-    assert "ROUGE-2 off by 50% below exact SD" in compare.compare_verdict(comparison)
+    assert "ROUGE-2 50% below exact SD" in compare.compare_verdict(comparison)
     del comparison.runs["dynamic"]  # without a head the static ensemble is judged
-    assert "<b>Static ensemble</b>" not in compare.compare_verdict(comparison)  # … once it has run
+    assert "Static ensemble" not in compare.compare_verdict(comparison)  # … once it has run
     assert 'data-state="running"' in compare.compare_verdict(comparison, running=True)
 
 
@@ -67,7 +71,7 @@ def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_di
     *panels, acceptance, elapsed, table, verdict, files = last
     assert len(panels) == 4 and isinstance(table, pd.DataFrame) and len(table) == 3
     assert acceptance.data and elapsed.data
-    assert "<b>Static ensemble</b>" in verdict and "the speed of target only" in verdict
+    assert "Static ensemble: kept" in verdict and "a fixed w = 0.5" in verdict
     json_path = next(f for f in files if f.endswith(".json"))
     compared = json.loads(open(json_path).read())
     assert [r["label"] for r in compared["runs"]] == LABELS  # the trace names runs as the page does

@@ -32,12 +32,33 @@ def test_the_dial_draws_each_shipped_frontier_card():
         assert frontier.n_draft == card["settings"]["n_draft"] and "heads/" in frontier.note
         tv = frontiers.expected_tv(points)
         assert 0 < tv < 1
-        acceptance, quality, speed, projection = dial.dial_figures(points, 4, 0.1, "")
+        quality, acceptance, projection = dial.dial_figures(points, 4, 0.1, "")
         assert any("theory" in (t.name or "") for t in acceptance.data)
         for chart in (acceptance, quality):  # the head is a star on both
             assert any(t.marker.symbol == "star" for t in chart.data if t.marker is not None)
-        assert len(speed.data[0].x) == len(points)
-        assert "projected speedup (N = 4, c = 0.1)" in projection.layout.title.text
+        # w is named on hover, and in text only at the frontier's two ends: labels cannot pile up.
+        assert not any("text" in (t.mode or "") for t in quality.data)
+        assert [a.text for a in quality.layout.annotations] == ["w = 1 (exact SD)", "w = 0"]
+        assert "not a measurement" in projection.layout.title.text
+        assert not any("text" in (t.mode or "") for t in projection.data)
+        *_, verdict, _ = dial.shipped_dial({False: drawn, True: drawn}, task, 4, 0.1, 1.0)
+        assert f"**{task}** " in verdict and card["verdict"]["text"] in verdict
+
+
+def test_the_verdict_says_beyond_on_or_below_in_words():
+    text = "on the static frontier within its 95% CI: quality margin +0.009 ± 0.006, n = 50"
+    verdicts = {
+        "a": {"kind": "beyond", "text": "beyond: ..."},
+        "b": {"kind": "unresolved", "text": text},
+        "c": {"kind": "below", "text": "below: ..."},
+        "d": {
+            "kind": "unresolved",
+            "text": "the head's acceptance lies outside the static curve's range: no claim",
+        },
+    }
+    lines = frontiers.verdict_markdown(verdicts).split("\n\n")
+    assert ["**beyond**" in lines[0], "**on**" in lines[1], "**below**" in lines[2]] == [True] * 3
+    assert text in lines[1] and "no claim" in lines[3]
 
 
 def test_a_task_without_a_card_says_how_to_make_one():
@@ -48,16 +69,19 @@ def test_a_task_without_a_card_says_how_to_make_one():
         False: frontiers.shipped_frontiers(without_code),
         True: frontiers.shipped_frontiers(without_code, 0.0),
     }
-    *_, note, points = dial.shipped_dial(drawn, "code", 4, 0.1, 1.0)
+    *_, note, verdict, points = dial.shipped_dial(drawn, "code", 4, 0.1, 1.0)
     assert points is None and "No shipped frontier card for **code**" in note and "--write-card" in note
+    assert verdict == ""
 
 
 def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     examples = [Example(UI_PROMPT, "general", id="g/0"), Example("a dog ran", "general", id="g/1")]
     calls = []
-    points, acceptance, quality, speed, projection, note, table = dial.on_sweep(
+    *running, last = dial.on_sweep(
         pair, examples, "general", 2, [0.0], 12, 3, 1.0, 0.2, progress=lambda f, desc: calls.append(f)
     )
+    points, quality, acceptance, projection, note, verdict, table = last
+    assert len(running) == len(calls)  # the handler hands control back after each decode
     assert list(points["label"]) == ["w = 0.00", "w = 1.00", saved_head]
     assert list(points["kind"]) == ["static", "static", "head"]
     assert points.loc[0, "acceptance"] == pytest.approx(1.0) and points.loc[0, "alpha"] == pytest.approx(1.0)
@@ -66,7 +90,7 @@ def test_sweep_handler_measures_points_and_figures(pair, saved_head):
     # fidelity: a mean log-probability
     assert points["quality"].notna().all() and (points["quality"] <= 0).all()
     assert "Your sweep" in note and len(table) == 3
-    assert all(chart.data for chart in (acceptance, quality, speed, projection))
+    assert all(chart.data for chart in (acceptance, quality, projection)) and "too small" in verdict
 
 
 @pytest.mark.parametrize(
@@ -75,7 +99,21 @@ def test_sweep_handler_measures_points_and_figures(pair, saved_head):
 def test_sweep_handler_refuses_what_it_cannot_measure(pair, task, weights, message):
     examples = [Example(UI_PROMPT, "general", id="g/0")]
     with pytest.raises(gr.Error, match=message):
-        dial.on_sweep(pair, examples, task, 1, weights, 8, 2, 1.0, 0.2, progress=no_progress)
+        list(dial.on_sweep(pair, examples, task, 1, weights, 8, 2, 1.0, 0.2, progress=no_progress))
+
+
+def test_a_stopped_sweep_decodes_no_further_batch(pair, monkeypatch):
+    from diversed_demo.eval import frontier
+
+    batches = []
+    real = frontier.decode_examples
+    monkeypatch.setattr(frontier, "MAX_BATCH_ROWS", 2)
+    monkeypatch.setattr(frontier, "decode_examples", lambda *a, **k: batches.append(1) or real(*a, **k))
+    examples = [Example(UI_PROMPT, "general", id=f"g/{i}") for i in range(3)]
+    sweeping = dial.on_sweep(pair, examples, "general", 3, [0.0, 0.5], 6, 2, 1.0, 0.2, progress=no_progress)
+    next(sweeping)
+    sweeping.close()  # what Gradio does on Stop or when the visitor leaves
+    assert len(batches) == 1
 
 
 def test_nan_quality_does_not_break_the_dial_figures():

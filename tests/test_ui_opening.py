@@ -29,11 +29,15 @@ def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp
         measured["max_new_tokens"],
     )
     assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
-    assert ("not beyond" in defaults.note) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
+    assert ("not beyond" in defaults.why) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
+    assert (
+        defaults.note
+        == f"Opened at N = {measured['n_draft']}, as the summarization-greedy head was measured."
+    )
     # Another pair, without cards: the static ensemble, and the note says these are not measured.
     plain = opening.arrival_defaults(ui_examples(), {"x": tmp_path / "x.safetensors"})
     assert plain.settings.mode == "static" and plain.settings.head_name == "x"
-    assert "no frontier card" in plain.note
+    assert plain.note == "Opened at the decoder's defaults." and "has a frontier card" in plain.why
 
 
 @pytest.mark.parametrize("costs, fastest", [(CPU_COSTS, lambda n: n <= 2), (FREE_COSTS, lambda n: n == 6)])
@@ -45,8 +49,9 @@ def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monke
     start = opening.arrival_defaults(examples, {})
     opened = opening.opening_draft_length(pair, examples, start)
     assert fastest(opened.settings.n_draft)
-    assert opened.note.startswith(start.note)
-    assert f"N = {opened.settings.n_draft}, not {start.settings.n_draft}" in opened.note
+    assert opened.note == f"Opened at N = {opened.settings.n_draft}, the fastest on this machine."
+    assert opened.why.startswith(start.why)
+    assert f"N = {opened.settings.n_draft}, not {start.settings.n_draft}," in opened.why
     assert opened.settings == runs.DecodeSettings(
         **{**vars(start.settings), "n_draft": opened.settings.n_draft}
     )
@@ -93,4 +98,5 @@ def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, mon
     examples = ui_examples()
     opened = opening.measured_opening(chosen, examples)
     assert opened.settings.n_draft == 6  # free extra tokens: the longest draft
-    assert "the models run in float32: the fastest here" in opened.note
+    assert opened.note == "Opened at N = 6, the fastest on this machine, in float32."
+    assert "The models run in float32: the fastest here" in opened.why

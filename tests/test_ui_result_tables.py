@@ -36,20 +36,37 @@ def test_the_results_table_comes_from_the_cards():
         assert row["margin over the static frontier"].endswith(": " + card["frontier"]["verdict"]["kind"])
 
 
-def test_the_headline_states_each_carded_heads_measured_margin_by_decoding_kind(tmp_path):
+def test_the_headline_states_each_task_from_exact_sd_to_diversed_with_its_source(tmp_path):
+    from diversed_demo.ui import results_summary
+
     heads = shipped_heads()
-    line = result_tables.headline(heads)
-    sampled, greedy = line.split("Sampled (T = 1): ")[1].split("Greedy: ")
-    for name in heads:
-        card = json.loads(HEADS_DIR.joinpath(f"{name}.json").read_text())
-        claim = (
-            f"<b>{name}</b> {result_tables.quality_metric(card['task'])} "
-            f"{fmt(card['frontier']['quality_margin']['estimate'], '+.2g')}"
-        )
-        assert claim in (greedy if cards.trained_greedy(card) else sampled)
-        assert f"({card['frontier']['verdict']['kind']})" in line
-    assert "nats/token" in line  # fidelity's unit, for the general head
-    assert result_tables.headline({"x": tmp_path / "x.safetensors"}) == ""
+    data = results_summary.headline_data(heads)
+    assert {(row["task"], row["greedy"]) for row in data} == {(t, g) for t in TASKS for g in (True, False)}
+    for row in data:
+        card = json.loads(HEADS_DIR.joinpath(f"{row['head']}.json").read_text())
+        frontier = cards.frontier_at(card, 0.0 if row["greedy"] else 1.0)
+        assert cards.trained_greedy(card) == row["greedy"]  # each kind of decoding by the head made for it
+        assert row["acceptance_head"] == frontier["versus_exact"]["acceptance"]["head"]
+        assert row["quality_difference"] == frontier["versus_exact"]["quality_difference"]
+    table = results_summary.headline_table(data)
+    assert len(table) == len(data) and "goal" not in table.to_string() and "met" not in table.columns
+    assert results_summary.headline_data({"x": tmp_path / "x.safetensors"}) == []
+
+
+def test_the_key_result_quotes_the_bench_report_or_names_its_command(tmp_path):
+    from diversed_demo.ui import results_summary
+
+    report = {
+        "settings": {"examples": 26, "target": "t", "dtype": "bfloat16", "threads": 2},
+        "overall": {m: {"speedup": x} for m, x in [("exact", 1.4), ("static:0.5", 1.6), ("dynamic:h", 1.5)]},
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    line = results_summary.key_result("t", tmp_path / "bench.json")
+    assert "exact speculative decoding 1.40×, a static w = 0.5 1.60× and a DIVERSED head (h) 1.50×" in line
+    assert "26 Spec-Bench prompts with this pair" in line and "bench.json" in line
+    assert "the embedded pair" in results_summary.key_result("other", tmp_path / "bench.json")
+    missing = results_summary.key_result("t", tmp_path / "none.json")
+    assert "diversed-demo bench" in missing and "<b>Measured</b>" not in missing
 
 
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
@@ -59,7 +76,7 @@ def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatc
     name = next(iter(result_tables.BENCH_REPORTS))
     path, command = tmp_path / "bench.json", result_tables.BENCH_REPORTS[name][1]
     monkeypatch.setitem(result_tables.BENCH_REPORTS, name, (path, command))
-    assert "Not shipped yet" in result_tables.bench_markdown(name)
+    assert "Not measured yet" in result_tables.bench_markdown(name)
     assert command in result_tables.bench_markdown(name)
     path.write_text('{"overall": 3}')
     assert "not a bench report" in result_tables.bench_markdown(name)

@@ -194,7 +194,7 @@ def cell(value, spec=".2f") -> str:
 
 def markdown_table(report: dict) -> str:
     """The bench report as Markdown: a cell per category and mode, the settings, each mode against its
-    analytic bound and transformers, streaming's price, and the DIVERSED goals."""
+    analytic bound and transformers, streaming's price, and each relaxed mode against exact SD."""
     modes = list(report["overall"])
     lines = category_rows(report, modes) + ["", *settings_lines(report), "", *bound_rows(report, modes)]
     lines += ["", *limit_lines(report)]
@@ -205,7 +205,7 @@ def markdown_table(report: dict) -> str:
         )
     diversed = report.get("goals", {}).get("diversed")
     if diversed:
-        lines += ["", *goal_rows(diversed)]
+        lines += ["", *versus_exact_rows(diversed)]
     return "\n".join(lines)
 
 
@@ -284,11 +284,12 @@ def bound_rows(report: dict, modes: list) -> list[str]:
     return lines
 
 
-def goal_rows(diversed: dict) -> list[str]:
+def versus_exact_rows(diversed: dict) -> list[str]:
+    """Each relaxed mode's speed-up, and its quality against exact SD's per referenced category."""
     lines = [
-        "| DIVERSED mode | speedup (goal ≥ 1.5×) | quality vs exact, per referenced category "
-        "(± standard error; goal ≥ −5% each) | fidelity vs exact | met |",
-        "|---|---|---|---|---|",
+        "| relaxed mode | speed-up over target-only | quality vs exact SD, per referenced category "
+        "(± standard error) | fidelity vs exact SD |",
+        "|---|---|---|---|",
     ]
     for m, row in diversed.items():
         changes = zip(row["quality_vs_exact"].items(), row["quality_vs_exact_se"].values())
@@ -297,8 +298,7 @@ def goal_rows(diversed: dict) -> list[str]:
             or "–"
         )
         lines.append(
-            f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} | "
-            f"{row['met']} |"
+            f"| {m} | {cell(row['speedup'])}× | {quality} | {cell(row['fidelity_vs_exact'], '+.1%')} |"
         )
     return lines
 

@@ -76,7 +76,22 @@ def sweep(
     log: DecodeLog | None = None,
     **decode_kwargs,
 ) -> list[Point]:
-    """Static points for each w, then one point per head ({name: head}), every one over the same examples.
+    """`sweep_steps` run to the end: its points, with `progress(label, example number, examples)` called
+    after each decode."""
+    steps = sweep_steps(pair, examples, task, weights, heads, log, **decode_kwargs)
+    while True:
+        try:
+            update = next(steps)
+        except StopIteration as finished:
+            return finished.value
+        if progress is not None:
+            progress(*update)
+
+
+def sweep_steps(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads=None, log=None, **decode_kwargs):
+    """Static points for each w, then one point per head ({name: head}), every one over the same examples:
+    a generator that yields (label, example number, examples) after each decode and returns the points, so
+    that a caller can stop between batches.
 
     Decodes run in example order, up to MAX_BATCH_ROWS at a time as one batch, so that a run stopped early
     has every point on (nearly) the same examples; with a `log`, decodes it already holds are read back
@@ -100,11 +115,10 @@ def sweep(
         for key, (_, how, _) in zip(keys[i], points)
         if records[key] is None
     ]
-    if progress is not None:
-        for i, row in enumerate(keys):
-            for key, (point, _, _) in zip(row, points):
-                if records[key] is not None:
-                    progress(point.label, i + 1, len(examples))
+    for i, row in enumerate(keys):
+        for key, (point, _, _) in zip(row, points):
+            if records[key] is not None:
+                yield point.label, i + 1, len(examples)
     for first in range(0, len(missing), MAX_BATCH_ROWS):
         batch = missing[first : first + MAX_BATCH_ROWS]
         for (key, (_, i, _)), record in zip(
@@ -113,8 +127,7 @@ def sweep(
             records[key] = record
             if log is not None:
                 log.put(key, record)
-            if progress is not None:
-                progress(key.split("|")[0], i + 1, len(examples))
+            yield key.split("|")[0], i + 1, len(examples)
     for row in keys:
         for key, (point, _, _) in zip(row, points):
             record = records[key]

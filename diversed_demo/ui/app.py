@@ -13,7 +13,7 @@ from ..eval.tasks import Example
 from ..models.heads import list_heads
 from .examples import load_examples
 from .opening import Defaults, arrival_defaults
-from .result_tables import headline
+from .results_summary import key_result
 from .runs import TrainingJob
 from .sidebar import build_sidebar
 from .tabs.about import build_about_tab
@@ -49,14 +49,24 @@ def short_name(model: str) -> str:
     return "/".join(path.parts[-2:]) if path.is_absolute() else model
 
 
-def header_html(pair, heads: dict[str, Path]) -> str:
-    """The title, the pair and device, and the carded heads' measured margins."""
+LEDE = (
+    "In <b>speculative decoding</b> a small <b>draft</b> model guesses the next few tokens and the large "
+    "<b>target</b> model checks all the guesses in one pass, keeping those it agrees with. DIVERSED "
+    "loosens that check with a dial <b>w</b>, so more guesses are kept: the text comes faster and stays "
+    "close to the target's. Start with <b>Compare</b>: one prompt, decoded by the target alone, by exact "
+    "speculative decoding, with a fixed w and with a trained DIVERSED head."
+)
+
+
+def header_html(pair) -> str:
+    """The title, what the page shows in plain words, the key measured result with its source, and the
+    pair and device."""
     return (
-        '<div class="dd-header"><h1>DIVERSED</h1><p>Relaxed speculative decoding with dynamic ensemble '
-        f"verification. Target <code>{html.escape(short_name(pair.target_name))}</code>, draft "
-        f"<code>{html.escape(short_name(pair.draft_name))}</code>, "
-        f"on {html.escape(str(pair.device))}.</p>"
-        f'<p class="dd-headline">{headline(heads)}</p></div>'
+        f'<div class="dd-header"><h1>DIVERSED</h1><p class="dd-lede">{LEDE}</p>'
+        f'<p class="dd-headline">{key_result(pair.target_name)}</p>'
+        f'<p class="dd-pair">Target <code>{html.escape(short_name(pair.target_name))}</code>, draft '
+        f"<code>{html.escape(short_name(pair.draft_name))}</code>, on {html.escape(str(pair.device))}.</p>"
+        "</div>"
     )
 
 
@@ -72,7 +82,7 @@ def build_app(
     start = start or arrival_defaults(examples, heads)
 
     with gr.Blocks(title="DIVERSED demo", delete_cache=CACHE_CLEANUP) as app:
-        gr.HTML(header_html(pair, heads))
+        gr.HTML(header_html(pair))
         sidebar = build_sidebar(app, pair, heads, start)
         with gr.Tabs(elem_id="tabs") as tabs:
             build_decode_tab(pair, examples, sidebar, start)

@@ -22,6 +22,7 @@ class Frontier:
     points: pd.DataFrame
     n_draft: int
     note: str  # where the figures come from
+    verdicts: dict[str, dict]  # head name -> its card's verdict on the static frontier ({kind, text})
 
 
 def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
@@ -100,12 +101,37 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> 
         if frontier is None:
             continue
         head_row = {**frontier["head_point"], "point": name}
+        verdict = frontier.get("verdict") if isinstance(frontier.get("verdict"), dict) else {}
         if task in by_task:
+            by_task[task].verdicts[name] = verdict
             extra = points_frame([head_row], by_task[task].n_draft)
             by_task[task].points = pd.concat([by_task[task].points, extra], ignore_index=True)
             continue
         n_draft = int(dig(frontier, "settings", "n_draft") or 4)
         note = frontier_note(frontier, Path(head_paths[name]).with_suffix(".json"), n_draft)
         points = points_frame(frontier["static_points"] + [head_row], n_draft)
-        by_task[task] = Frontier(task, points, n_draft, note)
+        by_task[task] = Frontier(task, points, n_draft, note, {name: verdict})
     return by_task
+
+
+def frontier_position(verdict: dict) -> str:
+    """Where a card's verdict puts its head: "beyond", "on" or "below" the static frontier, or "no claim"
+    (quality at the set's floor, or the head's acceptance outside the static curve's range)."""
+    kind = verdict.get("kind")
+    if kind == "unresolved" and "no claim" in verdict.get("text", ""):
+        return "no claim"
+    return {"beyond": "beyond", "below": "below", "unresolved": "on"}.get(kind, "no claim")
+
+
+def verdict_markdown(verdicts: dict[str, dict]) -> str:
+    """In words, for each head: beyond, on or below the static frontier, with the card's CI and n."""
+    lines = []
+    for name, verdict in verdicts.items():
+        position, detail = frontier_position(verdict), verdict.get("text", "")
+        words = (
+            "makes no claim against the static frontier"
+            if position == "no claim"
+            else f"lies **{position}** the static frontier"
+        )
+        lines.append(f"**{name}** {words}." + (f"  \n<small>{detail}</small>" if detail else ""))
+    return "\n\n".join(lines)

@@ -9,8 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
+from collections import Counter
 
 import gradio as gr
+
+DECODES_PER_VISITOR = 1  # of the app's decode slots, what one visitor (a Gradio session) may hold at once
 
 
 def bind(fn, *held):
@@ -38,3 +42,39 @@ def user_errors():
         yield
     except (ValueError, OSError) as err:  # PairError and the heads' errors are ValueErrors too
         raise gr.Error(str(err)) from None
+
+
+class VisitorSlots:
+    """How many decodes each visitor has running. The queue shares the decode slots among all requests;
+    this keeps one visitor, or a script sending many requests in one session, from holding them all."""
+
+    def __init__(self, per_visitor: int = DECODES_PER_VISITOR):
+        self.per_visitor = per_visitor
+        self.running: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, request: gr.Request | None):
+        """One slot for the request's visitor while the block runs, or a gr.Error if they hold all theirs.
+        Without a request (a direct call: the CLI, the tests) there is no visitor to count."""
+        visitor = getattr(request, "session_hash", None)
+        if visitor is None:
+            yield
+            return
+        with self.lock:
+            if self.running[visitor] >= self.per_visitor:
+                raise gr.Error(
+                    "You already have a decode running here: wait for it to finish, or press Stop, "
+                    "then try again."
+                )
+            self.running[visitor] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running[visitor] -= 1
+                if not self.running[visitor]:
+                    del self.running[visitor]
+
+
+DECODE_SLOTS = VisitorSlots()  # Decode, Compare and the dial's sweep share them, as they share the queue's

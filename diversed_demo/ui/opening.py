@@ -23,7 +23,8 @@ class Defaults:
 
     settings: DecodeSettings
     example_index: int | None
-    note: str
+    note: str  # at most two short sentences, for the sidebar
+    why: str = ""  # where the settings come from, in full, under the note
 
 
 def opening_head(cards: dict[str, dict], task: str | None) -> str | None:
@@ -47,7 +48,8 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
     name = opening_head(cards, first.task if first else None)
     if name is None:
         settings = DecodeSettings(mode="static", head_name=next(iter(head_paths), None))
-        return Defaults(settings, example_index, "no frontier card for this pair: decoder defaults")
+        why = "No head of this pair has a frontier card, so nothing was measured to open at."
+        return Defaults(settings, example_index, "Opened at the decoder's defaults.", why)
     frontier = cards[name]["frontier"]
     measured = frontier.get("settings", {})
     mean_w = dig(frontier, "head_point", "mean_w")
@@ -65,22 +67,23 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
         else "where the head was not beyond the static frontier"
     )
     card_path = shown_path(Path(head_paths[name]).with_suffix(".json"))
-    return Defaults(settings, example_index, f"settings of {card_path}'s frontier run, {verdict}")
+    note = f"Opened at N = {settings.n_draft}, as the {name} head was measured."
+    return Defaults(settings, example_index, note, f"The settings of {card_path}'s frontier run, {verdict}.")
 
 
 def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) -> Defaults:
     """`start` at the draft length found fastest on this machine (by the analytic bound at per-token
-    acceptance α with the measured costs); the note says why where it differs from the card's. A card's N
-    is a frontier setting, and which N pays depends on the machine (docs/measurements/app.md)."""
-    if n_draft == start.settings.n_draft:
-        return start
-    note = (
-        f"{start.note}; N = {n_draft}, not {start.settings.n_draft}: the fastest here by the "
-        f"analytic bound at this example's acceptance (α = {alpha:.2f} in a short decode at start), "
-        f"with a draft token costing {costs['c']:.2f} and a pass over N + 1 tokens "
-        f"{costs['v'][n_draft]:.2f} of a target token"
+    acceptance α with the measured costs), and why. A card's N is a frontier setting, and which N pays
+    depends on the machine (docs/measurements/app.md)."""
+    note = f"Opened at N = {n_draft}, the fastest on this machine."
+    why = (
+        f"{start.why} N = {n_draft}"
+        + (f", not {start.settings.n_draft}," if n_draft != start.settings.n_draft else "")
+        + f" is the fastest here by the analytic bound at this example's acceptance (α = {alpha:.2f} in "
+        f"a short decode at start), with a draft token costing {costs['c']:.2f} and a pass over N + 1 "
+        f"tokens {costs['v'][n_draft]:.2f} of a target token."
     )
-    return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note)
+    return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note, why=why)
 
 
 def chosen_dtype_costs(pair) -> dict | None:
@@ -129,4 +132,9 @@ def measured_opening(pair, examples: list[Example]) -> Defaults:
     start = opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))
     if pair.dtype_choice is None:
         return start
-    return replace(start, note=f"{start.note}; the models run in {choice_note(pair.dtype_choice)}")
+    dtype = pair.dtype_choice["dtype"]
+    return replace(
+        start,
+        note=f"{start.note.removesuffix('.')}, in {dtype}.",
+        why=f"{start.why} The models run in {choice_note(pair.dtype_choice)}.",
+    )

@@ -230,7 +230,8 @@ def run_panel_html(mode: str, comparison: Comparison) -> str:
 
 # Four single charts rather than two side-by-side pairs: in a row that wraps, they stack on a phone.
 DIAL_HEIGHT = 320
-HEAD_STAR = dict(color=HEAD_COLOR, size=14, symbol="star")
+DIAL_MAIN_HEIGHT = 420  # the dial's main figure: quality against acceptance
+HEAD_STAR = dict(color=HEAD_COLOR, size=20, symbol="star", line=dict(color="white", width=1))
 
 
 def acceptance_figure(points, expected_tv: float) -> go.Figure:
@@ -273,53 +274,58 @@ def acceptance_figure(points, expected_tv: float) -> go.Figure:
     return fig
 
 
-def quality_figure(points) -> go.Figure:
-    """Quality against the acceptance rate: the static frontier, and each head as a star."""
+def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
+    """Quality against the acceptance rate: the static frontier as a curve (each w on hover, its two ends
+    named), and each head as a large star of its own in the legend."""
     fig = figure(
-        "quality vs acceptance", DIAL_HEIGHT, "acceptance (accepted / drafted)", "quality (task reward)"
+        title, DIAL_MAIN_HEIGHT, "acceptance (share of drafted tokens kept)", "quality (task reward)"
     )
-    static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
+    static = points[points["kind"] == "static"].sort_values("acceptance")
     fig.add_trace(
         go.Scatter(
             x=static["acceptance"],
             y=static["quality"],
-            mode="markers+lines+text",
-            text=static["label"],
-            textposition="top center",
-            name="static w",
+            customdata=static["w"],
+            mode="markers+lines",
+            name="static w: the frontier",
             marker=dict(color=STATIC_COLOR, size=8),
             line=dict(color=STATIC_COLOR),
+            hovertemplate="static w = %{customdata:.2f}<br>acceptance %{x:.3f}<br>quality %{y:.4g}"
+            "<extra></extra>",
         )
     )
-    if not heads.empty:
+    drawn = static.dropna(subset=["acceptance", "quality"])
+    for _, end in drawn.iloc[[0, -1] if len(drawn) > 1 else slice(None)].iterrows():
+        exact = end["w"] == 1
+        fig.add_annotation(
+            x=end["acceptance"],
+            y=end["quality"],
+            text=f"w = {end['w']:g}" + (" (exact SD)" if exact else ""),
+            showarrow=True,
+            arrowcolor=THEORY_COLOR,
+            ax=40 if exact else -40,
+            ay=-30 if exact else 30,
+            font=dict(size=11, color="#475569"),
+        )
+    for _, head in points[points["kind"] == "head"].iterrows():
         fig.add_trace(
             go.Scatter(
-                x=heads["acceptance"],
-                y=heads["quality"],
-                mode="markers+text",
-                text=heads["label"],
-                textposition="bottom center",
-                name="DIVERSED heads",
+                x=[head["acceptance"]],
+                y=[head["quality"]],
+                mode="markers",
+                name=f"DIVERSED head {head['label']}",
                 marker=HEAD_STAR,
+                hovertemplate=f"{html.escape(str(head['label']))}<br>acceptance %{{x:.3f}}<br>"
+                "quality %{y:.4g}<extra></extra>",
             )
         )
-    return fig
-
-
-def speed_figure(points) -> go.Figure:
-    """Tokens/s of each setting, as measured where the points were measured."""
-    fig = figure("measured speed (where it was measured)", DIAL_HEIGHT, "", "tokens / s")
-    colors = [HEAD_COLOR if kind == "head" else STATIC_COLOR for kind in points["kind"]]
-    fig.add_trace(
-        go.Bar(x=points["label"], y=points["tokens_per_second"], marker_color=colors, showlegend=False)
-    )
     return fig
 
 
 def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
     """The projected speedup (1 − α^{N+1}) / ((1 − α)(N·c + 1)) against α, with each setting at its α."""
     fig = figure(
-        f"projected speedup (N = {n_draft}, c = {cost_ratio:g})",
+        f"projected speed-up: a model, not a measurement (N = {n_draft}, c = {cost_ratio:g})",
         DIAL_HEIGHT,
         "per-token acceptance α",
         "projected speedup ×",
@@ -339,9 +345,9 @@ def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
         go.Scatter(
             x=measured["alpha"],
             y=[analytic_speedup(a, n_draft, cost_ratio) for a in measured["alpha"]],
-            mode="markers+text",
+            mode="markers",
             text=measured["label"],
-            textposition="top center",
+            hovertemplate="%{text}<br>α %{x:.3f}<br>projected %{y:.2f}×<extra></extra>",
             name="settings at their α",
             marker=dict(
                 color=[HEAD_COLOR if k == "head" else STATIC_COLOR for k in measured["kind"]], size=9

@@ -1,10 +1,9 @@
-"""The measured results as the page states them: the header's headline, the Results tab's frontier table
-(from the heads' cards) and bench reports. Every figure comes from a shipped file; a missing one gives a
+"""The measured results' raw tables as the Results tab folds them: the frontier table (from the heads'
+cards) and the bench reports. Every figure comes from a shipped file; a missing one gives a
 placeholder naming the command that writes it."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +12,7 @@ from ..common.formatting import fmt
 from ..common.paths import RESULTS_DIR
 from ..eval.bench_report import markdown_table
 from ..eval.rewards import QUALITY_LABEL
-from .cards import card_task, frontier_at, head_cards, is_greedy, trained_greedy
+from .cards import card_task, frontier_at, head_cards, is_greedy
 from .shipped_files import dig, read_json, shown_path
 
 # The bench reports the Results tab draws, and the commands that write them.
@@ -58,42 +57,6 @@ def head_margin_text(evaluation: dict) -> str:
     return (
         f"{fmt(margin['estimate'], '+.4g')} ± {fmt(margin.get('stderr'), '.2g')} "
         f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})" + (f": {kind}" if isinstance(kind, str) else "")
-    )
-
-
-def headline_claim(name: str, card: dict) -> str | None:
-    """'<b>name</b> metric +x ± y (verdict)' for a card with a quality margin, else None."""
-    margin = dig(card, "frontier", "quality_margin")
-    if not isinstance(margin, dict) or not isinstance(margin.get("estimate"), (int, float)):
-        return None
-    metric = quality_metric(card_task(card))
-    verdict = dig(card, "frontier", "verdict", "kind")
-    return (
-        f"<b>{html.escape(name)}</b> {metric} {fmt(margin['estimate'], '+.2g')} ± "
-        f"{fmt(margin.get('stderr'), '.1g')}"
-        + (f" ({html.escape(verdict)})" if isinstance(verdict, str) else "")
-    )
-
-
-def headline(head_paths: dict[str, Path]) -> str:
-    """One sentence for the page's header: each carded head's quality margin over the static frontier at
-    its own acceptance and its verdict, grouped by the decoding it was trained for (sampled, greedy), or ""
-    where no head has a card."""
-    groups = {False: [], True: []}
-    for name, card in head_cards(head_paths).items():
-        claim = headline_claim(name, card)
-        if claim is not None:
-            groups[trained_greedy(card)].append(claim)
-    parts = [
-        f"{label}: " + "; ".join(claims)
-        for label, claims in (("Sampled (T = 1)", groups[False]), ("Greedy", groups[True]))
-        if claims
-    ]
-    if not parts:
-        return ""
-    return (
-        "Heads against the static frontier at equal acceptance, on held-out prompts (each card names its "
-        "set). " + ". ".join(parts) + ". (Speed–quality dial, Results.)"
     )
 
 
@@ -144,4 +107,4 @@ def bench_markdown(name: str) -> str:
             return f"*From `{shown_path(path)}`.*\n\n" + markdown_table(report)
         except (KeyError, TypeError, ValueError) as err:
             why = f"{path.name} is not a bench report ({type(err).__name__}: {err})"
-    return f"*Not shipped yet: {why}. Written by*\n\n```bash\n{command}\n```"
+    return f"*Not measured yet ({why}): `{command}` writes it.*"

@@ -91,9 +91,10 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     """The sidebar at the opening settings, its note saying where they come from; the head dropdown lists
     the heads on disk on each page load."""
     with gr.Sidebar(label="Decoding settings", open=True, elem_id="sidebar"):
-        gr.Markdown(
-            f"### Decoding settings\nShared by Decode, Compare and the dial. They start at the {start.note}."
-        )
+        gr.Markdown(f"### Decoding settings\nShared by Decode, Compare and the dial. {start.note}")
+        if start.why:
+            with gr.Accordion("Why these settings", open=False, elem_id="sidebar-why"):
+                gr.Markdown(start.why)
         w = gr.Slider(
             0,
             1,

@@ -25,6 +25,32 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
 * **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
   trained with sequence-level RL to keep quality where it matters and relax where it does not.
 
+## Glossary
+* **Target**: the model whose text we want (here SmolLM2-135M-Instruct). **Draft**: a much smaller,
+  faster model that guesses the target's next tokens (here an EAGLE-3 draft that reads the target's
+  features).
+* **Target-only decoding**: the target writes one token per forward pass, the baseline every
+  speed-up is measured against.
+* **Exact speculative decoding (exact SD)**: the draft proposes N tokens and the target checks them in
+  one pass; the output follows the target's distribution exactly (w = 1).
+* **N (draft tokens per step)**: how many tokens the draft proposes before each check.
+* **w**: the dial. The check compares each draft token with ν = w·p + (1 − w)·q, a mix of the target's
+  (p) and the draft's (q) distributions. w = 1 is exact; lower w keeps more guesses.
+* **Static ensemble**: one w for every token. **DIVERSED head**: a small trained network that picks
+  w_t for each token from both models' hidden states.
+* **Acceptance**: the share of drafted tokens that are kept. **Per-token acceptance α**: the chance
+  that one drafted token is kept. **τ**: tokens produced per target pass (1 for target-only).
+* **Speed-up**: tokens per second against target-only decoding, measured in the same run.
+* **Quality**: the task's own score: ROUGE-2 against a reference summary, the right final number for
+  math, tests passed (pass@1) for code, and for general chat **fidelity**, the target's mean
+  log-probability of the text (nats per token; closer to 0 is more like the target's own text).
+* **Static frontier**: quality against acceptance as a static w moves from 1 to 0. A head **beyond**
+  it has better quality than a static w of the same acceptance, by more than its 95% interval.
+* **Frontier card**: the JSON file beside a head (`heads/<name>.json`) that records how it was
+  trained and measured. **Greedy twin**: the head of the same task trained for greedy decoding
+  (temperature 0), named `<task>-greedy`.
+* **Temperature T**: 0 picks the likeliest token (greedy); 1 samples from the model's distribution.
+
 ## Colours
 {legend_html()}
 

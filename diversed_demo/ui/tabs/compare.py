@@ -12,13 +12,13 @@ import gradio as gr
 import pandas as pd
 
 from ...common.formatting import fmt
-from ...common.paths import RESULTS_DIR
 from ...core.settings import MODES
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, find_example, opening_prompt
-from ..handlers import bind, user_errors
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
+from ..results_summary import BENCH_PATH
 from ..runs import Comparison, speedup, stream_comparison, throttled
 from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
@@ -26,7 +26,6 @@ from ..space import on_gpu
 from ..trace import trace_files
 from .decode import CHART_INTERVAL_S, UI_INTERVAL_S
 
-BENCH_REPORT = RESULTS_DIR / "bench.json"  # README's bench command writes it
 TABLE_COLUMNS = ["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality", "metric"]
 CAVEAT = (
     "One prompt is too few to judge quality: the Results tab has the measured tables "
@@ -45,27 +44,44 @@ def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
     if not exact_value:
         return f"{metric} {value:.3f} vs {exact_value:.3f} for exact SD"
     change = (value - exact_value) / abs(exact_value)
-    return (
-        f"{metric} {'within' if abs(change) <= 0.05 else 'off by'} {abs(change):.0%} "
-        f"{'above' if change > 0.05 else 'below' if change < -0.05 else 'of'} exact SD's "
-        f"({value:.3f} vs {exact_value:.3f})"
+    where = (
+        f"within {abs(change):.0%} of"
+        if abs(change) <= 0.05
+        else f"{abs(change):.0%} " + ("above" if change > 0 else "below")
     )
+    return f"{metric} {where} exact SD's ({value:.3f} vs {exact_value:.3f})"
+
+
+def speed_sentence(comparison: Comparison) -> str:
+    """The measured speed-ups of the three speculative modes over the target alone, in plain words."""
+    base, phrases = comparison.runs.get("ar"), []
+    for mode in ("exact", "static", "dynamic"):
+        run = comparison.runs.get(mode)
+        ratio = speedup(run, base) if run is not None and run.done else None
+        if ratio is not None:
+            name = {
+                "exact": "exact speculative decoding",
+                "static": f"a fixed w = {run.settings.ensemble_weight:g}",
+                "dynamic": "DIVERSED",
+            }[mode]
+            phrases.append(f"{name} {ratio:.2f}×" + (" (slower)" if ratio < 1 else ""))
+    if not phrases:
+        return ""
+    listed = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+    return f"On this prompt, against the target alone: {listed} the speed."
 
 
 def compare_verdict(comparison: Comparison, running: bool = False) -> str:
-    """One line: how much faster DIVERSED (or the static ensemble) ran than target only, its quality against
-    exact SD, and whether one prompt can tell (it cannot judge quality: the Results tab can)."""
+    """The measured speed-ups of all three modes over target only, then DIVERSED's (or the static
+    ensemble's) acceptance, quality against exact SD and departure, and that one prompt cannot judge
+    quality (the Results tab can)."""
     mode = "dynamic" if "dynamic" in comparison.runs else "static"
-    run, base = comparison.runs.get(mode), comparison.runs.get("ar")
+    run = comparison.runs.get(mode)
     if running or run is None or not run.done:
         return (
             '<div class="dd-verdict" data-state="running">The verdict appears when every mode has run.</div>'
         )
-    parts = []
-    ratio = speedup(run, base)
-    if ratio is not None:
-        parts.append(f"{ratio:.2f}× the speed of target only" + (" (slower)" if ratio < 1 else ""))
-    parts.append(f"acceptance {fmt(run.acceptance_rate, '.0%')}, τ {fmt(run.tau, '.2f')}")
+    parts = [f"kept {fmt(run.acceptance_rate, '.0%')} of the drafted tokens, τ {fmt(run.tau, '.2f')}"]
     quality = quality_against_exact(comparison, mode)
     if quality is not None:
         parts.append(quality)
@@ -76,8 +92,9 @@ def compare_verdict(comparison: Comparison, running: bool = False) -> str:
         else f"departs from target only at token {departs + 1}"
     )
     return (
-        f'<div class="dd-verdict" data-state="done"><b>{html.escape(MODE_LABELS[mode])}</b>: '
-        f'{html.escape("; ".join(parts))}. <span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
+        f'<div class="dd-verdict" data-state="done"><b>{html.escape(speed_sentence(comparison))}</b> '
+        f"{html.escape(MODE_LABELS[mode])}: {html.escape('; '.join(parts))}. "
+        f'<span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
     )
 
 
@@ -107,24 +124,37 @@ def comparison_table(comparison: Comparison) -> pd.DataFrame:
 
 
 @on_gpu
-def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, temperature, seed):
+def on_compare(
+    pair,
+    examples,
+    prompt,
+    w,
+    head_name,
+    n_draft,
+    max_new_tokens,
+    temperature,
+    seed,
+    request: gr.Request = None,
+):
     """Stream the comparison: (four panels, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
     last_chart = -math.inf
     with user_errors():
         settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
         comparison = Comparison()
-        for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
-            charts = (gr.skip(), gr.skip())
-            if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
-                charts, last_chart = comparison_charts(comparison), time.perf_counter()
-            yield (
-                *[run_panel_html(mode, comparison) for mode in MODES],
-                *charts,
-                comparison_table(comparison),
-                compare_verdict(comparison, running=True),
-                gr.skip(),
-            )
+        with DECODE_SLOTS.hold(request):
+            for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
+                charts = (gr.skip(), gr.skip())
+                if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                    charts, last_chart = comparison_charts(comparison), time.perf_counter()
+                yield (
+                    *[run_panel_html(mode, comparison) for mode in MODES],
+                    *charts,
+                    comparison_table(comparison),
+                    compare_verdict(comparison, running=True),
+                    gr.skip(),
+                )
+        # The visitor's slot is free before the verdict shows: they may go again at once.
         # The last update always carries the final charts, the full table, the verdict and the trace.
         labelled = {MODE_LABELS[mode]: run for mode, run in comparison.runs.items()}
         yield (
@@ -136,7 +166,7 @@ def on_compare(pair, examples, prompt, w, head_name, n_draft, max_new_tokens, te
         )
 
 
-def greedy_exactness(pair, report_path: Path = BENCH_REPORT) -> str:
+def greedy_exactness(pair, report_path: Path = BENCH_PATH) -> str:
     """What exact SD does at temperature 0 in the pair's dtype: in fp32 it never departs from target-only;
     in bf16 a pass over several tokens rounds differently from one over a single token, so a near-tie can
     flip, and the shipped bench report says how often it did."""
@@ -182,6 +212,7 @@ def build_compare_tab(
             compare_button = gr.Button(
                 "Run compare", variant="primary", scale=1, min_width=120, elem_id="compare"
             )
+            stop_button = gr.Button("Stop", scale=0, min_width=80, elem_id="compare-stop")
         prompt = gr.Textbox(
             opening_prompt(examples, start.example_index),
             label="prompt",
@@ -198,13 +229,14 @@ def build_compare_tab(
         panels, plots, summary, trace = build_compare_outputs()
 
     example.change(bind(example_prompt, examples), example, prompt, api_visibility="private")
-    compare_button.click(
+    comparing = compare_button.click(
         bind(on_compare, pair, examples),
         [prompt, *sidebar.inputs],
         [*panels, *plots, summary, verdict, trace],
         concurrency_id="decode",
         api_name="compare",
     )
+    stop_button.click(None, cancels=[comparing])
     results_link.click(lambda: gr.Tabs(selected="results"), None, tabs, api_visibility="private")
 
 

@@ -11,7 +11,7 @@ import gradio as gr
 
 from ...eval.tasks import Example
 from ..examples import example_choices, example_prompt, opening_prompt
-from ..handlers import bind, user_errors
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
 from ..runs import DecodeRun, resolve_head, stream_decode, throttled
@@ -28,18 +28,26 @@ DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Space
 
 
 @on_gpu
-def on_generate(pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed):
+def on_generate(
+    pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed, request: gr.Request = None
+):
     """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
-    last_chart = -math.inf
+    last_chart, run = -math.inf, None
     with user_errors():
         settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed)
         head = resolve_head(pair, settings)
-        for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):
-            chart = gr.skip()
-            if run.done or time.perf_counter() - last_chart >= CHART_INTERVAL_S:
-                chart, last_chart = w_chart(run), time.perf_counter()
+        with DECODE_SLOTS.hold(request):
+            for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):
+                if run.done:
+                    break
+                chart = gr.skip()
+                if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
+                    chart, last_chart = w_chart(run), time.perf_counter()
+                yield render_tokens(run.events), stats_html(run), chart, gr.skip()
+        # The visitor's slot is free before the page shows the run as done: they may go again at once.
+        if run is not None:
             files = trace_files({MODE_LABELS[settings.mode]: run}, pair, "decode") if run.done else gr.skip()
-            yield render_tokens(run.events), stats_html(run), chart, files
+            yield render_tokens(run.events), stats_html(run), w_chart(run), files
 
 
 def read_trace_file(trace_path) -> str:

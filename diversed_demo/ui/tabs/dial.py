@@ -9,41 +9,55 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ...eval.frontier import sweep
+from ...eval.frontier import sweep_steps
 from ...eval.tasks import TASKS, Example
 from ...models.heads import load_head
 from ..cards import FRONTIER_COMMAND, is_greedy
 from ..cost_presets import CostPreset, cost_presets
-from ..frontiers import expected_tv, points_frame, shipped_frontiers
-from ..handlers import bind, user_errors
+from ..frontiers import expected_tv, points_frame, shipped_frontiers, verdict_markdown
+from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
-from ..render import DIAL_HEIGHT, acceptance_figure, figure, projection_figure, quality_figure, speed_figure
+from ..render import (
+    DIAL_HEIGHT,
+    DIAL_MAIN_HEIGHT,
+    acceptance_figure,
+    figure,
+    projection_figure,
+    quality_figure,
+)
 from ..runs import DecodeSettings
 from ..sidebar import Sidebar, head_choices
 from ..snippet import pair_snippet
 from ..space import on_gpu, public_space
 
-CHART_IDS = ("dial-acceptance", "dial-quality", "dial-speed", "dial-projection")
+CHART_IDS = ("dial-quality", "dial-acceptance", "dial-projection")
 INTRO = (
-    "Acceptance against quality for each static w, with the theory line 1 − w·E[TV] "
-    "(E[TV] from the w = 1 point) and the trained heads as stars; the projected speedup at a "
-    "draft/target cost ratio c you choose. Quality is the task's reward: ROUGE-2 "
-    "(summarization), final-number match (math), pass@1 (code) or fidelity to the target "
-    "(general)."
+    "**The dial.** A lower w keeps more of the draft's guesses, so decoding is faster, and lets the text "
+    "drift towards the draft's. Each orange point is one static w, measured on held-out prompts; the "
+    "curve they trace is the **static frontier**. A purple star is a trained **DIVERSED head**, which "
+    "picks w token by token: a star above the curve means better quality at the same acceptance. "
+    "Quality is the task's own score: ROUGE-2 for summaries, the right final number for math, tests "
+    "passed for code, and for general chat how likely the target finds the text (fidelity)."
+)
+SWEEP_VERDICT = (
+    "A live sweep of a few prompts places the heads but is too small to judge them: the verdicts come "
+    "from the shipped cards (50–100 held-out prompts each)."
 )
 
 PUBLIC_SWEEP_PROMPTS, PUBLIC_SWEEP_TOKENS = 2, 64  # a public app's sweep: at most this much
 
 
 def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) -> tuple:
-    """The dial's four charts (acceptance vs w, quality vs acceptance, measured speed, projected speedup) of
-    its points, or empty charts, the first saying what to do."""
+    """The dial's charts (quality vs acceptance, acceptance vs w, projected speed-up) of its points, or
+    empty charts, the first saying what to do."""
     if points is None or points.empty:
-        return (figure(source, DIAL_HEIGHT, "", ""), *(figure("", DIAL_HEIGHT, "", "") for _ in range(3)))
+        return (
+            figure(source, DIAL_MAIN_HEIGHT, "", ""),
+            *(figure("", DIAL_HEIGHT, "", "") for _ in range(len(CHART_IDS) - 1)),
+        )
     return (
-        acceptance_figure(points, expected_tv(points)),
         quality_figure(points),
-        speed_figure(points),
+        acceptance_figure(points, expected_tv(points)),
         projection_figure(points, int(n_draft), float(cost_ratio)),
     )
 
@@ -51,16 +65,18 @@ def dial_figures(points: pd.DataFrame | None, n_draft, cost_ratio, source: str) 
 def shipped_dial(frontiers: dict, task, n_draft, cost_ratio, temperature):
     """The shipped frontier of `task` (static points, theory line, heads as stars) as measured greedily when
     the sidebar's temperature is 0, else at T = 1 (`frontiers`: {greedy?: shipped_frontiers}): figures,
-    note, points."""
+    note, verdict, points."""
     frontier = frontiers[is_greedy(temperature)].get(task)
     if frontier is None:
         note = (
             f"No shipped frontier card for **{task}** with this pair: run the live sweep below, or "
             f"`{FRONTIER_COMMAND}`."
         )
-        return (*dial_figures(None, n_draft, cost_ratio, f"no shipped frontier for {task}"), note, None)
+        empty = dial_figures(None, n_draft, cost_ratio, f"no shipped frontier for {task}")
+        return (*empty, note, "", None)
     note = f"**Shipped frontier** ({task}): {frontier.note}."
-    return (*dial_figures(frontier.points, n_draft, cost_ratio, ""), note, frontier.points)
+    verdict = "#### Verdict\n" + verdict_markdown(frontier.verdicts)
+    return (*dial_figures(frontier.points, n_draft, cost_ratio, ""), note, verdict, frontier.points)
 
 
 def respeed(points, n_draft, cost_ratio):
@@ -74,37 +90,51 @@ def preset_cost(presets: list[CostPreset], label):
     return next((p.cost_ratio for p in presets if p.label == label), gr.skip())
 
 
-def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress) -> list[dict]:
-    """The frontier rows of static w (and w = 1) and every head of the pair on the chosen examples."""
+def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress, idle):
+    """The frontier rows of static w (and w = 1) and every head of the pair on the chosen examples: a
+    generator that yields `idle` after each decode, where a Stop or a disconnect can end it, and returns
+    the rows."""
     weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
     heads = {name: load_head(name, pair) for name in head_choices(pair)}
-    total, done = (len(weights) + len(heads)) * len(chosen), 0
-
-    def report(label, _index, _count):
-        nonlocal done
-        done += 1
-        progress(done / total, desc=f"{label}: {done}/{total} decodes")
-
-    points = sweep(
+    total = (len(weights) + len(heads)) * len(chosen)
+    steps = sweep_steps(
         pair,
         chosen,
         task,
         weights=weights,
         heads=heads,
-        progress=report,
         n_draft=int(n_draft),
         max_new_tokens=int(tokens),
         temperature=float(temperature),
     )
-    return [p.row() for p in points]
+    done = 0
+    while True:
+        try:
+            label, _, _ = next(steps)
+        except StopIteration as finished:
+            return [point.row() for point in finished.value]
+        done += 1
+        progress(done / total, desc=f"{label}: {done}/{total} decodes")
+        yield idle
 
 
 @on_gpu
 def on_sweep(
-    pair, examples, task, n_prompts, weights, tokens, n_draft, temperature, cost_ratio, progress=gr.Progress()
+    pair,
+    examples,
+    task,
+    n_prompts,
+    weights,
+    tokens,
+    n_draft,
+    temperature,
+    cost_ratio,
+    progress=gr.Progress(),
+    request: gr.Request = None,
 ):
-    """Re-measure the frontier on the task's example prompts: (points, figures, note, table)."""
-    with user_errors():
+    """Re-measure the frontier on the task's example prompts, streamed so that Stop ends it between
+    decodes: (points, figures, note, verdict, table)."""
+    with user_errors(), DECODE_SLOTS.hold(request):
         if public_space():  # one visitor's sweep must not hold the shared CPU for long
             n_prompts, tokens = (
                 min(int(n_prompts), PUBLIC_SWEEP_PROMPTS),
@@ -120,14 +150,16 @@ def on_sweep(
                 "the code task's sweep runs the generated programs, which a public app does not do; "
                 "its frontier card is drawn above, and the sweep runs when you run the app yourself"
             )
-        rows = sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress)
+        idle = (gr.skip(),) * (len(CHART_IDS) + 4)  # outputs left as they are while the sweep runs
+        decoding = (tokens, n_draft, temperature)
+        rows = yield from sweep_rows(pair, chosen, task, weights, *decoding, progress, idle)
     points = points_frame(rows, int(n_draft))
     note = (
         f"**Your sweep** ({task}): {len(chosen)} example prompt{'s' if len(chosen) > 1 else ''}, "
         f"N = {int(n_draft)}, T = {float(temperature):g}, ≤{int(tokens)} new tokens, "
         "measured on this machine."
     )
-    return (points, *dial_figures(points, n_draft, cost_ratio, ""), note, points.round(3))
+    yield (points, *dial_figures(points, n_draft, cost_ratio, ""), note, SWEEP_VERDICT, points.round(3))
 
 
 def build_dial_controls(start_task: str, presets: list[CostPreset]) -> tuple:
@@ -161,16 +193,18 @@ def build_dial_controls(start_task: str, presets: list[CostPreset]) -> tuple:
     return task, preset, cost_ratio
 
 
-def build_dial_charts(figures) -> list[gr.Plot]:
-    """The four charts, two to a row: a row that wraps stacks them on a phone."""
-    plots = []
-    for first in (0, 2):
-        with gr.Row():
-            plots += [
-                gr.Plot(figures[i], show_label=False, elem_id=CHART_IDS[i], min_width=320)
-                for i in (first, first + 1)
-            ]
-    return plots
+def build_dial_charts(figures, verdict: str) -> tuple[list[gr.Plot], gr.Markdown]:
+    """The main chart with the verdict beside it, then the other two side by side; rows that wrap stack
+    them on a phone."""
+    with gr.Row(equal_height=False):
+        main = gr.Plot(figures[0], show_label=False, elem_id=CHART_IDS[0], min_width=320, scale=3)
+        verdict_box = gr.Markdown(verdict, elem_id="dial-verdict", min_width=240)
+    with gr.Row():
+        others = [
+            gr.Plot(figure, show_label=False, elem_id=chart_id, min_width=320)
+            for figure, chart_id in zip(figures[1:], CHART_IDS[1:])
+        ]
+    return [main, *others], verdict_box
 
 
 def build_snippet_box(pair, sidebar: Sidebar, start: DecodeSettings) -> None:
@@ -193,9 +227,9 @@ def build_snippet_box(pair, sidebar: Sidebar, start: DecodeSettings) -> None:
     )
 
 
-def build_sweep_box(pair, examples, sidebar: Sidebar, task, cost_ratio, points, plots, note) -> gr.Button:
-    """The live sweep: its settings, its button (redrawing `points`, `plots` and `note`) and its table; the
-    button that brings the shipped frontier back, to wire with the task."""
+def build_sweep_box(pair, examples, sidebar: Sidebar, task, cost_ratio, shown: list) -> gr.Button:
+    """The live sweep: its settings, its button (redrawing what the dial `shown`: points, plots, note and
+    verdict) and its table; the button that brings the shipped frontier back, to wire with the task."""
     with gr.Accordion("Live sweep: re-measure on your machine and the example prompts", open=False):
         with gr.Row():
             n_prompts = gr.Slider(1, 8, value=2, step=1, label="prompts", min_width=160)
@@ -205,16 +239,18 @@ def build_sweep_box(pair, examples, sidebar: Sidebar, task, cost_ratio, points, 
             )
         with gr.Row():
             sweep_button = gr.Button("Run sweep", variant="primary", elem_id="sweep")
+            stop_button = gr.Button("Stop", elem_id="sweep-stop")
             shipped_button = gr.Button("Show the shipped frontier again", elem_id="shipped")
         table = gr.Dataframe(label="sweep results", interactive=False)
 
-    sweep_button.click(
+    sweeping = sweep_button.click(
         bind(on_sweep, pair, examples),
         [task, n_prompts, weights, tokens, sidebar.n_draft, sidebar.temperature, cost_ratio],
-        [points, *plots, note, table],
+        [*shown, table],
         concurrency_id="decode",
         api_name="sweep",
     )
+    stop_button.click(None, cancels=[sweeping])
     return shipped_button
 
 
@@ -226,7 +262,7 @@ def build_dial_tab(
     frontiers = {greedy: shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
     presets = cost_presets()
     start_task = next((t for t in TASKS if t in frontiers[False]), "general")
-    *figures, start_note, start_points = shipped_dial(
+    *figures, start_note, start_verdict, start_points = shipped_dial(
         frontiers, start_task, start.settings.n_draft, presets[0].cost_ratio, start.settings.temperature
     )
     with gr.Tab("Speed–quality dial", id="dial"):
@@ -234,16 +270,17 @@ def build_dial_tab(
         task, preset, cost_ratio = build_dial_controls(start_task, presets)
         note = gr.Markdown(start_note, elem_id="dial-note")
         points = gr.State(start_points)
-        plots = build_dial_charts(figures)
+        plots, verdict = build_dial_charts(figures, start_verdict)
         gr.Markdown(
-            "*The projected speedup is computed from the per-token acceptance α (N from the sidebar); "
-            "it is not a measurement.*"
+            "*The projected speed-up is computed from the per-token acceptance α, N (sidebar) and the cost "
+            "ratio c; it is a model, not a measurement. Measured speed-ups are in the Results tab.*"
         )
         build_snippet_box(pair, sidebar, start.settings)
-        shipped_button = build_sweep_box(pair, examples, sidebar, task, cost_ratio, points, plots, note)
+        shown = [points, *plots, note, verdict]
+        shipped_button = build_sweep_box(pair, examples, sidebar, task, cost_ratio, shown)
 
     shipped_inputs = [task, sidebar.n_draft, cost_ratio, sidebar.temperature]
-    shipped_outputs = [*plots, note, points]
+    shipped_outputs = [*plots, note, verdict, points]
     gr.on(
         [task.change, shipped_button.click],
         bind(shipped_dial, frontiers),
@@ -256,6 +293,6 @@ def build_dial_tab(
         [cost_ratio.change, sidebar.n_draft.release],
         respeed,
         [points, sidebar.n_draft, cost_ratio],
-        plots[3],
+        plots[-1],
         api_visibility="private",
     )

@@ -1,0 +1,180 @@
+"""The measured results at a glance: the header's key line (from the bench report), and the Results tab's
+headline (from the heads' cards and the bench report): per task and kind of decoding, acceptance from
+exact SD to DIVERSED, quality against exact SD's, and the speed-up over the target alone."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..common.formatting import fmt
+from .cards import card_task, frontier_at, head_cards
+from .frontiers import cards_for_temperature, frontier_position
+from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
+from .result_tables import BENCH_REPORTS, quality_metric
+from .shipped_files import dig, read_json, shown_path
+
+BENCH_PATH, BENCH_COMMAND = BENCH_REPORTS["Spec-Bench, every category"]
+HEADLINE_COLUMNS = [
+    "task",
+    "decoding",
+    "head",
+    "acceptance exact → DIVERSED",
+    "quality exact",
+    "Δ quality (± SE)",
+    "vs static frontier",
+    "speed-up",
+    "n",
+]
+
+
+def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
+    """One line of HTML: the bench's measured speed-ups of exact SD, a static w and the best head over the
+    target alone, with their source; or which command measures them."""
+    report, _ = read_json(path)
+    overall, settings = dig(report, "overall"), dig(report, "settings") or {}
+    if not isinstance(overall, dict) or "exact" not in overall:
+        return f"Measured speed-ups appear here once <code>{html.escape(BENCH_COMMAND)}</code> has run."
+    static = next((m for m in overall if m.startswith("static:")), None)
+    heads = [m for m in overall if m.startswith("dynamic:")]
+    best = max(heads, key=lambda m: overall[m]["speedup"], default=None)
+    parts = [f"exact speculative decoding {overall['exact']['speedup']:.2f}×"]
+    if static:
+        parts.append(f"a static w = {static.removeprefix('static:')} {overall[static]['speedup']:.2f}×")
+    if best:
+        parts.append(f"a DIVERSED head ({best.removeprefix('dynamic:')}) {overall[best]['speedup']:.2f}×")
+    pair = "this pair" if settings.get("target") == target_name else "the embedded pair"
+    return (
+        f"<b>Measured</b> on {settings.get('examples', '?')} Spec-Bench prompts with {pair} (greedy, "
+        f"{settings.get('dtype', '?')}, {settings.get('threads', '?')} CPU threads): "
+        + ", ".join(parts[:-1])
+        + f" and {parts[-1]} the speed of the target alone "
+        f"(<code>{shown_path(path)}</code>)."
+    )
+
+
+def headline_data(head_paths: dict[str, Path], path: Path = BENCH_PATH) -> list[dict]:
+    """Per task and kind of decoding (greedy, sampled), the head trained for it on its card's primary set:
+    acceptance and quality of exact SD and of the head, the paired difference, the verdict against the
+    static frontier, and the bench's speed-up where the head was benched at that temperature."""
+    report, _ = read_json(path)
+    bench_greedy = dig(report, "settings", "temperature") == 0
+    cards, rows = head_cards(head_paths), []
+    for greedy in (True, False):
+        for name, card in cards_for_temperature(cards, 0.0 if greedy else 1.0).items():
+            frontier = frontier_at(card, 0.0 if greedy else 1.0)
+            versus = dig(frontier, "versus_exact")
+            if not isinstance(versus, dict):
+                continue
+            exact = next((p for p in frontier["static_points"] if p.get("w") == 1), {})
+            speedup = dig(report, "overall", f"dynamic:{name}", "speedup") if bench_greedy == greedy else None
+            rows.append(
+                {
+                    "task": card_task(card),
+                    "greedy": greedy,
+                    "head": name,
+                    "acceptance_exact": dig(versus, "acceptance", "exact"),
+                    "acceptance_head": dig(versus, "acceptance", "head"),
+                    "quality_exact": exact.get("quality"),
+                    "quality_difference": versus.get("quality_difference"),
+                    "quality_difference_se": versus.get("stderr"),
+                    "position": frontier_position(dig(frontier, "verdict") or {}),
+                    "margin": dig(frontier, "quality_margin"),
+                    "speedup": speedup,
+                    "examples": versus.get("examples"),
+                }
+            )
+    return rows
+
+
+def headline_table(data: list[dict]) -> pd.DataFrame:
+    """The headline as the page shows it: one row per task and kind of decoding."""
+    rows = []
+    for row in data:
+        margin = row["margin"] or {}
+        estimate, stderr = fmt(margin.get("estimate"), "+.3f"), fmt(margin.get("stderr"), ".3f")
+        rows.append(
+            [
+                f"{row['task']} ({quality_metric(row['task']).split(' (')[0]})",  # its name, not its unit
+                "greedy" if row["greedy"] else "T = 1",
+                row["head"],
+                f"{fmt(row['acceptance_exact'], '.2f')} → {fmt(row['acceptance_head'], '.2f')}",
+                fmt(row["quality_exact"], ".3g"),
+                f"{fmt(row['quality_difference'], '+.3f')} ± {fmt(row['quality_difference_se'], '.3f')}",
+                f"{row['position']}: {estimate} ± {stderr}",
+                f"{row['speedup']:.2f}×" if row["speedup"] else "not benched",
+                row["examples"],
+            ]
+        )
+    return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+
+
+def headline_figure(data: list[dict]) -> go.Figure:
+    """Left: acceptance of exact SD and of DIVERSED per task and decoding. Right: DIVERSED's quality against
+    exact SD's as a relative change with a 95% interval (the tasks' scores have different scales)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=("acceptance: exact SD → DIVERSED", "quality: DIVERSED vs exact SD (95% interval)"),
+    )
+    labels = [f"{r['task']} · {'greedy' if r['greedy'] else 'T = 1'}" for r in data]
+    for key, name, color in (
+        ("acceptance_exact", "exact SD", MODE_COLORS["exact"]),
+        ("acceptance_head", "DIVERSED", HEAD_COLOR),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=[r[key] for r in data],
+                y=labels,
+                mode="markers",
+                name=name,
+                marker=dict(color=color, size=12),
+            ),
+            row=1,
+            col=1,
+        )
+    for row, label in zip(data, labels):
+        fig.add_trace(
+            go.Scatter(
+                x=[row["acceptance_exact"], row["acceptance_head"]],
+                y=[label, label],
+                mode="lines",
+                line=dict(color=THEORY_COLOR),
+                showlegend=False,
+                hoverinfo="skip",
+            ),
+            row=1,
+            col=1,
+        )
+    scales = [abs(r["quality_exact"] or 0) or 1 for r in data]  # relative to exact SD's quality
+    errors = [1.96 * (r["quality_difference_se"] or 0) / scale for r, scale in zip(data, scales)]
+    fig.add_trace(
+        go.Scatter(
+            x=[(r["quality_difference"] or 0) / scale for r, scale in zip(data, scales)],
+            y=labels,
+            mode="markers",
+            error_x=dict(type="data", array=errors, color=HEAD_COLOR),
+            marker=dict(color=HEAD_COLOR, size=10, symbol="diamond"),
+            name="quality difference",
+            showlegend=False,
+        ),
+        row=1,
+        col=2,
+    )
+    fig.add_vline(x=0, line_dash="dot", line_color=THEORY_COLOR, row=1, col=2)
+    # A score near zero (pass@1 at T = 1) makes its relative interval huge: the axis stops at ±100%.
+    fig.update_xaxes(tickformat="+.0%", range=[-1.05, 1.05], row=1, col=2)
+    fig.update_layout(
+        height=120 + 36 * len(data),
+        template="plotly_white",
+        margin=dict(l=10, r=10, t=50, b=30),
+        legend=dict(orientation="h", y=-0.12),
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig

@@ -1,0 +1,70 @@
+"""The DIVERSED rule in the form vLLM's rejection sampler needs it: pure tensor functions, no vLLM import.
+
+vLLM's EAGLE-3 path drafts greedily by default (`draft_sample_method="greedy"`), so q is a point mass on
+the drafted token x and `draft_probs` is None; with `draft_sample_method="probabilistic"` it samples x from
+the draft's distribution and passes that q. Either way nu = w·p + (1 − w)·q, and:
+- sampled requests keep x with probability min(1, w·p(x)/q(x) + (1 − w)) (for a point mass: w·p(x) + 1 − w);
+  a rejected x is redrawn from norm(max(0, nu − q)) = norm(max(0, p − q)) (w > 0), which is vLLM's own
+  recovered distribution (for a point mass: p without x). So only the acceptance test changes.
+- greedy requests keep x while it is argmax nu; at the first mismatch the next token is argmax nu.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WEIGHT_KEY = "diversed_w"  # in SamplingParams.extra_args, an OpenAI request's body, or additional_config
+
+
+def parse_ensemble_weight(value, source: str = WEIGHT_KEY) -> float:
+    """w as given by a request or the server's config: a real number in [0, 1], else a ValueError that says
+    what was wrong (never a traceback for the user)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{source} must be a number in [0, 1], not {value!r}")
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise ValueError(f"{source} must be in [0, 1], not {value!r}")
+    return float(value)
+
+
+def request_weight(extra_args: dict | None, default: float) -> float:
+    """One request's w: its own `diversed_w` if it set one, else the server's default."""
+    if extra_args and WEIGHT_KEY in extra_args:
+        return parse_ensemble_weight(extra_args[WEIGHT_KEY])
+    return default
+
+
+def token_weights(request_weights: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:
+    """[batch] request weights -> [num_tokens] weights, one per drafted token (vLLM's flat layout)."""
+    counts = torch.as_tensor(num_draft_tokens, device=request_weights.device)
+    return request_weights.repeat_interleave(counts, output_size=sum(num_draft_tokens))
+
+
+def ensemble_uniforms(uniform_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """vLLM keeps x when u ≤ p(x)/q(x); DIVERSED keeps it when u ≤ w·p(x)/q(x) + (1 − w), that is when
+    (u − (1 − w))/w ≤ p(x)/q(x). So vLLM's own kernel, fed these shifted uniforms, applies the DIVERSED
+    test. w = 1 leaves u as it is, bit for bit; w = 0 keeps every real draft (a shifted uniform of −1)."""
+    w = weights.to(uniform_probs.dtype)
+    shifted = (uniform_probs - (1.0 - w)) / w.clamp_min(torch.finfo(w.dtype).tiny)
+    return torch.where(w > 0, shifted, torch.full_like(uniform_probs, -1.0))
+
+
+def ensemble_argmax(
+    target_argmax: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """argmax nu per drafted position, for greedy requests, where q is the point mass on the drafted x.
+
+    nu(x) = w·p(x) + 1 − w and nu(y) = w·p(y), so x is argmax nu iff w·(max p − p(x)) ≤ 1 − w; otherwise
+    argmax nu is argmax p. vLLM's greedy kernel keeps a draft that equals the token given here and emits
+    that token at the first mismatch, so this is the whole greedy rule. Rows with w = 1 are left untouched.
+    """
+    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # p at temperature 1, as in greedy SD
+    drafted = draft_token_ids >= 0  # vLLM pads missing drafts with −1, which must be rejected
+    x = draft_token_ids.clamp_min(0).long()
+    p_x = target_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    p_max = target_probs.max(dim=-1).values
+    w = weights.to(torch.float32)
+    keep = drafted & (w < 1) & (w * (p_max - p_x) <= 1 - w)
+    return torch.where(keep, x.to(target_argmax.dtype), target_argmax)

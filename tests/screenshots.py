@@ -1,0 +1,98 @@
+"""The README's screenshots, of the app on the embedded pair as a visitor first sees it: the arrival and each
+tab at 1400 px after a first Compare, and the arrival and a Compare at 390 px. `make screenshots` runs it
+(it is not a test: the browser test takes its own, of a tiny pair, to a temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(os.environ.get("DIVERSED_SCREENSHOTS", ROOT / "assets" / "screenshots"))
+PORT = 7899
+TIMEOUT_MS = 180_000
+
+
+def serve() -> subprocess.Popen:
+    """`diversed-demo app` on the embedded pair, once it answers."""
+    app = subprocess.Popen([sys.executable, "-m", "diversed_demo.cli", "app", "--port", str(PORT)])
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/", timeout=2)
+            return app
+        except OSError:
+            if app.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the app did not start") from None
+            time.sleep(1)
+
+
+def shoot(page, name: str) -> None:
+    page.wait_for_timeout(800)  # plotly's resize after a tab switch
+    page.screenshot(path=str(OUT / name), full_page=True)
+    print("wrote", OUT / name)
+
+
+def compare(page, name: str) -> None:
+    """Run Compare on the example it opens with, and shoot the page once its verdict is in."""
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare").click()
+    page.wait_for_selector("#compare-verdict .dd-verdict[data-state=done]", timeout=TIMEOUT_MS)
+    shoot(page, name)
+
+
+def wide(page) -> None:
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(f"http://127.0.0.1:{PORT}/")
+    page.wait_for_selector("#generate")
+    shoot(page, "arrival.png")
+    compare(page, "compare.png")
+    page.get_by_role("tab", name="Decode").click()
+    page.locator("#generate").click()
+    page.wait_for_selector("#stats .dd-stats[data-state=done]", timeout=TIMEOUT_MS)
+    shoot(page, "decode.png")
+    for tab, name in (
+        ("Speed–quality dial", "dial.png"),
+        ("Results", "results.png"),
+        ("Train", "train.png"),
+        ("About", "about.png"),
+    ):
+        page.get_by_role("tab", name=tab).click()
+        shoot(page, name)
+
+
+def narrow(page) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"http://127.0.0.1:{PORT}/")
+    page.wait_for_selector("#generate")
+    page.wait_for_function("!document.querySelector('#sidebar.open')")
+    shoot(page, "narrow.png")
+    compare(page, "narrow-compare.png")
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    app = serve()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium")
+            )
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            wide(page)
+            narrow(page)
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(30)
+
+
+if __name__ == "__main__":
+    main()

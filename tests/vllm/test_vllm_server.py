@@ -1,0 +1,93 @@
+"""The plugin behind vLLM's OpenAI-compatible server (`vllm serve`, started as docs/vllm.md says), through
+the `openai` client: w set per request in `extra_body`, and a bad w answered with HTTP 400."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+MODEL = "smollm2-diversed"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_healthy(url: str, server, seconds: float = 420) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "vllm serve exited before it was ready"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError("vllm serve was not ready in time")
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    from diversed_demo.vllm.engine import KV_CACHE_BYTES, default_draft, embedded_target_dir
+
+    port = free_port()
+    spec = {"method": "eagle3", "model": str(default_draft()), "num_speculative_tokens": 4}
+    command = [
+        sys.executable, "-m", "diversed_demo.vllm", "serve", embedded_target_dir(),
+        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
+        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+        "--speculative-config", json.dumps(spec),
+        "--additional-config", json.dumps({"diversed_w": 1.0}),
+    ]  # fmt: skip
+    log = open(tmp_path_factory.mktemp("server") / "vllm-serve.log", "w")
+    # as from a shell: vLLM's CPU set-up in this process (earlier tests) put its libgomp in LD_PRELOAD
+    environment = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    server = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, server)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the engine processes it started
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_a_chat_request_with_w_in_extra_body_returns_text(server_url):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server_url}/v1", api_key="none")
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=32,
+        temperature=0.7,
+        extra_body={"diversed_w": 0.5},
+    )
+    assert reply.choices[0].message.content.strip()
+
+
+def test_a_bad_w_gets_a_400_that_names_it(server_url):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="none")
+    for bad in (1.5, "abc"):
+        with pytest.raises(openai.BadRequestError, match="diversed_w must be"):
+            client.completions.create(
+                model=MODEL, prompt="Hello", max_tokens=8, extra_body={"diversed_w": bad}
+            )
