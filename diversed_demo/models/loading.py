@@ -13,6 +13,7 @@ from .eagle import WEIGHTS_FILE, Eagle3Draft
 from .embedded import EMBEDDED, EMBEDDED_DRAFT_DIR, embedded_gguf_path
 from .gguf_cache import _converted_gguf_dir
 from .gguf_int4 import use_gguf_int4
+from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
 from .pair import ModelPair, PairError
 
@@ -199,6 +200,7 @@ def load_pair(
         draft_source = resolve_source(draft)
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_source))
         draft_model, draft_name = _load_model(draft_source, dev, torch_dtype), draft
+    use_int8_draft(draft_model)  # its decoding products on 8-bit weights, where that is faster here
     pair = ModelPair(target_model, draft_model, tokenizer, target, draft_name, dev)
     if pair.vocab_size < len(tokenizer):
         raise PairError(
