@@ -662,6 +662,12 @@ def add_bench_arguments(parser) -> None:
         "--vs-transformers", action="store_true", help="also time transformers' generate (greedy)"
     )
     parser.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        help="also time llama.cpp's target-only decoding of the same GGUF (greedy; needs "
+        "llama-cpp-python, which compiles llama.cpp)",
+    )
+    parser.add_argument(
         "--batch-rows",
         type=int,
         default=None,
@@ -690,6 +696,7 @@ def run_bench_command(args) -> int:
     n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft)
     if args.batch_rows is not None and args.batch_rows < 2:
         raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
+    llama_cpp_gguf = llama_cpp_target(args) if args.vs_llama_cpp else None
     pair = pair_from_args(args)
     modes = parse_modes(args.modes, pair)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
@@ -718,12 +725,28 @@ def run_bench_command(args) -> int:
         args.seed,
         args.vs_transformers,
         progress=lambda: bar.update(1),
+        vs_llama_cpp=llama_cpp_gguf,
     )
     bar.close()
     print_and_write(report, markdown_table(report), args.json, args.markdown)
     if args.plot:
         bench_figure(report).write_html(args.plot)
     return 0
+
+
+def llama_cpp_target(args):
+    """The target's GGUF for --vs-llama-cpp, checked before the models load."""
+    import importlib.util
+
+    from .models.embedded import EMBEDDED
+    from .models.loading import gguf_file
+
+    gguf = gguf_file(args.target or EMBEDDED)
+    if gguf is None:
+        raise ValueError("--vs-llama-cpp needs a GGUF target (the embedded one, or a .gguf file)")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ValueError("--vs-llama-cpp needs llama-cpp-python: pip install llama-cpp-python (it compiles)")
+    return gguf
 
 
 def bench_examples(args) -> list:

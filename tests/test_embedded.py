@@ -191,3 +191,22 @@ def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     )
     assert kl.sum(-1).max() < 0.02  # bf16 against float32 is ~0.002–0.007 either way
     assert (ours.argmax(-1) == stock.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llama_cpp") is None, reason="llama-cpp-python is optional"
+)
+def test_the_bench_times_llama_cpp_on_the_same_gguf(embedded):
+    from diversed_demo.eval.bench import run_bench
+    from diversed_demo.eval.tasks import app_examples
+    from diversed_demo.models.embedded import embedded_gguf_path
+
+    example = next(iter(app_examples().values()))[0]
+    modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}}
+    report = run_bench(
+        embedded, [example], modes, n_draft=2, max_new_tokens=16, vs_llama_cpp=embedded_gguf_path()
+    )
+    peer = report["llama_cpp"]
+    assert peer["tokens_per_second"] > 0
+    ours = report["overall"]["exact"]["tokens_per_second"]
+    assert peer["ours_vs_llama_cpp"]["exact"] == pytest.approx(ours / peer["tokens_per_second"])
