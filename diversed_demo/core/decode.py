@@ -194,3 +194,4 @@ def decode_rows(
             if still:
                 target.keep_rows(still)
             active = [active[i] for i in still]
+    target.close()

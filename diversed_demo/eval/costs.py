@@ -33,6 +33,7 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16) -> dict[int, f
             if call:
                 times[k].append(time.perf_counter() - start)
             lm.rollback(len(prompt_ids))
+    lm.close()
     return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 

@@ -166,6 +166,15 @@ def load_eagle3(directory, target) -> Eagle3Draft:
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
+def load_target(target: str, device: torch.device, dtype: torch.dtype):
+    """The target model alone, a GGUF's projections on its own 4-bit weights where that pays here."""
+    model = _load_model(resolve_source(target), device, dtype)
+    gguf = gguf_file(target)
+    if gguf is not None and use_gguf_int4(model, gguf):  # decoding products on its own 4-bit weights
+        use_lean_layers(model)
+    return model
+
+
 @functools.lru_cache(maxsize=4)
 def load_pair(
     target: str = EMBEDDED, draft: str | None = None, device: str = "auto", dtype: str = "auto"
@@ -179,12 +188,8 @@ def load_pair(
 
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
-    target_source = resolve_source(target)
-    tokenizer = AutoTokenizer.from_pretrained(target_source)
-    target_model = _load_model(target_source, dev, torch_dtype)
-    gguf = gguf_file(target)
-    if gguf is not None and use_gguf_int4(target_model, gguf):  # decoding products on its own 4-bit weights
-        use_lean_layers(target_model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_source(target))
+    target_model = load_target(target, dev, torch_dtype)
     if draft is None and target == EMBEDDED:
         if not is_eagle3_dir(EMBEDDED_DRAFT_DIR):
             raise PairError(
