@@ -14,9 +14,10 @@ import torch
 
 from ..common.timing import runs_faster
 
-# At most this many rows use the 8-bit product: a drafting step's one or two; at 4 rows the dense product
-# is as fast (docs/measurements/speed.md).
-INT8_ROWS = 2
+# At most this many rows use the 8-bit product (a drafting step's one, a restart's few): at 4 rows it is as
+# fast as the dense product on weights in cache and faster on weights in memory, at 8 slower
+# (docs/measurements/speed.md).
+INT8_ROWS = 4
 
 
 def quantise_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
