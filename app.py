@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from diversed_demo.eval.dtype_choice import load_measured_pair
+from diversed_demo.models.compiled_pass import prepare
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.pair import PairError
 from diversed_demo.ui.app import build_app, launch
@@ -63,5 +64,6 @@ if __name__ == "__main__":
         pair = load_measured_pair(args.target, args.draft, args.device, args.dtype)
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")
+    prepare(pair, wait=False)  # the compiled decoding pass, built in the background on a first start
     examples = load_examples()
     launch(build_app(pair, examples, start=measured_opening(pair, examples)))

@@ -38,13 +38,19 @@ def command_line() -> str:
     return " ".join(["diversed-demo"] + sys.argv[1:])
 
 
-def pair_from_args(args):
+def pair_from_args(args, compiled: str | None = None):
+    """The pair the arguments name; compiled = "background" or "wait" also gives its target the compiled
+    decoding pass where one applies (models/compiled_pass.py): built in the background, or before
+    returning (the bench times what decodes run on)."""
     from .eval.dtype_choice import choice_note, load_measured_pair
+    from .models.compiled_pass import prepare
     from .models.embedded import EMBEDDED
 
     pair = load_measured_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
     if pair.dtype_choice is not None:
         print(f"dtype {choice_note(pair.dtype_choice)}", file=sys.stderr)
+    if compiled is not None:
+        prepare(pair, wait=compiled == "wait", log=lambda line: print(line, file=sys.stderr))
     return pair
 
 
@@ -92,7 +98,7 @@ def run_generate(args) -> int:
         from .models.heads import load_head, resolve_head_path
 
         resolve_head_path(args.head)  # a missing head fails here too, not after the models load
-    pair = pair_from_args(args)
+    pair = pair_from_args(args, compiled="background")
     head = load_head(args.head, pair) if args.mode == "dynamic" else None
     stream = speculative_generate(
         pair,
@@ -662,6 +668,12 @@ def add_bench_arguments(parser) -> None:
         "--vs-transformers", action="store_true", help="also time transformers' generate (greedy)"
     )
     parser.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        help="also time llama.cpp's target-only decoding of the same GGUF (greedy; needs "
+        "llama-cpp-python, which compiles llama.cpp)",
+    )
+    parser.add_argument(
         "--batch-rows",
         type=int,
         default=None,
@@ -690,7 +702,8 @@ def run_bench_command(args) -> int:
     n_draft = args.n_draft if args.n_draft == "auto" else int(args.n_draft)
     if args.batch_rows is not None and args.batch_rows < 2:
         raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
-    pair = pair_from_args(args)
+    llama_cpp_gguf = llama_cpp_target(args) if args.vs_llama_cpp else None
+    pair = pair_from_args(args, compiled="wait")
     modes = parse_modes(args.modes, pair)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
     if args.batch_rows is not None:
@@ -718,12 +731,28 @@ def run_bench_command(args) -> int:
         args.seed,
         args.vs_transformers,
         progress=lambda: bar.update(1),
+        vs_llama_cpp=llama_cpp_gguf,
     )
     bar.close()
     print_and_write(report, markdown_table(report), args.json, args.markdown)
     if args.plot:
         bench_figure(report).write_html(args.plot)
     return 0
+
+
+def llama_cpp_target(args):
+    """The target's GGUF for --vs-llama-cpp, checked before the models load."""
+    import importlib.util
+
+    from .models.embedded import EMBEDDED
+    from .models.loading import gguf_file
+
+    gguf = gguf_file(args.target or EMBEDDED)
+    if gguf is None:
+        raise ValueError("--vs-llama-cpp needs a GGUF target (the embedded one, or a .gguf file)")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ValueError("--vs-llama-cpp needs llama-cpp-python: pip install llama-cpp-python (it compiles)")
+    return gguf
 
 
 def bench_examples(args) -> list:
@@ -762,7 +791,7 @@ def run_app(args) -> int:
     warning = mark_public(args.host, args.share, args.allow_training)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    pair, examples = pair_from_args(args), load_examples()
+    pair, examples = pair_from_args(args, compiled="background"), load_examples()
     app = build_app(pair, examples, start=measured_opening(pair, examples))
     launch(app, server_name=args.host, server_port=args.port, share=args.share)
     return 0

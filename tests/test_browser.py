@@ -160,8 +160,9 @@ def set_slider(page, elem_id: str, value: float) -> None:
 
 
 def generate(page, w: float, seed: int, prompt: str = PROMPT) -> None:
-    """Press Generate in static mode and wait until the stats say this run (its w and seed) is done."""
+    """Press Generate in static mode at w and wait until the stats say this run (its w and seed) is done."""
     page.get_by_role("radio", name="Static ensemble").check()
+    set_slider(page, "w-slider", w)
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#seed input").fill(str(seed))
     page.locator("#generate").click()

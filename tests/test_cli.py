@@ -37,6 +37,7 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
         (["bench", "--n-draft", "0"], "--n-draft"),
         (["bench", "--app-examples", "0"], "--app-examples"),
         (["bench", "--batch-rows", "1"], "--batch-rows"),
+        (["bench", "--vs-llama-cpp", "--target", "HuggingFaceTB/SmolLM2-360M"], "needs a GGUF target"),
         (["frontier", "--weights", "0,2"], "[0, 1]"),
         (["frontier", "--head", "no-such-head"], "no head"),
         (["frontier", "--task", "code", "--set", "gsm8k"], "no held-out set 'gsm8k'"),
@@ -101,3 +102,17 @@ def test_generate_prints_the_documented_json_and_summary_line(tmp_path, capsys):
     assert (
         capsys.readouterr().out.strip().splitlines()[-1].startswith("acceptance n/a  tau 1.00  new tokens ")
     )
+
+
+def test_the_llama_cpp_comparison_says_how_to_install_it(monkeypatch, capsys):
+    import importlib.util
+
+    from diversed_demo import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
+    monkeypatch.setattr(cli, "pair_from_args", lambda _args: pytest.fail("the pair loaded first"))
+    assert cli.main(["bench", "--vs-llama-cpp"]) == 2
+    assert "pip install llama-cpp-python" in capsys.readouterr().err

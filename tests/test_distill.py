@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from stats import chi_square_pvalue
 from tiny import tiny_model
 
 from diversed_demo.distill import batches, data, ttt
@@ -39,13 +38,6 @@ def records(target):
         }
         for i, (p, (r, e)) in enumerate(zip(prompts, responses))
     ]
-
-
-def test_inverse_cdf_sampling_follows_the_distribution():
-    probs = torch.softmax(torch.randn(6, generator=torch.Generator().manual_seed(1)) * 2, -1)
-    g = torch.Generator().manual_seed(0)
-    draws = data.sample_rows(probs.expand(20000, -1), g).tolist()
-    assert chi_square_pvalue(collections.Counter(draws), dict(enumerate(probs.tolist()))) > 0.001
 
 
 def test_batched_generation_greedy_rows_equal_one_by_one_greedy_decoding(target):

@@ -155,3 +155,58 @@ def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypa
     assert (
         ours_tok.get_vocab() == theirs_tok.get_vocab() and ours_tok.chat_template == theirs_tok.chat_template
     )
+
+
+def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
+    """In bf16 the target's 210 projections use the GGUF's own Q4_1 blocks (checked bitwise against its
+    weights when first packed) through lean layers; its logits stay within bf16's own noise of transformers'
+    bf16 layers: one-token, verification-sized and prompt passes."""
+    from diversed_demo.core.cache import CachedLM
+    from diversed_demo.models import gguf_int4
+    from diversed_demo.models.gguf_int4 import Int4Linear
+    from diversed_demo.models.lean_layer import LeanLlamaLayer
+    from diversed_demo.models.stock import stock_layers
+
+    monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # what is tested is the computation
+    pair = load_pair.__wrapped__(dtype="bfloat16")
+    target = pair.target
+    assert sum(isinstance(m, Int4Linear) for m in target.modules()) == 210
+    assert all(type(layer) is LeanLlamaLayer for layer in target.model.layers)
+    ids = pair.tokenizer("The three primary colors are red, yellow and blue. Mixing them gives")["input_ids"]
+
+    def passes():
+        lm = CachedLM(target, pair.vocab_size)
+        out = [lm.forward(torch.tensor(ids[:-8]), keep=4)[0]]
+        for k in (1, 4, 7):
+            out.append(lm.forward(torch.tensor(ids[-8:][:k]), keep=k)[0])
+            lm.rollback(len(ids) - 8)
+        return torch.cat(out).float()
+
+    with torch.inference_mode():
+        ours = passes()
+        with stock_layers(target):
+            stock = passes()
+    kl = torch.nn.functional.kl_div(
+        ours.log_softmax(-1), stock.log_softmax(-1), log_target=True, reduction="none"
+    )
+    assert kl.sum(-1).max() < 0.02  # bf16 against float32 is ~0.002–0.007 either way
+    assert (ours.argmax(-1) == stock.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llama_cpp") is None, reason="llama-cpp-python is optional"
+)
+def test_the_bench_times_llama_cpp_on_the_same_gguf(embedded):
+    from diversed_demo.eval.bench import run_bench
+    from diversed_demo.eval.tasks import app_examples
+    from diversed_demo.models.embedded import embedded_gguf_path
+
+    example = next(iter(app_examples().values()))[0]
+    modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}}
+    report = run_bench(
+        embedded, [example], modes, n_draft=2, max_new_tokens=16, vs_llama_cpp=embedded_gguf_path()
+    )
+    peer = report["llama_cpp"]
+    assert peer["tokens_per_second"] > 0
+    ours = report["overall"]["exact"]["tokens_per_second"]
+    assert peer["ours_vs_llama_cpp"]["exact"] == pytest.approx(ours / peer["tokens_per_second"])

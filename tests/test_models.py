@@ -145,3 +145,31 @@ def test_ungrouped_heads_keep_transformers_sdpa():
     model = LlamaForCausalLM(config)
     use_grouped_attention(model)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_one_query_attention_in_bf16_computes_transformers_sdpa(monkeypatch):
+    """In bf16 a one-token pass may take the float32 one-query path (where it pays here): it gives
+    transformers' SDPA results to bf16's precision. Float32 never takes it."""
+    from diversed_demo.core.cache import CachedLM
+    from diversed_demo.models import attention
+    from diversed_demo.models.attention import single_query_pays, stock_attention
+
+    assert not single_query_pays(torch.float32)
+    monkeypatch.setattr(attention, "single_query_pays", lambda dtype: dtype != torch.float32)
+    pair = tiny_pair()
+    model = pair.target.to(torch.bfloat16)
+    passes = [([torch.tensor([1, 5, 9, 7, 12, 6])], []), ([torch.tensor([8])], []), ([torch.tensor([4])], [])]
+    with torch.inference_mode():
+        ours = _passes(CachedLM(model, pair.vocab_size), passes)
+        with stock_attention(model):
+            stock = _passes(CachedLM(model, pair.vocab_size), passes)
+    for a, b in zip(ours, stock, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.02, atol=0.02)
+
+
+def test_runs_faster_picks_the_faster_call():
+    from diversed_demo.common.timing import runs_faster
+
+    quick, slow = (lambda: sum(range(10)), lambda: sum(range(20000)))
+    assert runs_faster(quick, slow, rounds=3, repeats=3)
+    assert not runs_faster(slow, quick, rounds=3, repeats=3)

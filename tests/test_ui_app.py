@@ -81,7 +81,7 @@ def test_the_app_command_opens_at_the_draft_length_timed_on_the_pair(pair, carde
 
     launched = []
     monkeypatch.setattr(opening, "measure_costs", lambda *args, **kwargs: CPU_COSTS)
-    monkeypatch.setattr(cli, "pair_from_args", lambda args: pair)
+    monkeypatch.setattr(cli, "pair_from_args", lambda args, compiled=None: pair)
     monkeypatch.setattr(ui_app, "launch", lambda app, **kwargs: launched.append(app))
     assert cli.main(["app"]) == 0
     by_id = app_components(launched[0])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from stats import chi_square_pvalue
 
-from diversed_demo.core.sampling import sampling_probs
+from diversed_demo.core.sampling import sample, sampling_probs
 from diversed_demo.core.verify import (
     acceptance_prob,
     ensemble_probs,
@@ -90,3 +90,17 @@ def test_greedy_rule_accepts_while_draft_is_argmax_nu():
         drafts, q, p, 0.3
     )  # nu(1) = .3·.3 + .7·.7 > nu(0): accept, bonus argmax p
     assert (n_acc, int(nxt)) == (2, 2)
+
+
+def test_sample_draws_each_row_from_its_own_distribution_and_never_a_zero():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(2, 6, generator=g) * 2, -1)
+    probs[0, 2] = probs[1, 0] = 0.0  # tokens a row can never draw
+    probs = probs / probs.sum(-1, keepdim=True)
+    draws = sample(probs.repeat(10000, 1), g).view(10000, 2)
+    for row in range(2):
+        counts = collections.Counter(draws[:, row].tolist())
+        assert counts[2 if row == 0 else 0] == 0
+        assert chi_square_pvalue(counts, dict(enumerate(probs[row].tolist()))) > 0.001
+    one = sample(probs[0], g)  # one row [V] -> one token, as the decoder calls it
+    assert one.dim() == 0 and probs[0, one] > 0

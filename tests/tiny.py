@@ -97,3 +97,57 @@ def tiny_eagle3(
     )
     draft.embed_tokens.weight = target.get_input_embeddings().weight
     return draft.eval().requires_grad_(False)
+
+
+Q4_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def tiny_q4_model(path, seed: int = 0, qtype: str = "Q4_1", layers: int = 2):
+    """A tiny Llama (sizes the 4-bit kernel takes: multiples of 64) whose projections hold exactly the
+    weights of the Q4 GGUF it writes to `path`, laid out as llama.cpp writes them (q/k rows permuted for its
+    rotary embedding). Returns the model in float32."""
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(SPECIALS) + len(WORDS),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    quant = getattr(gguf.GGMLQuantizationType, qtype)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for i, layer in enumerate(model.model.layers):
+        for name, gguf_name in Q4_NAMES.items():
+            module = layer.get_submodule(name)
+            weight = module.weight.detach().numpy() * 4  # spread beyond the init's narrow range
+            heads = {"attn_q": 4, "attn_k": 2}.get(gguf_name)
+            if heads:  # llama.cpp's permutation (convert_hf_to_gguf.py)
+                weight = weight.reshape(heads, 2, -1, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
+            blocks = gguf.quants.quantize(weight, quant)
+            writer.add_tensor(f"blk.{i}.{gguf_name}.weight", blocks, raw_dtype=quant)
+            stored = torch.from_numpy(gguf.quants.dequantize(blocks, quant))
+            if heads:  # back to transformers' order
+                stored = stored.reshape(heads, -1, 2, stored.shape[1]).transpose(1, 2).reshape(stored.shape)
+            module.weight.data.copy_(stored)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model

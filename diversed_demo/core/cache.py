@@ -3,6 +3,8 @@ differ), and the feature draft's cached attention."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -18,7 +20,7 @@ class CachedLM:
     slot keeps its row's position for the rotary embedding. Trailing slots no row needs are cropped.
     """
 
-    def __init__(self, model, vocab_size: int, aux_layer_ids=(), rows: int = 1):
+    def __init__(self, model, vocab_size: int, aux_layer_ids=(), rows: int = 1, use_compiled: bool = True):
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
@@ -29,6 +31,9 @@ class CachedLM:
         self.cache = DynamicCache(config=model.config)
         self.lengths = [0] * rows  # sequence tokens each row's cache holds
         self.slot_positions = None  # [rows, slots]: each slot's position in its row's sequence, −1 for a hole
+        # The model's compiled pass (models/compiled_pass.py), while this one-row LM holds it: after the
+        # prompt, passes of a few tokens run there over its static cache instead of `cache`.
+        self.use_compiled, self.compiled = use_compiled and rows == 1, None
 
     @property
     def length(self) -> int:
@@ -37,14 +42,52 @@ class CachedLM:
     def forward(self, tokens: torch.Tensor, keep: int):
         """Feed one row's tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last
         `keep`, and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers)."""
+        k = tokens.numel()
+        if self.compiled is not None and not self.compiled.fits(self.lengths[0], k):
+            self._leave_compiled()
+        if self.compiled is not None:
+            logits, hidden, aux = self.compiled.forward(tokens, self.lengths[0])
+            self.lengths[0] += k
+            return (
+                logits[k - keep :, : self.vocab_size],
+                hidden[k - keep :],
+                aux if self.aux_layer_ids else None,
+            )
         out = self.decoder(
             input_ids=tokens.view(1, -1),
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=bool(self.aux_layer_ids),
         )
-        self.lengths[0] += tokens.numel()
-        return self._outputs(out, 0, tokens.numel(), keep)
+        self.lengths[0] += k
+        outputs = self._outputs(out, 0, k, keep)
+        self._enter_compiled()
+        return outputs
+
+    def _enter_compiled(self) -> None:
+        """Move the cache into the model's compiled pass, if it has one for these aux layers and is free."""
+        compiled = getattr(self.model, "compiled_pass", None) if self.use_compiled else None
+        if compiled is None or self.slot_positions is not None or not compiled.fits(self.length, 1):
+            return
+        if self.aux_layer_ids and list(self.aux_layer_ids) != list(compiled.module.aux_layer_ids):
+            return
+        if not compiled.acquire(self):
+            return  # another decode holds it: this one stays eager
+        weakref.finalize(self, compiled.release, id(self))
+        compiled.load(list(self.cache), self.length)
+        self.compiled, self.cache = compiled, None
+
+    def _leave_compiled(self) -> None:
+        """Go on eagerly from the compiled pass's static cache (a long pass, or the cache is full)."""
+        layers = self.compiled.layers(self.length)
+        self.cache = DynamicCache(layers, config=self.model.config)
+        self.close()
+
+    def close(self) -> None:
+        """Give the compiled pass back to other decodes (also done when this LM is garbage)."""
+        if self.compiled is not None:
+            self.compiled.release(id(self))
+        self.compiled, self.use_compiled = None, False
 
     def forward_rows(self, feeds: list[torch.Tensor], keeps: list[int]) -> list[tuple]:
         """`forward` for every row of the batch in one pass: feeds[r] [k_r] and keeps[r] as there."""
@@ -82,7 +125,7 @@ class CachedLM:
         for feed, keep in zip(feeds, keeps):
             key = (tuple(feed.tolist()), keep)
             if key not in alone:
-                single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids)
+                single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids, use_compiled=False)
                 outputs = single.forward(feed, keep)
                 alone[key] = (list(single.cache), outputs)
             runs.append(alone[key])
@@ -112,6 +155,9 @@ class CachedLM:
     def rollback(self, length: int, row: int = 0) -> None:
         """Keep the row's first `length` sequence tokens."""
         if length >= self.lengths[row]:
+            return
+        if self.compiled is not None:  # slots past the length are overwritten by the next pass
+            self.lengths[row] = length
             return
         if self.slot_positions is None:
             self.cache.crop(

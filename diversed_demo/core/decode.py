@@ -79,6 +79,13 @@ class Step:
     draft_s: float
     verify_s: float
 
+    @property
+    def drafted(self) -> int:
+        """The drafts this step put to the target: all, unless an accepted EOS ended the decode before the
+        rest were looked at."""
+        n, n_accepted = len(self.verdict.draft_tokens), self.verdict.n_accepted
+        return n if len(self.new_ids) > n_accepted else len(self.new_ids)
+
 
 @dataclass
 class Row:
@@ -194,3 +201,4 @@ def decode_rows(
             if still:
                 target.keep_rows(still)
             active = [active[i] for i in still]
+    target.close()

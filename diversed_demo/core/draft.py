@@ -54,6 +54,7 @@ class FeatureDraft:
 
     def __init__(self, model):
         self.model = model
+        self.token_ids = model.draft_token_ids
         self.aux_layer_ids = model.aux_layer_ids
         self.cache: list = []
         self.length = 0  # cache entries that are verified
@@ -74,9 +75,11 @@ class FeatureDraft:
         self.length, self.pending = end, None
         tokens, probs, states = [], [], []
         for step in range(n):
-            token, q = sampler(model.logits(hidden)[0])
+            # Sampled over the draft's own vocabulary (q is 0 elsewhere): the same law, a sixth of the cost.
+            index, small_q = sampler(model.draft_logits(hidden)[0])
+            token = self.token_ids[index]
             tokens.append(token.view(1))
-            probs.append(q)
+            probs.append(model.full_probs(small_q))
             states.append(hidden[0])
             if (
                 step < n - 1

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .decode import Verdict
+from .decode import Step, Verdict
 
 KINDS = ("accepted", "rejected", "resampled", "bonus", "ar")
 
@@ -59,15 +59,18 @@ def draft_figures(verdict: Verdict) -> list[tuple[float, float, float, float]]:
     return torch.stack([f.float() for f in figures], dim=1).tolist()
 
 
-def step_events(tokenizer, sequence, verdict: Verdict, mode, step, draft_ms, verify_ms) -> list[TokenEvent]:
+def step_events(tokenizer, step: Step, mode: str) -> list[TokenEvent]:
     """The events of one decoding step, in order: the accepted drafts, then either the rejected draft and
     its resampled replacement, or the bonus token (the target's own token in target-only decoding)."""
+    verdict = step.verdict
     n, n_accepted, next_token = verdict.draft_tokens.numel(), verdict.n_accepted, int(verdict.next_token)
     at = min(n_accepted, n)  # position of next_token among the drafted ones (n for the bonus)
     figures, drafted = draft_figures(verdict), verdict.draft_tokens.tolist()
     next_p = float(verdict.target_probs[at, next_token])
-    context = sequence[-4:].tolist()
-    timing = dict(step=step, drafted=n, draft_ms=draft_ms, verify_ms=verify_ms)
+    context = step.sequence[-4:].tolist()
+    timing = dict(
+        step=step.index, drafted=step.drafted, draft_ms=step.draft_s * 1e3, verify_ms=step.verify_s * 1e3
+    )
 
     def event(token_id, kind, **figures):
         return TokenEvent(token_id, token_text(tokenizer, context, token_id), kind, **figures, **timing)

@@ -65,15 +65,7 @@ def speculative_generate(
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(
-                tokenizer,
-                step.sequence,
-                step.verdict,
-                mode,
-                step.index,
-                step.draft_s * 1e3,
-                step.verify_s * 1e3,
-            )
+            events = step_events(tokenizer, step, mode)
             yield from output_events(events, len(step.new_ids))
             tally.summary.events_s += time.perf_counter() - t3
     yield tally.finish(tokenizer, time.perf_counter() - start)

@@ -108,7 +108,7 @@ class Tally:
     def add(self, step: Step) -> None:
         summary, verdict, n = self.summary, step.verdict, len(step.verdict.draft_tokens)
         summary.target_passes += 1
-        summary.drafted += n
+        summary.drafted += step.drafted
         summary.accepted += min(verdict.n_accepted, len(step.new_ids))
         summary.rejected += (
             verdict.n_accepted < n and len(step.new_ids) > verdict.n_accepted

@@ -25,6 +25,7 @@ import torch
 from ..common.files import atomic_write
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
+from ..core.sampling import sample
 from ..eval import tasks
 
 # the generated responses (committed), not tasks.data_dir()'s data sets
@@ -124,7 +125,7 @@ def generate_batch(
     ended = [False] * len(prompts)
     for step in range(max_new_tokens):
         probs = torch.softmax(logits.float(), dim=-1)
-        token = torch.where(greedy_rows, probs.argmax(-1), sample_rows(probs, generator))
+        token = torch.where(greedy_rows, probs.argmax(-1), sample(probs, generator))
         for row, t in zip(rows.tolist(), token.tolist()):
             if not ended[row]:
                 responses[row].append(t)
@@ -170,15 +171,6 @@ def prefill(target, prompts: list[list[int]], pad_id: int):
         logits_to_keep=1,
     ).logits[:, -1]
     return logits, cache, mask, positions
-
-
-def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of probs [B, V] by inverse CDF: exact, and much faster than multinomial or the
-    exponential race over a batch of whole-vocabulary rows, where sampling could cost as much as the
-    target's forward (docs/measurements/distill.md)."""
-    cdf = probs.cumsum(-1)
-    u = torch.rand(len(probs), 1, generator=generator, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(1).clamp_max(probs.shape[-1] - 1)
 
 
 def shard_paths(shards_dir: Path = SHARDS_DIR) -> list[Path]:

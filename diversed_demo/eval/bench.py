@@ -9,18 +9,20 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from ..core.decode import Row, decode_rows, decode_steps
 from ..core.draft import is_feature_draft
 from ..core.generate import generate
-from ..core.prompt import encode_prompt
+from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
 from ..models.heads import load_head, resolve_head_path
 from .bench_report import batch_report, report
 from .costs import choose_n_draft, measure_costs, memory_limit
 from .hf_baseline import hf_generate, transformers_kwargs
+from .llama_cpp_baseline import llama_cpp_generate
 from .rewards import fidelity, quality
 from .tasks import REFERENCE_TASKS, builtin_examples
 
@@ -79,6 +81,8 @@ class BenchRuns:
     theirs: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> transformers' runs
     ours: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> ours, where compared
     greedy_identical: dict = field(default_factory=lambda: defaultdict(list))
+    llama_cpp: Counts = field(default_factory=Counts)  # llama.cpp's target-only runs, where timed
+    llama_cpp_identical: list = field(default_factory=list)  # its greedy text equals our target-only's
     outputs: dict = field(default_factory=lambda: defaultdict(list))  # mode -> token ids per question
 
     def add(self, category: str, name: str, counts: Counts, figures: dict) -> None:
@@ -93,6 +97,10 @@ class BenchRuns:
         self.theirs[name] += Counts(new_tokens=len(their_ids), wall_time_s=seconds)
         self.ours[name] += summary.counts
         self.greedy_identical[name].append(their_ids[: len(summary.token_ids)] == summary.token_ids)
+
+    def add_llama_cpp(self, their_ids: list[int], seconds: float, summary) -> None:
+        self.llama_cpp += Counts(new_tokens=len(their_ids), wall_time_s=seconds)
+        self.llama_cpp_identical.append(their_ids[: len(summary.token_ids)] == summary.token_ids)
 
 
 def draft_lengths(
@@ -155,10 +163,12 @@ def run_bench(
     vs_transformers: bool = False,
     progress=None,
     candidates=range(1, 7),
+    vs_llama_cpp: Path | None = None,
 ) -> dict:
     """Every mode on every question: the report (`bench_report.report`) of what was measured.
 
-    n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement."""
+    n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement.
+    vs_llama_cpp: the target's GGUF, to time llama.cpp's target-only decoding of it after ours."""
     n_of, choice, costs = draft_lengths(
         pair, examples, modes, n_draft, max_new_tokens, temperature, seed, candidates
     )
@@ -177,6 +187,11 @@ def run_bench(
                     pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens
                 )
                 runs.add_transformers(name, their_ids, seconds, summary)
+            if vs_llama_cpp is not None and modes[name]["mode"] == "ar" and temperature == 0:
+                their_ids, seconds = llama_cpp_generate(
+                    vs_llama_cpp, prompt_ids, max_new_tokens, eos_ids(pair), torch.get_num_threads()
+                )
+                runs.add_llama_cpp(their_ids, seconds, summary)
             if progress is not None:
                 progress()
     settings = {

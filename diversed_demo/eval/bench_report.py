@@ -30,6 +30,8 @@ def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = N
     if "ar" in runs.theirs and "exact" in result["overall"]:
         theirs = runs.theirs["ar"].tokens_per_second
         result["exact_vs_transformers_target_only"] = result["overall"]["exact"]["tokens_per_second"] / theirs
+    if runs.llama_cpp.new_tokens:
+        result["llama_cpp"] = llama_cpp_figures(result["overall"], runs)
     if settings.get("temperature") == 0 and "ar" in runs.outputs:
         result["greedy_identical_to_target_only"] = identical_to_target_only(runs.outputs)
     if limit:
@@ -41,6 +43,17 @@ def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = N
     result["streaming_overhead"] = streaming_overhead(runs)
     result["goals"] = goals(result)
     return result
+
+
+def llama_cpp_figures(overall: dict, runs) -> dict:
+    """llama.cpp's target-only tokens/s on the same GGUF and questions, ours ÷ it per mode, and how often its
+    greedy text equals our target-only's."""
+    theirs = runs.llama_cpp.tokens_per_second
+    return {
+        "tokens_per_second": theirs,
+        "ours_vs_llama_cpp": {name: row["tokens_per_second"] / theirs for name, row in overall.items()},
+        "greedy_identical_to_our_target_only": sum(runs.llama_cpp_identical) / len(runs.llama_cpp_identical),
+    }
 
 
 def identical_to_target_only(outputs: dict) -> dict:
@@ -225,6 +238,14 @@ def limit_lines(report: dict) -> list[str]:
         lines.append(
             f"Our exact SD ÷ transformers' generate (target only, same model and dtype): "
             f"{report['exact_vs_transformers_target_only']:.2f}×."
+        )
+    peer = report.get("llama_cpp")
+    if peer:
+        ratios = ", ".join(f"{m} {ratio:.2f}×" for m, ratio in peer["ours_vs_llama_cpp"].items())
+        lines.append(
+            f"llama.cpp, target only on the same GGUF and questions: {peer['tokens_per_second']:.1f} "
+            f"tokens/s; ours ÷ llama.cpp: {ratios} (its greedy text equals our target-only's on "
+            f"{peer['greedy_identical_to_our_target_only']:.0%})."
         )
     identical = report.get("greedy_identical_to_target_only")
     if identical:

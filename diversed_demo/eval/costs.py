@@ -11,6 +11,7 @@ import torch
 from ..core.cache import CachedLM
 from ..core.generate import generate
 from ..core.stats import Counts
+from ..models.gguf_int4 import Int4Linear
 from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 
@@ -32,6 +33,7 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16) -> dict[int, f
             if call:
                 times[k].append(time.perf_counter() - start)
             lm.rollback(len(prompt_ids))
+    lm.close()
     return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 
@@ -119,8 +121,14 @@ def choose_n_draft(
 
 
 def weight_bytes(model) -> int:
-    """The bytes of a model's weights, each tensor once (tied embeddings are one tensor)."""
-    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    """The bytes of weights a one-token pass streams, each tensor once (tied embeddings are one tensor; a
+    projection on its 4-bit GGUF weights counts those, not the dense copy it keeps for prompts)."""
+    tensors = {id(p): p for p in model.parameters()}
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            tensors.pop(id(module.weight), None)
+            tensors.update({id(t): t for t in module.int4})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:

@@ -8,8 +8,7 @@ import time
 
 import torch
 
-from ..models.attention import stock_attention
-from ..models.linear import stock_linear
+from ..models.stock import stock_layers
 
 
 def transformers_kwargs(mode_kwargs: dict) -> dict | None:
@@ -34,7 +33,7 @@ def transformers_kwargs(mode_kwargs: dict) -> dict | None:
 
 def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
     """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
-    on the pair's models with their stock nn.Linear layers and attention (as a transformers user runs them).
+    on the pair's models with their stock layers and attention (as a transformers user runs them).
     The draft's generation config is set for the call and restored after it."""
     extra = dict(transformers_kwargs(mode_kwargs))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
@@ -49,7 +48,7 @@ def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
         kwargs["assistant_model"] = pair.draft
         kwargs.update(extra)
     try:
-        with stock_linear(pair.target, pair.draft), stock_attention(pair.target, pair.draft):
+        with stock_layers(pair.target, pair.draft):
             start = time.perf_counter()
             out = pair.target.generate(ids, **kwargs)
             seconds = time.perf_counter() - start

@@ -4,15 +4,19 @@ With grouped-query attention (SmolLM2: 9 query heads over 3 K/V heads), transfor
 K/V heads of the whole cache once per query head group whenever the pass has a mask, i.e. in every
 multi-token pass over a cache: each verification. PyTorch's CPU kernel takes grouped heads and a mask
 together (`enable_gqa`); on CUDA that combination falls back to the math kernel, so this is for the CPU.
+A one-token pass in bf16 or fp16 attends in float32 products instead, where that is the faster here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..common.timing import runs_faster
 
 GROUPED_SDPA = "sdpa_grouped"
 
@@ -22,6 +26,8 @@ def grouped_sdpa_attention(
 ):
     """transformers' attention signature: query [B, Hq, T, D], key/value [B, Hkv, S, D] ->
     ([B, T, Hq, D], None)."""
+    if query.shape[2] == 1 and attention_mask is None and single_query_pays(query.dtype):
+        return single_query_attention(query, key, value, scaling), None
     causal = module.is_causal if is_causal is None else is_causal
     # Without a mask transformers relies on SDPA's causal flag (a prefill over an empty cache: T == S).
     causal = bool(causal and attention_mask is None and query.shape[2] > 1)
@@ -36,6 +42,33 @@ def grouped_sdpa_attention(
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def single_query_attention(query, key, value, scaling=None):
+    """One query per head over grouped K/V heads, in float32 products: in bf16 PyTorch's CPU flash kernel
+    takes 2–3× longer for a single query (docs/measurements/speed.md), as accurate. -> [B, 1, Hq, D]."""
+    batch, n_query_heads, _, dim = query.shape
+    n_kv_heads = key.shape[1]
+    grouped = query.reshape(batch, n_kv_heads, n_query_heads // n_kv_heads, dim).float()
+    scores = torch.matmul(grouped, key.float().transpose(-1, -2)) * (scaling or dim**-0.5)
+    out = torch.matmul(scores.softmax(-1), value.float())
+    return out.view(batch, 1, n_query_heads, dim).to(query.dtype)
+
+
+@functools.cache
+def single_query_pays(dtype: torch.dtype) -> bool:
+    """Whether `single_query_attention` beats PyTorch's kernel here for one query (SmolLM2's 9 heads over 3
+    K/V heads, 256 cached tokens), timed once per process (tens of ms): it depends on the CPU. Never in
+    float32, where the target must compute exactly what transformers does."""
+    if dtype == torch.float32:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 9, 1, 64, generator=generator).to(dtype)
+    key, value = (torch.randn(1, 3, 256, 64, generator=generator).to(dtype) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return runs_faster(
+        lambda: single_query_attention(query, key, value), lambda: sdpa(query, key, value, enable_gqa=True)
+    )
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
@@ -53,6 +86,7 @@ def use_grouped_attention(model: torch.nn.Module) -> None:
     grouped = getattr(text, "num_key_value_heads", None) not in (None, text.num_attention_heads)
     if grouped and getattr(config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(GROUPED_SDPA)
+        single_query_pays(parameter.dtype)  # timed now rather than in the first decoding step
 
 
 @contextlib.contextmanager

@@ -204,6 +204,11 @@ class Eagle3Draft(nn.Module):
         full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_token_ids, small)
 
+    def full_probs(self, small_probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary [..., draft_vocab] -> over the whole one [..., V]."""
+        full = small_probs.new_zeros((*small_probs.shape[:-1], self.vocab_size))
+        return full.index_copy_(-1, self.draft_token_ids, small_probs)
+
     # ------------------------------------------------------------------ files
 
     def save(self, directory, dtype: torch.dtype = torch.float16) -> None:

@@ -51,11 +51,16 @@ def _gguf_read_once():
         )
 
 
+def gguf_key(gguf_path: Path) -> str:
+    """A short key of a GGUF's content (its size and first MiB), so every virtualenv shares what is derived
+    from it."""
+    with open(gguf_path, "rb") as f:
+        return hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
+
+
 def _converted_gguf_dir(gguf_path: Path) -> Path:
     """Dequantising a GGUF takes seconds: do it once and keep a safetensors copy in the user cache."""
-    with open(gguf_path, "rb") as f:  # keyed by content, so every virtualenv shares one conversion
-        key = hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
-    out = cache_dir() / f"{gguf_path.stem}-{key}"
+    out = cache_dir() / f"{gguf_path.stem}-{gguf_key(gguf_path)}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -12,6 +12,9 @@ import torch
 from .eagle import WEIGHTS_FILE, Eagle3Draft
 from .embedded import EMBEDDED, EMBEDDED_DRAFT_DIR, embedded_gguf_path
 from .gguf_cache import _converted_gguf_dir
+from .gguf_int4 import use_gguf_int4
+from .int8_draft import use_int8_draft
+from .lean_layer import use_lean_layers
 from .pair import ModelPair, PairError
 
 
@@ -71,6 +74,14 @@ def resolve_source(name_or_path: str) -> str:
         return str(path)
     check_hub_model(name_or_path)
     return name_or_path
+
+
+def gguf_file(name_or_path: str) -> Path | None:
+    """The .gguf file a target is loaded from, if any."""
+    if name_or_path == EMBEDDED:
+        return embedded_gguf_path()
+    path = Path(name_or_path).expanduser()
+    return path if path.suffix == ".gguf" and path.exists() else None
 
 
 def check_hub_model(name: str) -> None:
@@ -155,6 +166,15 @@ def load_eagle3(directory, target) -> Eagle3Draft:
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
+def load_target(target: str, device: torch.device, dtype: torch.dtype):
+    """The target model alone, a GGUF's projections on its own 4-bit weights where that pays here."""
+    model = _load_model(resolve_source(target), device, dtype)
+    gguf = gguf_file(target)
+    if gguf is not None and use_gguf_int4(model, gguf):  # decoding products on its own 4-bit weights
+        use_lean_layers(model)
+    return model
+
+
 @functools.lru_cache(maxsize=4)
 def load_pair(
     target: str = EMBEDDED, draft: str | None = None, device: str = "auto", dtype: str = "auto"
@@ -168,9 +188,8 @@ def load_pair(
 
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
-    target_source = resolve_source(target)
-    tokenizer = AutoTokenizer.from_pretrained(target_source)
-    target_model = _load_model(target_source, dev, torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_source(target))
+    target_model = load_target(target, dev, torch_dtype)
     if draft is None and target == EMBEDDED:
         if not is_eagle3_dir(EMBEDDED_DRAFT_DIR):
             raise PairError(
@@ -186,6 +205,7 @@ def load_pair(
         draft_source = resolve_source(draft)
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_source))
         draft_model, draft_name = _load_model(draft_source, dev, torch_dtype), draft
+    use_int8_draft(draft_model)  # its decoding products on 8-bit weights, where that is faster here
     pair = ModelPair(target_model, draft_model, tokenizer, target, draft_name, dev)
     if pair.vocab_size < len(tokenizer):
         raise PairError(

@@ -1,0 +1,227 @@
+"""The static pass (static_pass.py) compiled ahead of time by AOTInductor, built once per machine in the
+background, and lent to one cached decode at a time.
+
+Building takes about a minute of one core (export, then C++ compilation), so it never delays a start: a
+subprocess at low priority builds the package into the user cache while the eager path serves, and the
+pass is attached when it is ready and agrees with the eager pass on a check prompt. Later starts load it
+in a fraction of a second. The package's weights are the model's own tensors, shared, not copied (its
+constants are "user managed"), and so is the static KV cache, which `core.cache.CachedLM` fills from the
+prompt's cache and crops by setting its length.
+
+DIVERSED_COMPILED_PASS=off keeps every pass eager.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ..common.files import cache_dir
+from .static_pass import K_MAX, StaticPass, compilable
+
+MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
+SWITCH = "DIVERSED_COMPILED_PASS"
+
+
+class CompiledPass:
+    """A runner of the static pass (the AOTInductor package, or the eager module itself) with its static
+    cache, held by one decode at a time."""
+
+    def __init__(self, module: StaticPass, runner=None):
+        self.module, self.runner = module, runner or module
+        self._lock, self._holder = threading.Lock(), None
+
+    def acquire(self, holder: object) -> bool:
+        """Lend the pass to `holder` if nobody holds it (never waits)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        self._holder = id(holder)
+        return True
+
+    def release(self, holder_id: int) -> None:
+        if self._holder == holder_id:
+            self._holder = None
+            self._lock.release()
+
+    def fits(self, length: int, k: int) -> bool:
+        return 1 <= k <= K_MAX and length + k < self.module.max_len
+
+    def load(self, layers, length: int) -> None:
+        """Copy a one-row KV cache ([(keys [1, H, T, D], values, …), …] per layer) into the static one."""
+        for (keys, values, *_), static in zip(layers, self._static_layers(), strict=True):
+            static[0][:, :length].copy_(keys[0, :, :length])
+            static[1][:, :length].copy_(values[0, :, :length])
+
+    def layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The static cache's first `length` slots as a one-row KV cache, to go on eagerly."""
+        return [(k[None, :, :length].clone(), v[None, :, :length].clone()) for k, v in self._static_layers()]
+
+    def _static_layers(self):
+        return [tuple(self.module.buffers_of_layer(i)) for i in range(self.module.n_layers)]
+
+    def forward(self, tokens: torch.Tensor, length: int):
+        """Feed tokens [k] after `length` cached ones: (logits [k, V], last hidden [k, H], aux [k, ·])."""
+        k = tokens.numel()
+        positions = torch.arange(length, length + k)
+        mask = torch.arange(length + k)[None, :] <= positions[:, None]
+        logits, hidden, aux = self.runner(tokens.view(-1), positions, mask)
+        return logits, hidden, aux
+
+
+def package_key(model, aux_layer_ids) -> str:
+    """What a package is valid for: the model's shapes and weights' source, the pass's code, PyTorch and
+    the CPU's vector instructions."""
+    source = (Path(__file__).parent / "static_pass.py").read_bytes()
+    identity = {
+        "config": model.config.get_text_config().to_dict(),
+        "weights": getattr(model, "name_or_path", None) or str(model.config._name_or_path),
+        "dtype": str(next(model.parameters()).dtype),
+        "aux": list(aux_layer_ids),
+        "max_len": MAX_LEN,
+        "k_max": K_MAX,
+        "torch": torch.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "source": hashlib.sha256(source).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def package_path(model, aux_layer_ids) -> Path:
+    return cache_dir() / "compiled" / f"static-pass-{package_key(model, aux_layer_ids)}.pt2"
+
+
+def build_package(model, aux_layer_ids, path: Path) -> Path:
+    """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute)."""
+    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    new = torch.export.Dim("new", min=1, max=K_MAX)
+    used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
+    tokens, positions = torch.tensor([1, 2]), torch.tensor([5, 6])
+    mask = torch.arange(7)[None, :] <= positions[:, None]
+    with torch.no_grad():
+        program = torch.export.export(
+            module, (tokens, positions, mask), dynamic_shapes=({0: new}, {0: new}, {0: new, 1: used})
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")  # the packager wants the suffix
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def load_package(model, aux_layer_ids, path: Path) -> CompiledPass:
+    """The package's runner over the model's own tensors and a static cache of this process."""
+    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    runner = torch._inductor.aoti_load_package(str(path))
+    buffers = dict(module.named_buffers())
+    names = runner.get_constant_fqns()
+    runner.load_constants(
+        {n: buffers[n] for n in names if n in buffers}, check_full_update=False, user_managed=True
+    )
+    return CompiledPass(module, lambda *inputs: runner(*inputs))
+
+
+def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
+    """Whether the compiled pass gives the eager pass's logits, to bf16 rounding, on a check prompt and a
+    one- and a three-token pass after it."""
+    from ..core.cache import CachedLM
+
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.arange(1, 33) % vocab
+    eager = CachedLM(model, vocab, aux_layer_ids)
+    with torch.inference_mode():
+        eager.forward(prompt, keep=1)
+        compiled.load(list(eager.cache), len(prompt))
+        for feed in (prompt[:1], prompt[1:4]):
+            length = eager.length
+            reference, _, _ = eager.forward(feed, keep=len(feed))
+            logits, _, _ = compiled.forward(feed, length)
+            if (logits[:, :vocab].float() - reference.float()).abs().max() > 2.0:
+                return False
+    return True
+
+
+def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
+    """Load the package and lend it to the model's cached decodes (`model.compiled_pass`) if it agrees with
+    the eager pass; None (and the eager pass goes on) if it cannot load or does not agree."""
+    try:
+        compiled = load_package(model, aux_layer_ids, path)
+        agrees = agrees_with_eager(model, compiled, aux_layer_ids)
+    except Exception as err:  # a broken or foreign package must not stop decoding: eager goes on
+        log(f"the compiled pass at {path} did not load ({err}); decoding stays eager")
+        return None
+    if not agrees:
+        log(f"the compiled pass at {path} disagrees with the eager pass; decoding stays eager")
+        return None
+    model.compiled_pass = compiled
+    return compiled
+
+
+def prepare(pair, wait: bool = False, log=print) -> None:
+    """Give the pair's target its compiled pass where one applies (a lean 4-bit target on the CPU): at once
+    if its package is built, else after a build in a background process (or, with wait, before returning)."""
+    model = pair.target
+    if os.environ.get(SWITCH, "auto") == "off" or model.device.type != "cpu" or not compilable(model):
+        return
+    if getattr(model, "compiled_pass", None) is not None:
+        return
+    aux = list(getattr(pair.draft, "aux_layer_ids", None) or [])
+    path = package_path(model, aux)
+    if path.exists():
+        attach(model, aux, path, log)
+        return
+    build = start_build(pair.target_name, aux, path)
+    log(f"compiling the target's decoding pass in the background (about a minute); log: {build.args[-1]}")
+
+    def finish():
+        if build.wait() == 0 and path.exists():
+            attach(model, aux, path, log)
+        else:
+            log(f"compiling the decoding pass failed (see {build.args[-1]}); decoding stays eager")
+
+    if wait:
+        finish()
+    else:
+        threading.Thread(target=finish, daemon=True, name="compiled-pass").start()
+
+
+def start_build(target: str, aux_layer_ids, path: Path) -> subprocess.Popen:
+    """The build in a process of its own at low priority, on one core: the app keeps the other."""
+    log = path.with_suffix(".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    aux = ",".join(map(str, aux_layer_ids))
+    command = [sys.executable, "-m", __name__, target, aux, str(path), str(log)]
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(10)
+        )
+
+
+def build_from_command_line(target: str, aux: str, path: str, log: str) -> None:
+    from .loading import load_target
+
+    start = time.perf_counter()
+    model = load_target(target, torch.device("cpu"), torch.bfloat16)
+    aux_layer_ids = [int(i) for i in aux.split(",") if i]
+    if not compilable(model):
+        sys.exit("the target's layers are not lean 4-bit layers here: nothing to compile")
+    expected = package_path(model, aux_layer_ids)
+    if expected != Path(path):
+        sys.exit(f"this process would build {expected}, not {path}: the two processes load different models")
+    build_package(model, aux_layer_ids, Path(path))
+    print(f"built {path} in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    build_from_command_line(*sys.argv[1:5])

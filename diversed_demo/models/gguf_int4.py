@@ -1,0 +1,173 @@
+"""A GGUF target's 4-bit weights multiplied as stored, on the CPU: PyTorch's int4 weight-only product.
+
+A Q4_0 or Q4_1 block holds 32 weights w = d·q + m (q in 0..15; Q4_0 has m = −8d). PyTorch's CPU kernel
+computes (q − 8)·scale + zero per block of 32, so scale = d and zero = m + 8d give the same weights, with
+the scales rounded to the activations' dtype. A one-token pass then streams about 4.5 bits a weight
+instead of 16. The products of a few rows (decoding, verification) use it; longer ones (prompts) keep the
+dense weight, which the kernel's per-4-row dequantisation would make slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..common.files import atomic_write, cache_dir
+from ..common.timing import runs_faster
+from .gguf_cache import gguf_key
+
+Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
+# At most this many rows use the int4 product, more the dense weight: every verification pass; int4 stays
+# the faster to ~16 rows here (docs/measurements/speed.md).
+INT4_ROWS = 8
+LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module names in a Llama layer
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def int4_product(rows: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """rows [M, K] · (the packed 4-bit weight [N, K])ᵀ -> [M, N]."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
+
+
+class Int4Linear(torch.nn.Linear):
+    """nn.Linear whose products of at most INT4_ROWS rows use its GGUF 4-bit weight (`int4`: packed
+    codes, scales and zeros); the dense weight stays for longer products and for stock comparisons."""
+
+    int4: tuple[torch.Tensor, torch.Tensor]
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.reshape(-1, self.in_features)
+        if len(rows) > INT4_ROWS or input.dtype != self.int4[1].dtype:
+            return torch.nn.functional.linear(input, self.weight, self.bias)
+        out = int4_product(rows, *self.int4)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*input.shape[:-1], self.out_features)
+
+
+def q4_codes(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_0/Q4_1 tensor's (codes [N, K] int32 in 0..15, d [N, K/32], m [N, K/32]) in float32.
+
+    Block layout (ggml): d (fp16), m (fp16, Q4_1 only), 16 bytes whose low nibbles are weights 0..15 and
+    high nibbles 16..31."""
+    raw = torch.from_numpy(tensor.data.copy())
+    n_rows = raw.shape[0]
+    with_min = tensor.tensor_type.name == "Q4_1"
+    blocks = raw.view(n_rows, -1, 20 if with_min else 18)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1) if with_min else -8 * d
+    nibbles = blocks[..., 4:] if with_min else blocks[..., 2:]
+    codes = torch.cat([nibbles & 15, nibbles >> 4], -1).reshape(n_rows, -1).int()
+    return codes, d, m
+
+
+def unpermute_rows(n_rows: int, n_heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of a q/k weight (transformers undoes it the
+    same way when it loads a GGUF)."""
+    return torch.arange(n_rows).view(n_heads, n_rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def read_q4_layers(gguf_path: Path, config) -> dict[str, tuple]:
+    """{transformers module name: (codes, d, m)} for every Q4_0/Q4_1 projection of a Llama GGUF's layers, in
+    transformers' row order."""
+    import gguf
+
+    layers = {}
+    for tensor in gguf.GGUFReader(str(gguf_path)).tensors:
+        parts = tensor.name.split(".")  # blk.<i>.<name>.weight
+        q4 = tensor.tensor_type.name in ("Q4_0", "Q4_1")
+        if not q4 or parts[0] != "blk" or parts[2] not in LAYER_NAMES:
+            continue
+        codes, d, m = q4_codes(tensor)
+        heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}.get(parts[2])
+        if heads:
+            order = unpermute_rows(len(codes), heads)
+            codes, d, m = codes[order], d[order], m[order]
+        layers[f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"] = (codes, d, m)
+    return layers
+
+
+def dequantised(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The float32 weights a Q4 block stores, computed as gguf-py's dequantisation computes them."""
+    n_rows = len(codes)
+    return (codes.view(n_rows, -1, Q4_BLOCK).float() * d[..., None] + m[..., None]).view(n_rows, -1)
+
+
+def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """The kernel's operands: packed codes [N, K/2] uint8 and scales/zeros [K/32, N, 2] in `dtype`."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    scales_zeros = torch.stack([d, m + 8 * d], -1).transpose(0, 1).contiguous().to(dtype)
+    return packed, scales_zeros
+
+
+def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:
+    """{module name: the kernel's operands} for the model's projections stored as Q4 blocks in its GGUF, or
+    None where the GGUF's blocks do not give exactly the model's weights. Built once (seconds) and kept in
+    the user cache; the packing depends on the CPU's vector width and PyTorch, so both are in the key."""
+    dtype = next(model.parameters()).dtype
+    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}"
+    key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
+    path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
+    if path.exists():
+        flat = load_file(str(path))
+        return {
+            name.removesuffix(".packed"): (t, flat[name.replace(".packed", ".scales")])
+            for name, t in flat.items()
+            if name.endswith(".packed")
+        }
+    layers = read_q4_layers(gguf_path, model.config.get_text_config())
+    weights = {name: model.get_submodule(name).weight for name in layers}
+    if not layers or any(not torch.equal(dequantised(*layers[n]).to(dtype), w) for n, w in weights.items()):
+        return None
+    operands = {name: pack(*blocks, dtype) for name, blocks in layers.items()}
+    flat = {f"{name}.packed": packed for name, (packed, _) in operands.items()}
+    flat |= {f"{name}.scales": scales for name, (_, scales) in operands.items()}
+    atomic_write(path, lambda tmp: save_file(flat, str(tmp)))
+    return operands
+
+
+def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
+    """Switch the model's projections stored as Q4 blocks in its GGUF to Int4Linear, where the model runs in
+    bf16 or fp16 on the CPU and the int4 product is the faster here (`int4_pays`); returns how many were
+    switched."""
+    weight = next(model.parameters())
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    if getattr(model.config, "model_type", None) != "llama" or not int4_pays(weight.dtype):
+        return 0
+    operands = int4_operands(gguf_path, model) or {}
+    for name, ops in operands.items():
+        module = model.get_submodule(name)
+        module.int4 = ops
+        module.__class__ = Int4Linear
+    return len(operands)
+
+
+@functools.cache
+def int4_pays(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the int4 product beats the dense one on this machine at 1 and 4 rows, timed once per process
+    (a fraction of a second) through a weight larger than the CPU's caches (32768×576: the dense one streams
+    from memory, as a pass's weights do): it depends on the CPU."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (32768, 576), dtype=torch.uint8, generator=generator).int()
+    scales = torch.rand(32768, 576 // Q4_BLOCK, generator=generator) / 100
+    dense = dequantised(codes, scales, -8 * scales).to(dtype)
+    packed = pack(codes, scales, -8 * scales, dtype)
+
+    def faster(rows):
+        hidden = torch.randn(rows, 576, generator=generator).to(dtype)
+        linear = torch.nn.functional.linear
+        return runs_faster(lambda: int4_product(hidden, *packed), lambda: linear(hidden, dense), 6, 2)
+
+    return faster(1) and faster(4)

@@ -1,0 +1,93 @@
+"""A Llama decoder layer for few-token passes over 4-bit weights: one product for q, k and v, one for gate
+and up, the rotary embedding applied to q and k at once, and no submodule calls in between.
+
+With the weights at 4 bits a decoding pass is mostly per-call overhead of small operations and modules; this
+layer cuts their number. Passes over more rows (prompts) run transformers' own layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
+
+from .gguf_int4 import INT4_ROWS, Int4Linear, int4_product
+
+
+def rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """transformers' LlamaRMSNorm in fewer operations (float32 inside, weight applied in the input dtype)."""
+    normed = torch.rms_norm(hidden.float(), hidden.shape[-1:], eps=norm.variance_epsilon)
+    return norm.weight * normed.to(hidden.dtype)
+
+
+# The kernel packs output rows in blocks of 64 (AVX-512; 32 with AVX2): projections whose row counts are
+# multiples of it stack by concatenating their packed operands.
+PACKED_ROWS = 64
+
+
+def fused_int4(*linears: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int4 operands of several projections of the same input, stacked: one product computes them all."""
+    return torch.cat([m.int4[0] for m in linears]), torch.cat([m.int4[1] for m in linears], 1)
+
+
+def fusable(projections) -> bool:
+    return all(
+        type(p) is Int4Linear and p.bias is None and p.out_features % PACKED_ROWS == 0 for p in projections
+    )
+
+
+class LeanLlamaLayer(LlamaDecoderLayer):
+    """LlamaDecoderLayer whose passes over at most INT4_ROWS tokens take the short path above (`qkv` and
+    `gate_up`: the fused int4 operands); same parameters and state dict."""
+
+    qkv: tuple[torch.Tensor, torch.Tensor]
+    gate_up: tuple[torch.Tensor, torch.Tensor]
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
+        batch, length, width = hidden_states.shape
+        if batch * length > INT4_ROWS or kwargs.get("output_attentions"):
+            return super().forward(hidden_states, attention_mask, position_ids, cache=cache, **kwargs)
+        normed = rms_norm(hidden_states, self.input_layernorm).view(-1, width)
+        attended = self._attention(normed, batch, attention_mask, cache, kwargs["position_embeddings"])
+        hidden_states = hidden_states + attended.view(batch, length, width)
+        normed = rms_norm(hidden_states, self.post_attention_layernorm).view(-1, width)
+        return hidden_states + self._mlp(normed).view(batch, length, width)
+
+    def _attention(self, rows, batch, attention_mask, cache, position_embeddings):
+        attn, config = self.self_attn, self.self_attn.config
+        n_q, n_kv = config.num_attention_heads, config.num_key_value_heads
+        qkv = int4_product(rows, *self.qkv).view(batch, -1, n_q + 2 * n_kv, attn.head_dim)
+        cos, sin = (table.unsqueeze(2) for table in position_embeddings)  # [B, T, 1, D]
+        qk = qkv[:, :, : n_q + n_kv]
+        qk = qk * cos + rotate_half(qk) * sin  # transformers' rotary embedding, on q and k together
+        query, key = qk[:, :, :n_q].transpose(1, 2), qk[:, :, n_q:].transpose(1, 2)
+        value = qkv[:, :, n_q + n_kv :].transpose(1, 2)
+        if cache is not None:
+            key, value = cache.update(key, value, attn.layer_idx)
+        functions, name = ALL_ATTENTION_FUNCTIONS, config._attn_implementation
+        interface = functions.get_interface(name, eager_attention_forward)
+        out, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)
+        return int4_product(out.reshape(len(rows), -1), *attn.o_proj.int4)
+
+    def _mlp(self, rows):
+        mlp = self.mlp
+        gate, up = int4_product(rows, *self.gate_up).chunk(2, -1)
+        return int4_product(mlp.act_fn(gate) * up, *mlp.down_proj.int4)
+
+
+def use_lean_layers(model: torch.nn.Module) -> int:
+    """Switch every Llama layer whose seven projections are bias-free Int4Linear (row counts stacking whole
+    packed blocks) to LeanLlamaLayer; returns how many were switched."""
+    switched = 0
+    for layer in model.modules():
+        if type(layer) is not LlamaDecoderLayer:
+            continue
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
+        projections.append(mlp.down_proj)
+        if fusable(projections):
+            layer.qkv = fused_int4(attn.q_proj, attn.k_proj, attn.v_proj)
+            layer.gate_up = fused_int4(mlp.gate_proj, mlp.up_proj)
+            layer.__class__ = LeanLlamaLayer
+            switched += 1
+    return switched

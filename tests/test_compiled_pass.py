@@ -1,0 +1,133 @@
+"""The target's whole pass over a static cache (models/static_pass.py) and its compiled runner
+(models/compiled_pass.py): what the eager pass computes, through CachedLM's rollbacks and fallbacks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from tiny import tiny_q4_model
+
+from diversed_demo.core.cache import CachedLM
+from diversed_demo.models import compiled_pass, gguf_int4
+from diversed_demo.models.attention import use_grouped_attention
+from diversed_demo.models.compiled_pass import CompiledPass, agrees_with_eager, attach, build_package
+from diversed_demo.models.gguf_int4 import use_gguf_int4
+from diversed_demo.models.lean_layer import use_lean_layers
+from diversed_demo.models.static_pass import K_MAX, StaticPass, compilable
+
+AUX = [0, 1]
+
+
+@pytest.fixture
+def lean_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # the kernel's logic, whatever the CPU
+    path = tmp_path / "tiny.gguf"
+    model = tiny_q4_model(path).to(torch.bfloat16)
+    use_grouped_attention(model)
+    use_gguf_int4(model, path)
+    use_lean_layers(model)
+    assert compilable(model)
+    return model
+
+
+def decode_like(model, feeds, rollbacks):
+    """Logits, hidden and aux of each feed (the first is the prompt), rolling back after each as listed."""
+    lm = CachedLM(model, model.config.vocab_size, AUX)
+    out = []
+    with torch.inference_mode():
+        for feed, back in zip(feeds, rollbacks, strict=True):
+            logits, hidden, aux = lm.forward(torch.tensor(feed), keep=len(feed) if out else 1)
+            out.append((logits.float(), hidden.float(), aux.float()))
+            lm.rollback(lm.length - back)
+        held = lm.compiled is not None
+    lm.close()
+    return out, held
+
+
+def random_feeds(seed: int, vocab: int, passes: int, prompt: int = 40):
+    rng = random.Random(seed)
+    feeds = [[rng.randrange(4, vocab) for _ in range(prompt)]]
+    feeds += [[rng.randrange(4, vocab) for _ in range(rng.randint(1, K_MAX))] for _ in range(passes)]
+    rollbacks = [0] + [rng.randint(0, len(f) - 1) for f in feeds[1:]]  # a verification keeps a prefix
+    return feeds, rollbacks
+
+
+def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model):
+    feeds, rollbacks = random_feeds(0, lean_model.config.vocab_size, passes=12)
+    eager, held = decode_like(lean_model, feeds, rollbacks)
+    assert not held
+    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    static, held = decode_like(lean_model, feeds, rollbacks)
+    assert held  # the passes after the prompt ran on the static cache
+    for (a, a_hidden, a_aux), (b, b_hidden, b_aux) in zip(eager, static, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # bf16, float32 attention on both sides
+        torch.testing.assert_close(b_hidden, a_hidden, rtol=0.03, atol=0.03)
+        torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05)
+
+
+def test_long_passes_and_a_full_cache_go_on_eagerly_from_the_static_cache(lean_model):
+    vocab = lean_model.config.vocab_size
+    feeds, rollbacks = random_feeds(1, vocab, passes=6, prompt=30)
+    feeds.insert(3, list(range(4, 4 + K_MAX + 3)))  # longer than a compiled pass takes
+    rollbacks.insert(3, 2)
+    eager, _ = decode_like(lean_model, feeds, rollbacks)
+    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    static, held = decode_like(lean_model, feeds, rollbacks)
+    assert not held  # it left the compiled pass at the long feed, and stayed eager
+    for (a, _, _), (b, _, _) in zip(eager, static, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
+    feeds, rollbacks = random_feeds(2, vocab, passes=8, prompt=30)
+    lean_model.compiled_pass = None
+    eager, _ = decode_like(lean_model, feeds, rollbacks)
+    lean_model.compiled_pass = CompiledPass(
+        StaticPass(lean_model, AUX, max_len=40)
+    )  # full within a few passes
+    near_full, held = decode_like(lean_model, feeds, rollbacks)
+    assert not held
+    for (a, _, _), (b, _, _) in zip(eager, near_full, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
+
+
+def test_one_decode_at_a_time_holds_the_compiled_pass(lean_model):
+    compiled = lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    first, second = (CachedLM(lean_model, lean_model.config.vocab_size, AUX) for _ in range(2))
+    with torch.inference_mode():
+        first.forward(torch.arange(4, 20), keep=1)
+        second.forward(torch.arange(4, 20), keep=1)
+    assert first.compiled is compiled and second.compiled is None  # the second decodes eagerly
+    first.close()
+    third = CachedLM(lean_model, lean_model.config.vocab_size, AUX)
+    with torch.inference_mode():
+        third.forward(torch.arange(4, 20), keep=1)
+    assert third.compiled is compiled
+    del third  # a decode dropped without close gives it back too
+    assert compiled.acquire(object())
+
+
+@pytest.mark.slow
+def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path):
+    path = build_package(lean_model, AUX, tmp_path / "pass.pt2")
+    assert attach(lean_model, AUX, path) is lean_model.compiled_pass
+    feeds, rollbacks = random_feeds(2, lean_model.config.vocab_size, passes=8)
+    compiled, held = decode_like(lean_model, feeds, rollbacks)
+    assert held
+    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, compiled_pass.MAX_LEN))
+    static, _ = decode_like(lean_model, feeds, rollbacks)
+    for (a, _, a_aux), (b, _, b_aux) in zip(static, compiled, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # inductor fuses away some bf16 roundings
+        torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05)
+
+
+def test_a_package_that_disagrees_is_not_attached(lean_model):
+    broken = CompiledPass(StaticPass(lean_model, AUX, max_len=128), runner=lambda *inputs: wrong(*inputs))
+
+    def wrong(tokens, positions, mask):
+        logits, hidden, aux = broken.module(tokens, positions, mask)
+        return logits + 5.0, hidden, aux
+
+    assert not agrees_with_eager(lean_model, broken, AUX)
+    good = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    assert agrees_with_eager(lean_model, good, AUX)

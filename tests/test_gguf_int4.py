@@ -1,0 +1,164 @@
+"""A GGUF target's 4-bit weights multiplied as stored (Int4Linear), the lean decoder layer over them and the
+one-query attention: what transformers' own layers compute, to bf16's precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_q4_model, tiny_tokenizer
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from diversed_demo.core.cache import CachedLM
+from diversed_demo.eval.costs import weight_bytes
+from diversed_demo.models import gguf_int4
+from diversed_demo.models.attention import GROUPED_SDPA, use_grouped_attention
+from diversed_demo.models.gguf_int4 import Int4Linear, dequantised, int4_product, pack, use_gguf_int4
+from diversed_demo.models.lean_layer import LeanLlamaLayer, use_lean_layers
+from diversed_demo.models.pair import ModelPair
+from diversed_demo.models.stock import stock_layers
+
+
+@pytest.fixture(autouse=True)
+def int4_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # the kernel's logic, whatever the CPU
+
+
+def q4_blocks(n_rows=128, n_cols=256, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n_rows, n_cols), dtype=torch.int32, generator=generator)
+    d = torch.rand(n_rows, n_cols // 32, generator=generator).half().float() / 50
+    m = -torch.rand(n_rows, n_cols // 32, generator=generator).half().float() / 5
+    return codes, d, m
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 8])
+def test_int4_product_computes_the_blocks_weights(rows):
+    codes, d, m = q4_blocks()
+    hidden = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+    expected = hidden @ dequantised(codes, d, m).T
+    exact = int4_product(hidden, *pack(codes, d, m, torch.float32))  # float32 scales: the blocks exactly
+    torch.testing.assert_close(exact, expected, rtol=1e-5, atol=1e-4)
+    in_bf16 = int4_product(hidden.bfloat16(), *pack(codes, d, m, torch.bfloat16))
+    torch.testing.assert_close(in_bf16.float(), expected, rtol=0.02, atol=0.05)
+
+
+def tiny_int4_model(tmp_path, qtype="Q4_1"):
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    model = tiny_q4_model(path, qtype=qtype).to(torch.bfloat16)
+    use_grouped_attention(model)  # as a pair runs it
+    return model, path
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_the_gguf_blocks_replace_exactly_the_models_projections(tmp_path, qtype):
+    model, path = tiny_int4_model(tmp_path, qtype)
+    keys = model.state_dict().keys()
+    assert use_gguf_int4(model, path) == 14  # 7 projections in each of 2 layers
+    assert all(type(m) is Int4Linear for name, m in model.named_modules() if name.endswith("_proj"))
+    assert model.state_dict().keys() == keys
+    assert len(list((tmp_path / "cache").glob("*-int4-*.safetensors"))) == 1  # built once, then read
+    again, _ = tiny_int4_model(tmp_path, qtype)
+    assert use_gguf_int4(again, path) == 14
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear):
+            assert all(torch.equal(a, b) for a, b in zip(module.int4, again.get_submodule(name).int4))
+
+
+def test_a_gguf_that_is_not_the_models_is_refused(tmp_path):
+    model, path = tiny_int4_model(tmp_path)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] += 0.5
+    assert use_gguf_int4(model, path) == 0
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+
+
+def test_float32_models_and_machines_where_it_does_not_pay_keep_their_layers(tmp_path, monkeypatch):
+    model, path = tiny_int4_model(tmp_path)
+    assert use_gguf_int4(model.float(), path) == 0  # float32 keeps transformers' exact numerics
+    monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: False)
+    assert use_gguf_int4(model.bfloat16(), path) == 0
+
+
+def passes(model, ids, sizes):
+    """Logits and aux hidden states of a prompt pass and then passes of `sizes` tokens, each rolled back."""
+    lm = CachedLM(model, model.config.vocab_size, aux_layer_ids=[0, 1])
+    prompt = len(ids) - max(sizes)
+    out = [lm.forward(torch.tensor(ids[:prompt]), keep=1)]
+    for k in sizes:
+        out.append(lm.forward(torch.tensor(ids[prompt : prompt + k]), keep=k))
+        lm.rollback(prompt)
+    return [(logits.float(), aux.float()) for logits, _, aux in out]
+
+
+def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
+    """One-token, verification-sized and longer passes (the dense path) through the lean layers and int4
+    products give transformers' logits and features to bf16's precision, and the lean layer the int4
+    projections' own results."""
+    model, path = tiny_int4_model(tmp_path)
+    assert model.config._attn_implementation == GROUPED_SDPA  # one-query passes take its float32 path
+    use_gguf_int4(model, path)
+    assert use_lean_layers(model) == 2
+    ids = list(range(4, 40))
+    sizes = [1, 2, 4, 5, 8, 12]
+    with torch.inference_mode():
+        ours = passes(model, ids, sizes)
+        for layer in model.model.layers:
+            layer.__class__ = LlamaDecoderLayer  # the int4 projections in transformers' layer
+        projections_only = passes(model, ids, sizes)
+        with stock_layers(model):
+            assert not any(isinstance(m, (Int4Linear, LeanLlamaLayer)) for m in model.modules())
+            stock = passes(model, ids, sizes)
+    for (a, a_aux), (b, b_aux), (c, c_aux) in zip(ours, projections_only, stock, strict=True):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+        torch.testing.assert_close(a_aux, b_aux, rtol=0.02, atol=0.04)
+        torch.testing.assert_close(a, c, rtol=0.02, atol=0.02)
+        torch.testing.assert_close(a_aux, c_aux, rtol=0.02, atol=0.04)  # 2 bf16 steps at ~3
+
+
+def test_lean_layers_decode_a_batch_of_rows_with_holes(tmp_path):
+    """Rows of a batch (a rolled-back row's holes masked out) decode through the lean layers as they do
+    through transformers' layers."""
+    model, path = tiny_int4_model(tmp_path)
+    use_gguf_int4(model, path)
+    use_lean_layers(model)
+    first, second = [[1, 5, 9, 7], [1, 6]], [[8, 4], [9, 10]]
+    feeds = [[torch.tensor(f) for f in first], [torch.tensor(f) for f in second]]
+
+    def run():
+        lm = CachedLM(model, model.config.vocab_size, rows=2)
+        first = lm.forward_rows(feeds[0], [4, 2])
+        lm.rollback(3, 0)
+        return [out[0].float() for out in first + lm.forward_rows(feeds[1], [2, 2])]
+
+    with torch.inference_mode():
+        ours = run()
+        with stock_layers(model):
+            stock = run()
+    for a, b in zip(ours, stock, strict=True):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+
+
+def test_weight_bytes_count_the_4bit_weights_a_pass_streams(tmp_path):
+    model, path = tiny_int4_model(tmp_path)
+    dense = weight_bytes(model)
+    use_gguf_int4(model, path)
+    projections = sum(m.weight.numel() for m in model.modules() if isinstance(m, Int4Linear))
+    # 16-bit weights become 4 bits plus a 16-bit scale and zero per 32
+    assert weight_bytes(model) == dense - projections * 2 + projections // 2 + projections // 32 * 4
+
+
+def test_the_pair_and_its_transformers_baseline(tmp_path):
+    """A pair keeps its int4 layers; transformers' generate (the bench's baseline) runs the stock ones."""
+    from diversed_demo.eval.hf_baseline import hf_generate
+
+    model, path = tiny_int4_model(tmp_path)
+    use_gguf_int4(model, path)
+    use_lean_layers(model)
+    pair = ModelPair(model, model, tiny_tokenizer(), "tiny-int4", "tiny-int4", torch.device("cpu"))
+    seen = []
+    hook = model.model.layers[0].register_forward_hook(lambda m, *_: seen.append(type(m)))
+    tokens, _ = hf_generate(pair, [1, 5, 9], {"mode": "ar"}, n_draft=2, max_new_tokens=3)
+    hook.remove()
+    assert len(tokens) == 3 and set(seen) == {LlamaDecoderLayer}
+    assert type(model.model.layers[0]) is LeanLlamaLayer

@@ -1,0 +1,64 @@
+"""The draft on 8-bit weights: the products it computes, where it is switched on, and its proposals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import PROMPTS, tiny_feature_pair
+
+from diversed_demo.core.draft import FeatureDraft
+from diversed_demo.core.sampling import Sampler
+from diversed_demo.models import int8_draft
+from diversed_demo.models.int8_draft import INT8_ROWS, Int8Linear, quantise_rows, use_int8_draft
+
+
+@pytest.mark.parametrize("rows", [1, INT8_ROWS, INT8_ROWS + 3])
+def test_int8_linear_computes_its_codes_few_rows_and_the_dense_weight_beyond(rows):
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=False).bfloat16()
+    layer.weight.data = (torch.randn(96, 64, generator=g) / 8).bfloat16()
+    dense = layer.weight.detach().clone()
+    codes, scales = quantise_rows(dense)
+    assert (codes.float() * scales.float()[:, None] - dense.float()).abs().max() <= scales.float().max() / 2
+    layer.int8 = (codes, scales)
+    layer.__class__ = Int8Linear
+    x = torch.randn(1, rows, 64, generator=g).bfloat16()
+    weight = codes.float() * scales.float()[:, None] if rows <= INT8_ROWS else dense.float()
+    expected = x.float() @ weight.T
+    assert torch.allclose(layer(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+def test_only_a_bf16_draft_on_the_cpu_where_it_pays_is_switched(monkeypatch):
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    assert use_int8_draft(copy.deepcopy(tiny_feature_pair().draft)) == 0  # float32 keeps its layers
+    draft = copy.deepcopy(tiny_feature_pair().draft).bfloat16()
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: False)
+    assert use_int8_draft(draft) == 0 and not any(isinstance(m, Int8Linear) for m in draft.modules())
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    switched = use_int8_draft(draft)
+    assert switched == sum(isinstance(m, torch.nn.Linear) for m in draft.modules()) > 0
+
+
+def test_an_int8_draft_proposes_what_its_dense_self_does(monkeypatch):
+    # The rounding moves q a little: the same greedy drafts, and q close in total variation.
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    pair = tiny_feature_pair()
+    dense = copy.deepcopy(pair.draft).bfloat16()
+    quantised = copy.deepcopy(dense)
+    use_int8_draft(quantised)
+    context = PROMPTS[3]
+    with torch.no_grad():
+        out = pair.target.model(torch.tensor([context]), output_hidden_states=True)
+        features = torch.cat([out.hidden_states[i] for i in dense.aux_layer_ids], -1)[0]
+    proposals = []
+    for model in (dense, quantised):
+        draft = FeatureDraft(model)
+        draft.observe(len(context), features[:-1].bfloat16())
+        sampler = Sampler(0.0, 1.0, torch.Generator().manual_seed(0))
+        proposals.append(draft.propose(torch.tensor(context), 4, sampler))
+    (dense_tokens, dense_q, _), (tokens, q, _) = proposals
+    assert torch.equal(tokens, dense_tokens)
+    distance = 0.5 * (q - dense_q).abs().sum(-1)
+    assert 0 < distance.max() < 0.05  # the 8-bit products ran, and moved q only a little
