@@ -65,6 +65,14 @@ def test_the_key_result_quotes_the_bench_report_or_names_its_command(tmp_path):
     assert "exact speculative decoding 1.40×, a static w = 0.5 1.60× and a DIVERSED head (h) 1.50×" in line
     assert "26 Spec-Bench prompts with this pair" in line and "bench.json" in line
     assert "the embedded pair" in results_summary.key_result("other", tmp_path / "bench.json")
+    assert "tokens/s" not in line  # no target-only run in this report: no baseline speed to quote
+    report["overall"]["ar"], report["vs_transformers"] = (
+        {"speedup": 1.0, "tokens_per_second": 83.8},
+        {"ar": 3.6},
+    )
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    line = results_summary.key_result("t", tmp_path / "bench.json")
+    assert "the target alone, itself 84 tokens/s, 3.6× transformers' <code>generate</code> (" in line
     missing = results_summary.key_result("t", tmp_path / "none.json")
     assert "diversed-demo bench" in missing and "<b>Measured</b>" not in missing
 

@@ -48,11 +48,19 @@ def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
     if best:
         parts.append(f"a DIVERSED head ({best.removeprefix('dynamic:')}) {overall[best]['speedup']:.2f}×")
     pair = "this pair" if settings.get("target") == target_name else "the embedded pair"
+    alone, versus = dig(overall, "ar", "tokens_per_second"), dig(report, "vs_transformers", "ar")
+    baseline = "the target alone"
+    if isinstance(alone, (int, float)):  # how fast the baseline itself is, so a ratio means something
+        baseline = f"the target alone, itself {alone:.0f} tokens/s" + (
+            f", {versus:.1f}× transformers' <code>generate</code>"
+            if isinstance(versus, (int, float))
+            else ""
+        )
     return (
         f"<b>Measured</b> on {settings.get('examples', '?')} Spec-Bench prompts with {pair} (greedy, "
         f"{settings.get('dtype', '?')}, {settings.get('threads', '?')} CPU threads): "
         + ", ".join(parts[:-1])
-        + f" and {parts[-1]} the speed of the target alone "
+        + f" and {parts[-1]} the speed of {baseline} "
         f"(<code>{shown_path(path)}</code>)."
     )
 
