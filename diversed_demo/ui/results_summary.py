@@ -52,9 +52,7 @@ def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
     baseline = "the target alone"
     if isinstance(alone, (int, float)):  # how fast the baseline itself is, so a ratio means something
         baseline = f"the target alone, itself {alone:.0f} tokens/s" + (
-            f", {versus:.1f}× transformers' <code>generate</code>"
-            if isinstance(versus, (int, float))
-            else ""
+            f", {versus:.1f}× transformers' <code>generate</code>" if isinstance(versus, (int, float)) else ""
         )
     return (
         f"<b>Measured</b> on {settings.get('examples', '?')} Spec-Bench prompts with {pair} (greedy, "
