@@ -82,9 +82,8 @@ def test_long_passes_and_a_full_cache_go_on_eagerly_from_the_static_cache(lean_m
     feeds, rollbacks = random_feeds(2, vocab, passes=8, prompt=30)
     lean_model.compiled_pass = None
     eager, _ = decode_like(lean_model, feeds, rollbacks)
-    lean_model.compiled_pass = CompiledPass(
-        StaticPass(lean_model, AUX, max_len=40)
-    )  # full within a few passes
+    # a cache full within a few passes
+    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=40))
     near_full, held = decode_like(lean_model, feeds, rollbacks)
     assert not held
     for (a, _, _), (b, _, _) in zip(eager, near_full, strict=True):

@@ -99,7 +99,7 @@ def reference_step(pair, context):
             positions = torch.arange(len(context) - 1)[None]
             real = torch.ones(1, len(context) - 1, dtype=torch.bool)
             d = ttt_forward(pair.draft, features, ids, positions, real, steps=1)[0][0, -1]
-            q = torch.softmax(pair.draft.logits(d), -1)
+            q = pair.draft.full_probs(torch.softmax(pair.draft.draft_logits(d).float(), -1))
         else:
             d = pair.draft.model(ids).last_hidden_state[0, -1]
             q = torch.softmax(pair.draft.lm_head(d), -1)

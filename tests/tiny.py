@@ -30,14 +30,12 @@ def tiny_tokenizer():
     )
 
 
-def tiny_model(
-    seed: int, num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None, sharpness: float = 3.0
-):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_config(num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None):
+    """A tiny Llama's config over the tiny tokenizer's vocabulary (4 query heads over 2 K/V heads)."""
+    from transformers import LlamaConfig
 
-    vocab_size = vocab_size or len(SPECIALS) + len(WORDS)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+    return LlamaConfig(
+        vocab_size=vocab_size or len(SPECIALS) + len(WORDS),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=num_layers,
@@ -49,6 +47,14 @@ def tiny_model(
         pad_token_id=3,
         tie_word_embeddings=False,
     )
+
+
+def tiny_model(
+    seed: int, num_layers: int = 2, hidden: int = 32, vocab_size: int | None = None, sharpness: float = 3.0
+):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_config(num_layers, hidden, vocab_size)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper logits than the default init, so p and q differ visibly
@@ -115,22 +121,10 @@ def tiny_q4_model(path, seed: int = 0, qtype: str = "Q4_1", layers: int = 2):
     weights of the Q4 GGUF it writes to `path`, laid out as llama.cpp writes them (q/k rows permuted for its
     rotary embedding). Returns the model in float32."""
     import gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(SPECIALS) + len(WORDS),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-    )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(tiny_config(layers, hidden=128)).eval()
     quant = getattr(gguf.GGMLQuantizationType, qtype)
     writer = gguf.GGUFWriter(str(path), "llama")
     for i, layer in enumerate(model.model.layers):

@@ -72,8 +72,7 @@ class CompiledPass:
         k = tokens.numel()
         positions = torch.arange(length, length + k)
         mask = torch.arange(length + k)[None, :] <= positions[:, None]
-        logits, hidden, aux = self.runner(tokens.view(-1), positions, mask)
-        return logits, hidden, aux
+        return tuple(self.runner(tokens.view(-1), positions, mask))
 
 
 def package_key(model, aux_layer_ids) -> str:
@@ -128,7 +127,7 @@ def load_package(model, aux_layer_ids, path: Path) -> CompiledPass:
     runner.load_constants(
         {n: buffers[n] for n in names if n in buffers}, check_full_update=False, user_managed=True
     )
-    return CompiledPass(module, lambda *inputs: runner(*inputs))
+    return CompiledPass(module, runner)
 
 
 def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
@@ -138,7 +137,7 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
 
     vocab = model.config.get_text_config().vocab_size
     prompt = torch.arange(1, 33) % vocab
-    eager = CachedLM(model, vocab, aux_layer_ids)
+    eager = CachedLM(model, vocab, aux_layer_ids, use_compiled=False)
     with torch.inference_mode():
         eager.forward(prompt, keep=1)
         compiled.load(list(eager.cache), len(prompt))
@@ -180,14 +179,15 @@ def prepare(pair, wait: bool = False, log=print) -> None:
     if path.exists():
         attach(model, aux, path, log)
         return
-    build = start_build(pair.target_name, aux, path)
-    log(f"compiling the target's decoding pass in the background (about a minute); log: {build.args[-1]}")
+    build_log = path.with_suffix(".log")
+    build = start_build(pair.target_name, aux, path, build_log)
+    log(f"compiling the target's decoding pass in the background (about a minute); log: {build_log}")
 
     def finish():
         if build.wait() == 0 and path.exists():
             attach(model, aux, path, log)
         else:
-            log(f"compiling the decoding pass failed (see {build.args[-1]}); decoding stays eager")
+            log(f"compiling the decoding pass failed (see {build_log}); decoding stays eager")
 
     if wait:
         finish()
@@ -195,20 +195,20 @@ def prepare(pair, wait: bool = False, log=print) -> None:
         threading.Thread(target=finish, daemon=True, name="compiled-pass").start()
 
 
-def start_build(target: str, aux_layer_ids, path: Path) -> subprocess.Popen:
-    """The build in a process of its own at low priority, on one core: the app keeps the other."""
-    log = path.with_suffix(".log")
+def start_build(target: str, aux_layer_ids, path: Path, log: Path) -> subprocess.Popen:
+    """The build in a process of its own at low priority, on one core (the app keeps the other), its
+    output to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
     aux = ",".join(map(str, aux_layer_ids))
-    command = [sys.executable, "-m", __name__, target, aux, str(path), str(log)]
+    command = [sys.executable, "-m", __name__, target, aux, str(path)]
     with open(log, "w") as out:
         return subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(10)
         )
 
 
-def build_from_command_line(target: str, aux: str, path: str, log: str) -> None:
+def build_from_command_line(target: str, aux: str, path: str) -> None:
     from .loading import load_target
 
     start = time.perf_counter()
@@ -224,4 +224,4 @@ def build_from_command_line(target: str, aux: str, path: str, log: str) -> None:
 
 
 if __name__ == "__main__":
-    build_from_command_line(*sys.argv[1:5])
+    build_from_command_line(*sys.argv[1:4])

@@ -198,12 +198,6 @@ class Eagle3Draft(nn.Module):
         """Logits over the draft vocabulary [..., draft_vocab]."""
         return self.lm_head(self.norm(hidden))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the full vocabulary, −inf outside the draft's (so q is 0 there)."""
-        small = self.draft_logits(hidden).float()
-        full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_token_ids, small)
-
     def full_probs(self, small_probs: torch.Tensor) -> torch.Tensor:
         """A distribution over the draft vocabulary [..., draft_vocab] -> over the whole one [..., V]."""
         full = small_probs.new_zeros((*small_probs.shape[:-1], self.vocab_size))

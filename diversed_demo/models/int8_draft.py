@@ -43,7 +43,7 @@ class Int8Linear(torch.nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if len(rows) > INT8_ROWS or input.dtype != self.int8[1].dtype or self.bias is not None:
+        if len(rows) > INT8_ROWS or input.dtype != self.int8[1].dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         return int8_product(rows, *self.int8).view(*input.shape[:-1], self.out_features)
 

@@ -14,10 +14,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_at
 from .gguf_int4 import INT4_ROWS, Int4Linear, int4_product
 
 
-def rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm in fewer operations (float32 inside, weight applied in the input dtype)."""
-    normed = torch.rms_norm(hidden.float(), hidden.shape[-1:], eps=norm.variance_epsilon)
-    return norm.weight * normed.to(hidden.dtype)
+    return weight * torch.rms_norm(hidden.float(), hidden.shape[-1:], eps=eps).to(hidden.dtype)
 
 
 # The kernel packs output rows in blocks of 64 (AVX-512; 32 with AVX2): projections whose row counts are
@@ -47,10 +46,12 @@ class LeanLlamaLayer(LlamaDecoderLayer):
         batch, length, width = hidden_states.shape
         if batch * length > INT4_ROWS or kwargs.get("output_attentions"):
             return super().forward(hidden_states, attention_mask, position_ids, cache=cache, **kwargs)
-        normed = rms_norm(hidden_states, self.input_layernorm).view(-1, width)
+        norm = self.input_layernorm
+        normed = rms_norm(hidden_states, norm.weight, norm.variance_epsilon).view(-1, width)
         attended = self._attention(normed, batch, attention_mask, cache, kwargs["position_embeddings"])
         hidden_states = hidden_states + attended.view(batch, length, width)
-        normed = rms_norm(hidden_states, self.post_attention_layernorm).view(-1, width)
+        norm = self.post_attention_layernorm
+        normed = rms_norm(hidden_states, norm.weight, norm.variance_epsilon).view(-1, width)
         return hidden_states + self._mlp(normed).view(batch, length, width)
 
     def _attention(self, rows, batch, attention_mask, cache, position_embeddings):

@@ -18,21 +18,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from .gguf_int4 import int4_product
-from .lean_layer import LeanLlamaLayer
+from .lean_layer import LeanLlamaLayer, rms_norm
 
 K_MAX = 8  # new tokens a compiled pass takes: the verification of up to 7 drafts
-
-
-def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: float32 inside, the weight applied in the input dtype."""
-    return weight * torch.rms_norm(hidden.float(), hidden.shape[-1:], eps=eps).to(hidden.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def compilable(model) -> bool:
