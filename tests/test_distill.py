@@ -62,6 +62,7 @@ def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
         "gsm8k": [f"m{k}" for k in range(400)],
         "mbpp": [f"c{k}" for k in range(60)],
         "humaneval": ["h"],
+        "broad": [f"b{k}" for k in range(300)],
     }
     jobs = data.schedule(prompts, seed=0)
     assert [j.key for j in jobs] == [j.key for j in data.schedule(prompts, seed=0)]

@@ -97,12 +97,16 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
 
 
 @torch.inference_mode()
-def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4) -> dict:
-    """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, and the draft's cost c."""
+def measure(
+    pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4, card_dir=EMBEDDED_DRAFT_DIR
+) -> dict:
+    """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, overall and per category, and
+    the draft's cost c; written into the card in `card_dir` (the pair's draft)."""
     from tqdm import tqdm
 
     questions = load_spec_bench(per_category=per_category)
     totals = {"t1": Counts(), "greedy": Counts()}
+    by_category = defaultdict(lambda: {"t1": Counts(), "greedy": Counts()})
     for i, question in enumerate(tqdm(questions, desc="measuring", unit="prompt", dynamic_ncols=True)):
         for name, temperature in (("t1", 1.0), ("greedy", 0.0)):
             summary, _ = generate(
@@ -115,6 +119,7 @@ def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int 
                 seed=i,
             )
             totals[name] += summary.counts
+            by_category[question.category][name] += summary.counts
     costs = measure_costs(pair, encode_prompt(pair.tokenizer, questions[0].prompt), n_draft)
     figures = {
         "prompts": len(questions),
@@ -129,13 +134,20 @@ def measure(pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int 
         "command": f"diversed-demo distill measure --per-category {per_category} "
         f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}",
     }
-    for name, counts in totals.items():
-        figures[name] = {
-            "tau": counts.tau,
-            "acceptance_per_verified_draft": counts.verified_acceptance,
-            "accepted_per_drafted": counts.acceptance_rate,
-        }
-    card = read_card()
+    figures.update({name: acceptance(counts) for name, counts in totals.items()})
+    figures["by_category"] = {
+        category: {name: acceptance(counts) for name, counts in pair_counts.items()}
+        for category, pair_counts in by_category.items()
+    }
+    card = read_card(card_dir)
     card["spec_bench"] = figures
-    write_card(card)
+    write_card(card, card_dir)
     return figures
+
+
+def acceptance(counts: Counts) -> dict:
+    return {
+        "tau": counts.tau,
+        "acceptance_per_verified_draft": counts.verified_acceptance,
+        "accepted_per_drafted": counts.acceptance_rate,
+    }

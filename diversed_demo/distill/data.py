@@ -2,7 +2,8 @@
 
 A feature draft learns to predict what the target will say next, so it trains on what the target does
 say: responses sampled at temperature 1 and greedy, in chat format, to training prompts only (GSM8K
-train, MBPP train, HumanEval, the project's own instructions, articles and prompts). Spec-Bench is the
+train, MBPP train, HumanEval, the project's own instructions, articles and prompts, and the broad prompts
+the target self-instructed across Spec-Bench's categories, distill/prompts.py). Spec-Bench is the
 evaluation set and is never read here.
 
 Only token ids are stored, as gzipped JSON lines in assets/draft/data/ (a few MB, committed), so the
@@ -27,6 +28,7 @@ from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..core.sampling import sample
 from ..eval import tasks
+from .prompts import read_prompts
 
 # the generated responses (committed), not tasks.data_dir()'s data sets
 SHARDS_DIR = ASSETS / "draft" / "data"
@@ -40,8 +42,9 @@ SAMPLES_PER_PROMPT = {
     "mbpp": 3,
     "humaneval": 3,
     "gsm8k": 1,
+    "broad": 1,
 }
-SOURCE_WEIGHTS = {"open": 0.45, "math": 0.3, "code": 0.25}
+SOURCE_WEIGHTS = {"broad": 0.5, "open": 0.2, "math": 0.15, "code": 0.15}
 SOURCE_GROUP = {
     "instructions": "open",
     "general": "open",
@@ -49,6 +52,7 @@ SOURCE_GROUP = {
     "gsm8k": "math",
     "mbpp": "code",
     "humaneval": "code",
+    "broad": "broad",
 }
 
 
@@ -70,6 +74,7 @@ def training_prompts() -> dict[str, list[str]]:
         "gsm8k": [e.prompt for e in tasks.load_gsm8k(tasks.data_file("gsm8k/train.jsonl"))],
         "mbpp": [e.prompt for e in tasks.builtin_examples("code", "train")],
         "humaneval": [e.prompt for e in tasks.load_humaneval()],
+        "broad": [row["prompt"] for row in read_prompts()],
     }
 
 
@@ -110,8 +115,9 @@ def generate_batch(
     generator: torch.Generator,
     stop_fraction: float = 0.9,
     prune_every: int = 16,
+    temperature: float = 1.0,
 ) -> list[tuple[list[int], bool]]:
-    """Responses to left-padded prompts, each row greedy or sampled at T = 1: [(ids, ended at EOS)].
+    """Responses to left-padded prompts, each row greedy or sampled at `temperature`: [(ids, ended at EOS)].
 
     Finished rows are dropped from the batch every `prune_every` steps, and the batch stops once
     `stop_fraction` of its rows have ended: the last few long responses would otherwise cost as much as
@@ -124,7 +130,7 @@ def generate_batch(
     responses: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
     for step in range(max_new_tokens):
-        probs = torch.softmax(logits.float(), dim=-1)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
         token = torch.where(greedy_rows, probs.argmax(-1), sample(probs, generator))
         for row, t in zip(rows.tolist(), token.tolist()):
             if not ended[row]:
@@ -146,7 +152,7 @@ def generate_batch(
             input_ids=token[:, None],
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         ).logits[:, -1]
     return list(zip(responses, ended))
@@ -166,7 +172,7 @@ def prefill(target, prompts: list[list[int]], pad_id: int):
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
+        cache=cache,
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
@@ -206,14 +212,22 @@ def generate_shards(
     seed: int = 0,
     minutes: float | None = None,
     progress=None,
+    sources: list[str] | None = None,
 ) -> dict:
-    """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass). Resumes."""
+    """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass), from `sources`
+    only where given (None: all). Resumes."""
     shards_dir = Path(shards_dir)
     shards_dir.mkdir(parents=True, exist_ok=True)
     done = load_records(shards_dir)
     have = {r["key"] for r in done}
     n_tokens = sum(len(r["response_ids"]) for r in done)
-    todo = [job for job in schedule(training_prompts(), seed) if job.key not in have]
+    prompts = training_prompts()
+    unknown = set(sources or ()) - set(prompts)
+    if unknown:
+        raise ValueError(f"unknown source(s) {sorted(unknown)}: choose from {sorted(prompts)}")
+    todo = [
+        job for job in schedule(prompts, seed) if job.key not in have and job.source in (sources or prompts)
+    ]
     n_shard = len(shard_paths(shards_dir))
     deadline = time.time() + minutes * 60 if minutes else None
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -54,7 +54,42 @@ def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, confi
         "agreement": [a / max(c, 1) for a, c in zip(agree, count)],
         "one_minus_tv": [o / max(c, 1) for o, c in zip(overlap, count)],
         "tokens": count[0],
+        "counts": count,
     }
+
+
+def merged(parts: list[dict]) -> dict:
+    """evaluate()'s figures over the union of the records that gave `parts`."""
+    counts = [sum(c) for c in zip(*(p["counts"] for p in parts))]
+
+    def mean(key):
+        return [
+            sum(p[key][j] * p["counts"][j] for p in parts) / max(counts[j], 1) for j in range(len(counts))
+        ]
+
+    return {
+        "agreement": mean("agreement"),
+        "one_minus_tv": mean("one_minus_tv"),
+        "tokens": counts[0],
+        "counts": counts,
+    }
+
+
+def evaluate_by_group(draft, target, records: list[dict], pad_id: int, config: DraftTrainConfig) -> dict:
+    """evaluate() over all held-out records, with the figures of the broad prompts and of the earlier
+    sources apart (`by_group`) where both are held out."""
+    groups = {
+        "broad": [r for r in records if r["source"] == "broad"],
+        "earlier": [r for r in records if r["source"] != "broad"],
+    }
+    parts = {name: evaluate(draft, target, group, pad_id, config) for name, group in groups.items() if group}
+    metrics = merged(list(parts.values()))
+    if len(parts) > 1:
+        metrics["by_group"] = {
+            name: {k: part[k] for k in ("agreement", "one_minus_tv", "tokens")} | {"score": score(part)}
+            for name, part in parts.items()
+        }
+    return metrics
 
 
 def score(metrics: dict) -> float:
@@ -120,6 +155,8 @@ def train(
     schedule = batch_schedule(train_records, config)
     run = start_or_resume(draft, config, len(schedule), Path(work_dir), target.device, log)
     draft.train()
+    if not run.state["history"]:  # the curve starts where the draft does: a continued draft's baseline
+        evaluate_and_keep_best(run, target, heldout, pad_id, log)
     deadline = time.time() + minutes * 60 if minutes else None
     while run.state["step"] < len(schedule):
         if deadline and time.time() > deadline:
@@ -189,7 +226,7 @@ def evaluate_and_keep_best(run: DraftRun, target, heldout: list[dict], pad_id: i
     """Held-out figures of the draft into the run's history; a new best score saves it to work_dir/best."""
     state = run.state
     run.draft.eval()
-    metrics = evaluate(run.draft, target, heldout, pad_id, run.config)
+    metrics = evaluate_by_group(run.draft, target, heldout, pad_id, run.config)
     run.draft.train()
     metrics.update(
         step=state["step"],
@@ -201,6 +238,7 @@ def evaluate_and_keep_best(run: DraftRun, target, heldout: list[dict], pad_id: i
     log(
         f"step {state['step']}: agreement {[round(a, 3) for a in metrics['agreement']]} "
         f"1-TV {[round(a, 3) for a in metrics['one_minus_tv']]} score {metrics['score']:.3f}"
+        + "".join(f" {name} {part['score']:.3f}" for name, part in metrics.get("by_group", {}).items())
     )
     if state["best"] is None or metrics["score"] > state["best"]["score"]:
         state["best"] = metrics
