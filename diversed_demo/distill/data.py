@@ -152,7 +152,7 @@ def generate_batch(
             input_ids=token[:, None],
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
+            past_key_values=cache,
             use_cache=True,
         ).logits[:, -1]
     return list(zip(responses, ended))
@@ -172,7 +172,7 @@ def prefill(target, prompts: list[list[int]], pad_id: int):
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=positions,
-        cache=cache,
+        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
