@@ -380,6 +380,7 @@ def run_distill_data(args) -> int:
         args.minutes,
         progress,
         args.sources.split(",") if args.sources else None,
+        command_line(),
     )
     bar.close()
     print(json.dumps(result))

@@ -99,8 +99,16 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
     )
     records = data.load_records(tmp_path)
     assert first["shards"] == 1 and len(records) == 4
-    data.generate_shards(target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12)
+    data.generate_shards(
+        target, tokenizer, tmp_path, target_tokens=10_000, batch_size=4, max_new_tokens=12, command="go on"
+    )
     again = data.load_records(tmp_path)
+    shards = len(data.shard_paths(tmp_path))
+    tokens = sum(len(r["response_ids"]) for r in again)
+    # the card names the commands that made the data
+    assert data.read_runs(tmp_path) == [
+        {"command": "go on", "shards_before": 1, "shards": shards, "response_tokens": tokens}
+    ]
     assert again[:4] == records  # the first shard is kept, never regenerated
     assert len({r["key"] for r in again}) == len(again) == len(data.schedule(data.training_prompts()))
 

@@ -20,7 +20,7 @@ from ..core.stats import Counts
 from ..eval.costs import measure_costs
 from ..eval.tasks import load_spec_bench
 from ..models.embedded import EMBEDDED_DRAFT_DIR
-from . import data
+from . import data, prompts
 
 CARD = "card.json"
 
@@ -34,7 +34,7 @@ def write_card(card: dict, directory=EMBEDDED_DRAFT_DIR) -> None:
     atomic_write(Path(directory) / CARD, lambda tmp: tmp.write_text(json.dumps(card, indent=1) + "\n"))
 
 
-def data_summary(records: list[dict]) -> dict:
+def data_summary(records: list[dict], data_dir=data.SHARDS_DIR) -> dict:
     by_source = defaultdict(Counter)
     for r in records:
         kind = "greedy" if r["greedy"] else "sampled_t1"
@@ -46,8 +46,23 @@ def data_summary(records: list[dict]) -> dict:
         "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
         "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
         "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
-        "command": "diversed-demo distill data --tokens 1000000 (the target in bf16, batches of 96, "
-        "≤384 new tokens, seed 0; shards in assets/draft/data)",
+        "commands": data.read_runs(data_dir),
+        "broad_prompts": broad_prompts_summary(),
+    }
+
+
+def broad_prompts_summary() -> dict:
+    """How the `broad` source's prompts were made, and how many of each category."""
+    rows = prompts.read_prompts()
+    return {
+        "prompts": len(rows),
+        "by_category": dict(sorted(Counter(r["category"] for r in rows).items())),
+        "by_how": dict(sorted(Counter(r["how"] for r in rows).items())),
+        "how": "diversed-demo distill prompts (seed 0): the target (bf16, T = 0.8) wrote two passages per "
+        "seed topic of assets/prompts/topics.txt, one request per category and topic, a question per passage "
+        "and a translation of each passage's first sentence; requests cleaned and de-duplicated "
+        "(ROUGE-L >= 0.7), the project's templates filled with topics, passages and sentences; "
+        "never Spec-Bench",
     }
 
 
@@ -73,7 +88,7 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
         "reads": "the target's hidden states at the inputs of layers "
         f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
         "and the next token's embedding (the target's own, not stored)",
-        "data": data_summary(data.load_records(data_dir)),
+        "data": data_summary(data.load_records(data_dir), data_dir),
         "training": {
             "command": run["command"],
             "machine": run.get("machine", "not recorded"),
@@ -87,7 +102,11 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
             "responses (an accepted chain); 1 − TV against the target's full distribution at "
             "T = 1; the checkpoint with the highest expected accepted length is kept",
             "learning_curve": [
-                {k: h[k] for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score")}
+                {
+                    k: h[k]
+                    for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score", "by_group")
+                    if k in h
+                }
                 for h in state["history"]
             ],
         },

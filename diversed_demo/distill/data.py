@@ -213,6 +213,7 @@ def generate_shards(
     minutes: float | None = None,
     progress=None,
     sources: list[str] | None = None,
+    command: str | None = None,
 ) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass), from `sources`
     only where given (None: all). Resumes."""
@@ -228,7 +229,7 @@ def generate_shards(
     todo = [
         job for job in schedule(prompts, seed) if job.key not in have and job.source in (sources or prompts)
     ]
-    n_shard = len(shard_paths(shards_dir))
+    n_shard = first_shard = len(shard_paths(shards_dir))
     deadline = time.time() + minutes * 60 if minutes else None
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if pad_id is None:
@@ -264,4 +265,25 @@ def generate_shards(
         n_tokens += sum(len(r["response_ids"]) for r in records)
         if progress:
             progress(n_tokens, target_tokens)
-    return {"shards": n_shard, "response_tokens": n_tokens}
+    result = {"shards": n_shard, "response_tokens": n_tokens}
+    if command:
+        log_run(shards_dir, {"command": command, "shards_before": first_shard, **result})
+    return result
+
+
+RUNS_FILE = "runs.jsonl"
+
+
+def log_run(shards_dir: Path, entry: dict) -> None:
+    """Append one generation run (its command and the shards it left) to the folder's runs.jsonl."""
+    path = Path(shards_dir) / RUNS_FILE
+    lines = path.read_text(encoding="utf-8") if path.exists() else ""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(lines + json.dumps(entry) + "\n", encoding="utf-8"))
+
+
+def read_runs(shards_dir: Path = SHARDS_DIR) -> list[dict]:
+    """The generation runs that made a shard folder, in order."""
+    path = Path(shards_dir) / RUNS_FILE
+    return (
+        [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+    )
