@@ -234,6 +234,15 @@ def add_distill_train_arguments(train) -> None:
     train.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens)
     train.add_argument("--eval-every", type=int, default=defaults.eval_every)
     train.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab_size)
+    train.add_argument(
+        "--sources", default=None, help="comma-separated sources to train on (default: all), e.g. broad"
+    )
+    train.add_argument(
+        "--replay",
+        type=float,
+        default=defaults.replay,
+        help="with --sources: the fraction of the other sources' records kept",
+    )
     train.add_argument("--seed", type=int, default=defaults.seed)
     train.add_argument("--minutes", type=float, default=None, help="stop after this long (rerun to resume)")
     train.add_argument(
@@ -263,7 +272,11 @@ def run_distill_train(args) -> int:
         draft_vocab_size=args.draft_vocab,
         seed=args.seed,
         bf16=args.bf16,
+        sources=args.sources.split(",") if args.sources else None,
+        replay=args.replay,
     )
+    if not 0 <= config.replay <= 1:
+        raise ValueError(f"--replay must be between 0 and 1, not {config.replay}")
     for name, value in (
         ("--epochs", config.epochs),
         ("--lr", config.lr),

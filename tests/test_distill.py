@@ -191,6 +191,15 @@ def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target,
     assert all(0 <= x <= 1 for x in metrics["one_minus_tv"] + metrics["agreement"])
 
 
+def test_new_sources_train_with_a_seeded_share_of_the_old():
+    records = [{"source": "broad" if i % 4 == 0 else "gsm8k", "key": f"k/{i}/s0"} for i in range(4000)]
+    chosen = batches.select_sources(records, ["broad"], replay=0.25, seed=0)
+    counts = collections.Counter(r["source"] for r in chosen)
+    assert counts["broad"] == 1000 and abs(counts["gsm8k"] - 750) < 4 * (3000 * 0.25 * 0.75) ** 0.5
+    assert chosen == batches.select_sources(records, ["broad"], replay=0.25, seed=0)
+    assert batches.select_sources(records, None, replay=0.0, seed=0) == records
+
+
 def test_frequent_tokens_and_heldout_split():
     records = [
         {"key": "gsm8k/1/s0", "response_ids": [5, 5, 6, 7, 7, 7]},

@@ -16,6 +16,15 @@ def is_heldout(record: dict, fraction: float) -> bool:
     return int(hashlib.sha256(prompt_key.encode()).hexdigest()[:8], 16) / 2**32 < fraction
 
 
+def select_sources(records: list[dict], sources, replay: float, seed: int) -> list[dict]:
+    """Every record of `sources` (None: of every source) and a seeded `replay` fraction of the others: new
+    data trained on with some of the old, so that what the draft learnt before is not forgotten."""
+    if not sources:
+        return records
+    rng = random.Random(seed)
+    return [r for r in records if r["source"] in sources or rng.random() < replay]
+
+
 def frequent_tokens(records: list[dict], size: int, always=()) -> list[int]:
     """The `size` most frequent response tokens (ties to the smaller id), sorted, with `always` included."""
     counts = Counter(t for r in records for t in r["response_ids"])

@@ -20,3 +20,5 @@ class DraftTrainConfig:
     seed: int = 0
     # bf16 autocast pays on GPUs and AMX CPUs only (figures: docs/measurements/distill.md)
     bf16: bool = False
+    sources: list[str] | None = None  # train on these sources only (None: all) ...
+    replay: float = 0.0  # ... and on this seeded fraction of the other sources' records

@@ -24,7 +24,7 @@ import torch
 
 from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
-from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch
+from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
 from .ttt import label_rows, target_pass, ttt_loss, unroll
 
@@ -277,6 +277,9 @@ def train_draft(
     work_dir.mkdir(parents=True, exist_ok=True)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
     train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
+    train_records = select_sources(train_records, config.sources, config.replay, config.seed)
+    if not train_records:
+        raise ValueError(f"no training records from the sources {config.sources}")
     tokenizer = pair.tokenizer
     specials = sorted(
         {i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None}
@@ -307,6 +310,10 @@ def train_draft(
             "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
             "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
             "vocab_coverage": coverage(train_records, vocab),
+            "vocab_coverage_by_source": {
+                source: coverage([r for r in records if r["source"] == source], vocab)
+                for source in sorted({r["source"] for r in records})
+            },
         },
     }
     (work_dir / "run.json").write_text(json.dumps(run, indent=2))
