@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common.files import write_text
+from .common.files import write_jsonl_gz, write_text
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -272,11 +272,13 @@ def run_distill_train(args) -> int:
         draft_vocab_size=args.draft_vocab,
         seed=args.seed,
         bf16=args.bf16,
-        sources=args.sources.split(",") if args.sources else None,
+        sources=source_list(args.sources),
         replay=args.replay,
     )
     if not 0 <= config.replay <= 1:
         raise ValueError(f"--replay must be between 0 and 1, not {config.replay}")
+    if config.replay and not config.sources:
+        raise ValueError("--replay keeps a share of the sources outside --sources: give --sources too")
     for name, value in (
         ("--epochs", config.epochs),
         ("--lr", config.lr),
@@ -322,7 +324,9 @@ def run_distill_measure(args) -> int:
 
     pair = load_pair(EMBEDDED, args.draft)
     draft_dir = args.draft or EMBEDDED_DRAFT_DIR
-    figures = card.measure(pair, args.per_category, args.max_new_tokens, args.n_draft, draft_dir)
+    figures = card.measure(
+        pair, args.per_category, args.max_new_tokens, args.n_draft, draft_dir, command_line()
+    )
     print(json.dumps(figures, indent=2))
     return 0
 
@@ -337,7 +341,7 @@ def run_distill_prompts(args) -> int:
     from .models.loading import load_pair
 
     pair = load_pair(EMBEDDED, None, "auto", "bfloat16")
-    batched_generation(pair.target)
+    use_eager_attention_on_cpu(pair.target)
     bars = {}
 
     def progress(stage, done, total):
@@ -351,7 +355,7 @@ def run_distill_prompts(args) -> int:
     for bar in bars.values():
         bar.close()
     out = args.out or prompts.PROMPTS_FILE
-    prompts.write_prompts(rows, out)
+    write_jsonl_gz(out, rows)
     print(
         json.dumps(
             {"prompts": len(rows), "by_category": Counter(r["category"] for r in rows), "out": str(out)}
@@ -360,11 +364,24 @@ def run_distill_prompts(args) -> int:
     return 0
 
 
-def batched_generation(target) -> None:
+def use_eager_attention_on_cpu(target) -> None:
     """Eager attention for batched one-token steps: on the CPU, SDPA's kernel took 4.6 ms a layer at 96 rows
     where eager took under 1 (docs/measurements/distill.md)."""
     if target.device.type == "cpu":
         target.set_attn_implementation("eager")
+
+
+def source_list(text: str | None) -> list[str] | None:
+    """--sources as a list, checked before any model loads."""
+    from .distill.data import SOURCE_GROUP
+
+    if not text:
+        return None
+    sources = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(sources) - set(SOURCE_GROUP))
+    if unknown or not sources:
+        raise ValueError(f"--sources {text!r}: unknown {unknown}; choose from {', '.join(SOURCE_GROUP)}")
+    return sources
 
 
 def run_distill_data(args) -> int:
@@ -374,8 +391,9 @@ def run_distill_data(args) -> int:
     from .models.embedded import EMBEDDED
     from .models.loading import load_pair
 
+    sources = source_list(args.sources)
     pair = load_pair(EMBEDDED, None, "auto", args.gen_dtype)
-    batched_generation(pair.target)
+    use_eager_attention_on_cpu(pair.target)
     bar = tqdm(total=args.tokens, desc="response tokens", unit="tok", dynamic_ncols=True)
 
     def progress(done, total):
@@ -392,7 +410,7 @@ def run_distill_data(args) -> int:
         args.seed,
         args.minutes,
         progress,
-        args.sources.split(",") if args.sources else None,
+        sources,
         command_line(),
     )
     bar.close()

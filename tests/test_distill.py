@@ -7,8 +7,10 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from diversed_demo.distill import batches, data, ttt
+from diversed_demo.common.files import write_jsonl_gz
+from diversed_demo.distill import batches, data, prompts, ttt
 from diversed_demo.distill import train as distill
+from diversed_demo.distill.batch_generation import generate_batch
 from diversed_demo.distill.config import DraftTrainConfig
 
 
@@ -26,7 +28,7 @@ def records(target):
         [1] + torch.randint(4, vocab, (int(torch.randint(2, 8, (), generator=g)),), generator=g).tolist()
         for _ in range(120)
     ]
-    responses = data.generate_batch(target, prompts, [False] * len(prompts), 24, 2, 3, g)
+    responses = generate_batch(target, prompts, [False] * len(prompts), 24, 2, 3, g)
     return [
         {
             "key": f"tiny/{i}/s0",
@@ -44,7 +46,7 @@ def test_batched_generation_greedy_rows_equal_one_by_one_greedy_decoding(target)
     # Left padding, per-row greedy/sampled choice and pruning of finished rows must not change a greedy row.
     prompts = [[1, 5, 6, 7], [1, 9], [1, 20, 21, 22, 23, 24, 25], [1, 8, 8]]
     g = torch.Generator().manual_seed(0)
-    results = data.generate_batch(target, prompts, [True, False, True, True], 20, 2, 3, g, prune_every=2)
+    results = generate_batch(target, prompts, [True, False, True, True], 20, 2, 3, g, prune_every=2)
     for prompt, greedy, (ids, ended) in zip(prompts, [True, False, True, True], results):
         if not greedy:
             continue
@@ -73,9 +75,28 @@ def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
     assert sum(j.greedy for j in jobs) == sum(
         len(v) for v in prompts.values()
     )  # one greedy response per prompt
-    sources = data.training_prompts()
-    assert set(sources) == set(data.SAMPLES_PER_PROMPT)
-    assert all("spec_bench" not in text for texts in sources.values() for text in texts)
+    assert set(data.training_prompts()) == set(data.SAMPLES_PER_PROMPT)
+
+
+def test_training_prompts_never_read_or_copy_spec_bench(monkeypatch):
+    from diversed_demo.eval import tasks
+
+    spec_bench = tasks.load_spec_bench()
+    chunks = {q.prompt[i : i + 60] for q in spec_bench for i in range(0, max(len(q.prompt) - 60, 1), 30)}
+    real_data_file = tasks.data_file
+
+    def data_file(relative):
+        assert not relative.startswith("spec_bench"), "training prompts read Spec-Bench"
+        return real_data_file(relative)
+
+    monkeypatch.setattr(tasks, "data_file", data_file)
+    monkeypatch.setattr(
+        tasks, "load_spec_bench", lambda *a, **k: pytest.fail("training prompts read Spec-Bench")
+    )
+    prompts = [text for texts in data.training_prompts().values() for text in texts]
+    assert len(prompts) > 10_000
+    copied = [p for p in prompts if any(p[i : i + 60] in chunks for i in range(0, max(len(p) - 60, 1), 10))]
+    assert copied == []
 
 
 def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch):
@@ -105,9 +126,15 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
     again = data.load_records(tmp_path)
     shards = len(data.shard_paths(tmp_path))
     tokens = sum(len(r["response_ids"]) for r in again)
-    # the card names the commands that made the data
+    # the card names the commands that made the data, and the broad prompts they read
     assert data.read_runs(tmp_path) == [
-        {"command": "go on", "shards_before": 1, "shards": shards, "response_tokens": tokens}
+        {
+            "command": "go on",
+            "shards_before": 1,
+            "shards": shards,
+            "response_tokens": tokens,
+            "broad_prompts_sha256": prompts.prompts_digest(),
+        }
     ]
     assert again[:4] == records  # the first shard is kept, never regenerated
     assert len({r["key"] for r in again}) == len(again) == len(data.schedule(data.training_prompts()))
@@ -191,6 +218,18 @@ def test_losses_stay_finite_where_the_draft_vocabulary_leaves_tokens_out(target,
     assert all(0 <= x <= 1 for x in metrics["one_minus_tv"] + metrics["agreement"])
 
 
+def test_heldout_figures_of_two_groups_merge_into_those_of_their_union(target, records):
+    config = DraftTrainConfig(ttt_steps=2, draft_vocab_size=32)
+    draft = distill.init_draft(target, batches.frequent_tokens(records, 32, always=[2]), config, [0, 1, 1])
+    heldout = [dict(r, source="broad" if i % 3 == 0 else "gsm8k") for i, r in enumerate(records[:30])]
+    figures = distill.evaluate_by_group(draft, target, heldout, 3, config)
+    whole = distill.evaluate(draft, target, heldout, 3, config)
+    assert figures["tokens"] == whole["tokens"] and set(figures["by_group"]) == {"broad", "earlier"}
+    for key in ("agreement", "one_minus_tv"):
+        assert figures[key] == pytest.approx(whole[key], abs=1e-5)
+    assert distill.evaluate_by_group(draft, target, [], 3, config)["tokens"] == 0
+
+
 def test_new_sources_train_with_a_seeded_share_of_the_old():
     records = [{"source": "broad" if i % 4 == 0 else "gsm8k", "key": f"k/{i}/s0"} for i in range(4000)]
     chosen = batches.select_sources(records, ["broad"], replay=0.25, seed=0)
@@ -232,7 +271,7 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
     work = tmp_path / "run"
     state = distill.train(draft, target, records[20:], records[:20], 3, config, work, lambda m: None)
     (work / "run.json").write_text(json.dumps({"command": "test", "config": {}, "data": {}}))
-    data.write_shard(tmp_path / "data" / "shard_00000.jsonl.gz", records)
+    write_jsonl_gz(tmp_path / "data" / "shard_00000.jsonl.gz", records)
     out = tmp_path / "draft"
     out.mkdir()
     (out / "card.json").write_text(json.dumps({"layers": 4, "spec_bench": {"tau": 9}}))  # an earlier draft's

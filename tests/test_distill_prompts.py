@@ -10,7 +10,9 @@ import torch
 from stats import chi_square_pvalue
 from tiny import tiny_model, tiny_tokenizer
 
+from diversed_demo.common.files import write_jsonl_gz
 from diversed_demo.distill import data, prompts
+from diversed_demo.distill.batch_generation import generate_batch
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_assembly_covers_every_category_from_the_stages_outputs():
     ]  # fmt: skip
     rows = prompts.assemble(topics, passages, requests, seed=0)
     by_category = collections.Counter(r["category"] for r in rows)
-    expected = {*prompts.SELF_INSTRUCT, *prompts.TEMPLATES}
+    expected = {*prompts.SELF_INSTRUCT, *prompts.TEMPLATES, "translation"}
     assert set(by_category) == expected
     rag = next(r["prompt"] for r in rows if r["how"] == "self-instructed question")
     assert passage in rag and "How many squares does it have?" in rag
@@ -85,24 +87,30 @@ def test_stages_are_generated_once_and_resumed(tmp_path, target, monkeypatch):
     work = tmp_path / "work"
     rows = prompts.build_prompts(target, tokenizer, work, seed=0, batch_size=8, topics_file=topics_file)
     assert sorted(p.name for p in work.iterdir()) == ["passages.json", "requests.json"]
-    passages = json.loads((work / "passages.json").read_text())
+    passages = json.loads((work / "passages.json").read_text())["texts"]
     assert len(passages) == 2 * len(prompts.PASSAGE_REQUESTS)
     usable = sum(prompts.clean_passage(text) is not None for text in passages)
-    assert (
-        len(json.loads((work / "requests.json").read_text())) == 2 * len(prompts.SELF_INSTRUCT) + 2 * usable
-    )
+    requests = json.loads((work / "requests.json").read_text())["texts"]
+    assert len(requests) == 2 * len(prompts.SELF_INSTRUCT) + 2 * usable
     templated = collections.Counter(r["category"] for r in rows if r["how"] == "template")
     assert templated == dict.fromkeys(("writing", "roleplay", "reasoning", "stem", "humanities", "qa"), 2)
 
     def must_not_generate(*args, **kwargs):
         raise AssertionError("a finished stage was generated again")
 
-    monkeypatch.setattr(prompts, "generate_texts", must_not_generate)
-    assert (
-        prompts.build_prompts(target, tokenizer, work, seed=0, batch_size=8, topics_file=topics_file) == rows
-    )
+    with monkeypatch.context() as patch:
+        patch.setattr(prompts, "generate_texts", must_not_generate)
+        again = prompts.build_prompts(target, tokenizer, work, seed=0, batch_size=8, topics_file=topics_file)
+        assert again == rows
+    # other topics: the saved texts answer other requests, so the stages are made again
+    topics_file.write_text("the bird\n")
+    other = prompts.build_prompts(target, tokenizer, work, seed=0, batch_size=8, topics_file=topics_file)
+    assert {r["prompt"] for r in other if r["how"] == "template"} == {
+        r["prompt"] for r in prompts.assemble(["the bird"], [], [], seed=0)
+    }
+    assert len(json.loads((work / "passages.json").read_text())["texts"]) == len(prompts.PASSAGE_REQUESTS)
     out = tmp_path / "si.jsonl.gz"
-    prompts.write_prompts(rows, out)
+    write_jsonl_gz(out, rows)
     assert prompts.read_prompts(out) == rows
     with gzip.open(out, "rt") as f:
         assert sum(1 for _ in f) == len(rows)
@@ -114,9 +122,7 @@ def test_sampling_temperature_sharpens_the_first_token_as_softmax_of_logits_over
     rows = 3000
     temperature = 0.5
     g = torch.Generator().manual_seed(0)
-    results = data.generate_batch(
-        target, [prompt] * rows, [False] * rows, 1, 2, 3, g, temperature=temperature
-    )
+    results = generate_batch(target, [prompt] * rows, [False] * rows, 1, 2, 3, g, temperature=temperature)
     observed = collections.Counter(ids[0] for ids, _ in results)
     with torch.no_grad():
         logits = target(torch.tensor([prompt])).logits[0, -1].float()
@@ -138,3 +144,18 @@ def test_generation_can_be_limited_to_some_sources(tmp_path, target, monkeypatch
     assert {r["source"] for r in data.load_records(tmp_path)} == {"broad"}
     with pytest.raises(ValueError, match="unknown source"):
         data.generate_shards(target, tokenizer, tmp_path, sources=["spec_bench"])
+
+
+def test_shards_are_not_resumed_against_other_broad_prompts(tmp_path, target, monkeypatch):
+    monkeypatch.setattr(data, "training_prompts", lambda: {"broad": ["a dog", "the cat"]})
+    prompt_file = tmp_path / "broad.jsonl.gz"
+    write_jsonl_gz(prompt_file, [{"prompt": "a dog"}, {"prompt": "the cat"}])
+    monkeypatch.setattr(data, "prompts_digest", lambda: prompts.prompts_digest(prompt_file))
+    shards = tmp_path / "shards"
+    tokenizer = tiny_tokenizer()
+    data.generate_shards(
+        target, tokenizer, shards, target_tokens=1, batch_size=2, max_new_tokens=4, command="a"
+    )
+    write_jsonl_gz(prompt_file, [{"prompt": "the cat"}, {"prompt": "a dog"}])  # rebuilt: indices moved
+    with pytest.raises(ValueError, match="not the file the shards"):
+        data.generate_shards(target, tokenizer, shards, target_tokens=100, batch_size=2, max_new_tokens=4)

@@ -3,6 +3,8 @@ one)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from pathlib import Path
 
@@ -48,6 +50,22 @@ def sync_folder(folder: Path) -> None:
 def write_text(path, text: str) -> None:
     """Write a report or card atomically, making its folder."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_jsonl_gz(path, rows: list[dict]) -> None:
+    """Rows as gzipped JSON lines, atomically (shards and prompt files: small in the repository)."""
+
+    def write(tmp):
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+            for row in rows:
+                f.write(json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n")
+
+    atomic_write(path, write)
+
+
+def read_jsonl_gz(path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def atomic_torch_save(obj, path) -> None:

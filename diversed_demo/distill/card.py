@@ -47,8 +47,7 @@ def data_summary(records: list[dict], data_dir=data.SHARDS_DIR) -> dict:
         "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
         "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
         "commands": data.read_runs(data_dir),
-        "broad_prompts": broad_prompts_summary(),
-    }
+    } | ({"broad_prompts": broad_prompts_summary()} if "broad" in by_source else {})
 
 
 def broad_prompts_summary() -> dict:
@@ -58,11 +57,11 @@ def broad_prompts_summary() -> dict:
         "prompts": len(rows),
         "by_category": dict(sorted(Counter(r["category"] for r in rows).items())),
         "by_how": dict(sorted(Counter(r["how"] for r in rows).items())),
-        "how": "diversed-demo distill prompts (seed 0): the target (bf16, T = 0.8) wrote two passages per "
-        "seed topic of assets/prompts/topics.txt, one request per category and topic, a question per passage "
-        "and a translation of each passage's first sentence; requests cleaned and de-duplicated "
-        "(ROUGE-L >= 0.7), the project's templates filled with topics, passages and sentences; "
-        "never Spec-Bench",
+        "how": f"diversed-demo distill prompts (seed 0): the target (bf16, T = {prompts.TEMPERATURE}) wrote "
+        "two passages per seed topic of assets/prompts/topics.txt, one request per category and topic, "
+        "a question per passage and a translation of each passage's first sentence; requests cleaned "
+        "and de-duplicated (ROUGE-L >= 0.7), the project's templates filled with topics, passages and "
+        "sentences; never Spec-Bench",
     }
 
 
@@ -117,7 +116,12 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
 
 @torch.inference_mode()
 def measure(
-    pair, per_category: int = 2, max_new_tokens: int = 64, n_draft: int = 4, card_dir=EMBEDDED_DRAFT_DIR
+    pair,
+    per_category: int = 2,
+    max_new_tokens: int = 64,
+    n_draft: int = 4,
+    card_dir=EMBEDDED_DRAFT_DIR,
+    command: str = "",
 ) -> dict:
     """Spec-Bench first turns: exact SD acceptance and τ at T = 1 and greedy, overall and per category, and
     the draft's cost c; written into the card in `card_dir` (the pair's draft)."""
@@ -150,13 +154,12 @@ def measure(
         "cost_ratio": costs["c"],
         "target_ms_per_token": costs["target_ms"],
         "draft_ms_per_token": costs["draft_ms"],
-        "command": f"diversed-demo distill measure --per-category {per_category} "
-        f"--max-new-tokens {max_new_tokens} --n-draft {n_draft}",
+        "command": command,
     }
     figures.update({name: acceptance(counts) for name, counts in totals.items()})
     figures["by_category"] = {
-        category: {name: acceptance(counts) for name, counts in pair_counts.items()}
-        for category, pair_counts in by_category.items()
+        category: {name: acceptance(counts) for name, counts in counts_by_mode.items()}
+        for category, counts_by_mode in by_category.items()
     }
     card = read_card(card_dir)
     card["spec_bench"] = figures

@@ -4,8 +4,8 @@ templates, across Spec-Bench's categories but never read from it (Spec-Bench is 
 A draft learns what the target says after the prompts it trains on; trained on GSM8K, MBPP and a few
 hundred instructions only, it agreed with the target far less on writing, summaries or translation. So the
 target writes prompts of every category itself, seeded by the project's topic list
-(assets/prompts/topics.txt), in three stages of sampled generations (T = 0.8: at T = 1 the 135M target's
-requests were mostly incoherent):
+(assets/prompts/topics.txt), in three stages, the first two of them the target's sampled generations
+(T = 0.8: at T = 1 the 135M target's requests were mostly incoherent):
 1. passages: a short news article and an explanatory paragraph per topic (material for summaries,
    extraction, RAG and translation);
 2. requests: per category and topic, the target is asked for one user request of that category; per
@@ -18,7 +18,7 @@ Each stage's generations are kept in a work folder, written atomically, so a rer
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import json
 import random
 import re
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from ..common.files import atomic_write
+from ..common.files import read_jsonl_gz, write_text
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
+from .batch_generation import generate_batch
 
 TOPICS_FILE = ASSETS / "prompts" / "topics.txt"
 PROMPTS_FILE = ASSETS / "prompts" / "self_instruct.jsonl.gz"
@@ -96,12 +97,12 @@ TEMPLATES = {
         "Answer the question using the passage below.\n\nPassage: {passage}\n\nQuestion: {question}",
         "{passage}\n\nBased on the text above, {question}",
     ],
-    "translation": [
-        "Translate the following sentence into {language}: {sentence}",
-        "Translate this {language} text into English: {foreign}",
-        "Translate from {language} to English:\n{foreign}",
-    ],
 }
+TRANSLATE_TO = "Translate the following sentence into {language}: {sentence}"
+TRANSLATE_BACK = [
+    "Translate this {language} text into English: {foreign}",
+    "Translate from {language} to English:\n{foreign}",
+]
 
 
 def read_topics(path: Path = TOPICS_FILE) -> list[str]:
@@ -113,8 +114,6 @@ def generate_texts(
     target, tokenizer, requests, max_new_tokens: int, seed: int, batch_size: int, progress=None
 ):
     """The target's sampled answer (T = TEMPERATURE) to each request, in order; progress(done, total)."""
-    from .data import generate_batch
-
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     order = sorted(range(len(requests)), key=lambda i: len(requests[i]))  # less padding
@@ -134,14 +133,17 @@ def generate_texts(
     return texts
 
 
-def cached_stage(work_dir: Path, name: str, make):
-    """A stage's output from work_dir/name.json, made (and written atomically) if it is not there."""
+def cached_stage(work_dir: Path, name: str, requests: list[str], make) -> list[str]:
+    """A stage's texts for `requests`: from work_dir/name.json where it holds these very requests (other
+    topics or seeds make it again), else made by make() and written atomically."""
     path = Path(work_dir) / f"{name}.json"
     if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
-    result = make()
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(result), encoding="utf-8"))
-    return result
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("requests") == requests:
+            return saved["texts"]
+    texts = make()
+    write_text(path, json.dumps({"requests": requests, "texts": texts}))
+    return texts
 
 
 LABEL = re.compile(r"^\s*(?:\d+[.)]\s*|(?:request|question|problem|puzzle|q|instruction)\s*:\s*)", re.I)
@@ -191,10 +193,13 @@ def make_passages(target, tokenizer, topics, work_dir, seed, batch_size, progres
     """Stage 1: {topic, passage} for each topic and passage request the target answered usably."""
     requests = [(topic, r.format(topic=topic)) for topic in topics for r in PASSAGE_REQUESTS]
 
-    def make():
-        return generate_texts(target, tokenizer, [r for _, r in requests], 224, seed, batch_size, progress)
-
-    texts = cached_stage(work_dir, "passages", make)
+    texts = [r for _, r in requests]
+    texts = cached_stage(
+        work_dir,
+        "passages",
+        texts,
+        lambda: generate_texts(target, tokenizer, texts, 224, seed, batch_size, progress),
+    )
     cleaned = [(topic, clean_passage(text)) for (topic, _), text in zip(requests, texts)]
     return [{"topic": topic, "passage": passage} for topic, passage in cleaned if passage]
 
@@ -218,15 +223,18 @@ def make_requests(
         extra = {"sentence": sentence, "language": language, "request": request}
         jobs.append({"kind": "translation", "category": "translation", **p, **extra})
 
-    def make():
-        requests = [j["request"] for j in jobs]
-        return generate_texts(target, tokenizer, requests, 96, seed + 1, batch_size, progress)
-
-    texts = cached_stage(work_dir, "requests", make)
+    requests = [j["request"] for j in jobs]
+    texts = cached_stage(
+        work_dir,
+        "requests",
+        requests,
+        lambda: generate_texts(target, tokenizer, requests, 96, seed + 1, batch_size, progress),
+    )
     return [{**job, "text": text} for job, text in zip(jobs, texts)]
 
 
 def first_sentence(passage: str, limit: int = 240) -> str:
+    """The passage's first sentence, its first `limit` characters where longer."""
     return sentences(passage)[0][:limit]
 
 
@@ -246,7 +254,7 @@ def assemble(topics, passages, requests, seed) -> list[dict]:
             prompt = rng.choice(TEMPLATES["rag"]).format(passage=r["passage"], question=question)
             rows.append({"category": "rag", "how": "self-instructed question", "prompt": prompt})
         elif r["kind"] == "translation" and (foreign := clean_request(r["text"], question=False)):
-            template = rng.choice(TEMPLATES["translation"][1:])
+            template = rng.choice(TRANSLATE_BACK)
             prompt = template.format(language=r["language"], foreign=foreign)
             rows.append({"category": "translation", "how": "self-translated source", "prompt": prompt})
     for topic in topics:
@@ -258,7 +266,7 @@ def assemble(topics, passages, requests, seed) -> list[dict]:
             prompt = rng.choice(TEMPLATES[category]).format(passage=p["passage"])
             rows.append({"category": category, "how": "template, self-written passage", "prompt": prompt})
         language = rng.choice(LANGUAGES)
-        prompt = TEMPLATES["translation"][0].format(language=language, sentence=first_sentence(p["passage"]))
+        prompt = TRANSLATE_TO.format(language=language, sentence=first_sentence(p["passage"]))
         rows.append({"category": "translation", "how": "template, self-written sentence", "prompt": prompt})
     return rows
 
@@ -280,18 +288,11 @@ def build_prompts(
     return assemble(topics, passages, requests, seed)
 
 
-def write_prompts(rows: list[dict], path: Path = PROMPTS_FILE) -> None:
-    def write(tmp):
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-    atomic_write(path, write)
-
-
 def read_prompts(path: Path = PROMPTS_FILE) -> list[dict]:
     """The committed broad prompts, [] where they have not been built."""
-    if not Path(path).exists():
-        return []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl_gz(path) if Path(path).exists() else []
+
+
+def prompts_digest(path: Path = PROMPTS_FILE) -> str | None:
+    """The prompt file's sha256 (its rows' keys in the shards are indices into it), None without one."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).exists() else None

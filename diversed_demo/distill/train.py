@@ -59,7 +59,7 @@ def evaluate(draft: Eagle3Draft, target, records: list[dict], pad_id: int, confi
 
 
 def merged(parts: list[dict]) -> dict:
-    """evaluate()'s figures over the union of the records that gave `parts`."""
+    """evaluate()'s figures over the union of the records that gave `parts` (at least one)."""
     counts = [sum(c) for c in zip(*(p["counts"] for p in parts))]
 
     def mean(key):
@@ -83,6 +83,8 @@ def evaluate_by_group(draft, target, records: list[dict], pad_id: int, config: D
         "earlier": [r for r in records if r["source"] != "broad"],
     }
     parts = {name: evaluate(draft, target, group, pad_id, config) for name, group in groups.items() if group}
+    if not parts:
+        return evaluate(draft, target, records, pad_id, config)
     metrics = merged(list(parts.values()))
     if len(parts) > 1:
         metrics["by_group"] = {
@@ -275,6 +277,7 @@ def train_draft(
     """
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    check_same_config(work_dir, config)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
     train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
     train_records = select_sources(train_records, config.sources, config.replay, config.seed)
@@ -291,37 +294,53 @@ def train_draft(
         vocab = frequent_tokens(train_records, config.draft_vocab_size, always=specials)
         draft = init_draft(pair.target, vocab, config, verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    log_file = open(work_dir / "train.log", "a", encoding="utf-8")
-
-    def log(message):
-        line = f"{time.strftime('%H:%M:%S')} {message}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
-
     run = {
         "command": command,
         "config": asdict(config),
         "machine": machine(pair.target.device),
-        "data": {
-            "records": len(records),
-            "train_records": len(train_records),
-            "heldout_records": len(heldout),
-            "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
-            "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
-            "vocab_coverage": coverage(train_records, vocab),
-            "vocab_coverage_by_source": {
-                source: coverage([r for r in records if r["source"] == source], vocab)
-                for source in sorted({r["source"] for r in records})
-            },
-        },
+        "data": split_summary(records, train_records, heldout, vocab),
     }
     (work_dir / "run.json").write_text(json.dumps(run, indent=2))
-    log(f"data: {run['data']}")
-    try:
+    with open(work_dir / "train.log", "a", encoding="utf-8") as log_file:
+
+        def log(message):
+            line = f"{time.strftime('%H:%M:%S')} {message}"
+            print(line, flush=True)
+            log_file.write(line + "\n")
+            log_file.flush()
+
+        log(f"data: {run['data']}")
         return train(draft, pair.target, train_records, heldout, pad_id, config, work_dir, log, minutes)
-    finally:
-        log_file.close()
+
+
+def split_summary(records, train_records, heldout, vocab) -> dict:
+    """What a run trains and is held out on, and how much of it the draft vocabulary covers."""
+    return {
+        "records": len(records),
+        "train_records": len(train_records),
+        "heldout_records": len(heldout),
+        "train_response_tokens": sum(len(r["response_ids"]) for r in train_records),
+        "heldout_response_tokens": sum(len(r["response_ids"]) for r in heldout),
+        "vocab_coverage": coverage(train_records, vocab),
+        "vocab_coverage_by_source": {  # of the training records
+            source: coverage([r for r in train_records if r["source"] == source], vocab)
+            for source in sorted({r["source"] for r in train_records})
+        },
+    }
+
+
+def check_same_config(work_dir: Path, config: DraftTrainConfig) -> None:
+    """A checkpoint resumes only under the settings it was made with: its data order and schedule are
+    functions of them."""
+    path = work_dir / "run.json"
+    if (work_dir / "checkpoint.pt").exists() and path.exists():
+        saved = json.loads(path.read_text())["config"]
+        changed = {k: (saved.get(k), v) for k, v in asdict(config).items() if saved.get(k) != v}
+        if changed:
+            raise ValueError(
+                f"{work_dir} holds a run with other settings {changed} (saved, now): "
+                "resume with the same options or pick another --work-dir"
+            )
 
 
 def machine(device: torch.device) -> str:

@@ -1,0 +1,83 @@
+"""The target's responses to a batch of prompts at once: left-padded, each row greedy or sampled, finished
+rows dropped as they end. Draft data and self-instructed prompts are made with it."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.sampling import sample
+
+
+@torch.inference_mode()
+def generate_batch(
+    target,
+    prompts: list[list[int]],
+    greedy: list[bool],
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator,
+    stop_fraction: float = 0.9,
+    prune_every: int = 16,
+    temperature: float = 1.0,
+) -> list[tuple[list[int], bool]]:
+    """Responses to left-padded prompts, each row greedy or sampled at `temperature`: [(ids, ended at EOS)].
+
+    Finished rows are dropped from the batch every `prune_every` steps, and the batch stops once
+    `stop_fraction` of its rows have ended: the last few long responses would otherwise cost as much as
+    the rest of the batch, and a truncated response is still on-policy text.
+    """
+    device = target.device
+    logits, cache, mask, positions = prefill(target, prompts, pad_id)
+    greedy_rows = torch.tensor(greedy, device=device)
+    rows = torch.arange(len(prompts), device=device)  # which original row each live row is
+    responses: list[list[int]] = [[] for _ in prompts]
+    ended = [False] * len(prompts)
+    for step in range(max_new_tokens):
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        token = torch.where(greedy_rows, probs.argmax(-1), sample(probs, generator))
+        for row, t in zip(rows.tolist(), token.tolist()):
+            if not ended[row]:
+                responses[row].append(t)
+                ended[row] = t == eos_id
+        if sum(ended) >= stop_fraction * len(prompts) or step == max_new_tokens - 1:
+            break
+        live = torch.tensor([not ended[r] for r in rows.tolist()], device=device)
+        if step % prune_every == prune_every - 1 and not live.all():
+            keep = live.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, token, mask, positions, greedy_rows = (
+                x[keep] for x in (rows, token, mask, positions, greedy_rows)
+            )
+        # A row that ended keeps decoding padding until it is pruned; its tokens are never read.
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+        positions = positions[:, -1:] + 1
+        logits = target(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+    return list(zip(responses, ended))
+
+
+def prefill(target, prompts: list[list[int]], pad_id: int):
+    """The target's pass over left-padded prompts: its next-token logits [B, V], its KV cache, and the
+    attention mask and positions that decoding extends."""
+    from transformers import DynamicCache
+
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=target.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=target.config)
+    logits = target(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    return logits, cache, mask, positions
