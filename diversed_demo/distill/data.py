@@ -33,7 +33,8 @@ from .prompts import PROMPTS_FILE, prompts_digest, read_prompts
 SHARDS_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
-# are sampled often; GSM8K is large, so once.
+# are sampled often; GSM8K is large, so once; the broad prompts six times, which brings the whole
+# schedule to about 10M response tokens (docs/embedded-pair.md).
 SAMPLES_PER_PROMPT = {
     "instructions": 12,
     "general": 12,
@@ -41,7 +42,7 @@ SAMPLES_PER_PROMPT = {
     "mbpp": 3,
     "humaneval": 3,
     "gsm8k": 1,
-    "broad": 1,
+    "broad": 6,
 }
 SOURCE_WEIGHTS = {"broad": 0.5, "open": 0.2, "math": 0.15, "code": 0.15}
 SOURCE_GROUP = {
