@@ -4,6 +4,7 @@ assembled with the project's templates, resumably."""
 import collections
 import gzip
 import json
+import time
 
 import pytest
 import torch
@@ -151,11 +152,15 @@ def test_shards_are_not_resumed_against_other_broad_prompts(tmp_path, target, mo
     prompt_file = tmp_path / "broad.jsonl.gz"
     write_jsonl_gz(prompt_file, [{"prompt": "a dog"}, {"prompt": "the cat"}])
     monkeypatch.setattr(data, "prompts_digest", lambda: prompts.prompts_digest(prompt_file))
+    monkeypatch.setattr(data, "prompts_digests", lambda: prompts.prompts_digests(prompt_file))
     shards = tmp_path / "shards"
     tokenizer = tiny_tokenizer()
     data.generate_shards(
         target, tokenizer, shards, target_tokens=1, batch_size=2, max_new_tokens=4, command="a"
     )
+    time.sleep(1.1)  # gzip's header could hold the time: rebuilt with the same rows, the file still matches
+    write_jsonl_gz(prompt_file, [{"prompt": "a dog"}, {"prompt": "the cat"}])
+    data.generate_shards(target, tokenizer, shards, target_tokens=2, batch_size=2, max_new_tokens=4)
     write_jsonl_gz(prompt_file, [{"prompt": "the cat"}, {"prompt": "a dog"}])  # rebuilt: indices moved
     with pytest.raises(ValueError, match="not the file the shards"):
         data.generate_shards(target, tokenizer, shards, target_tokens=100, batch_size=2, max_new_tokens=4)

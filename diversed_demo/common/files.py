@@ -55,10 +55,10 @@ def write_text(path, text: str) -> None:
 def write_jsonl_gz(path, rows: list[dict]) -> None:
     """Rows as gzipped JSON lines, atomically (shards and prompt files: small in the repository)."""
 
-    def write(tmp):
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+    def write(tmp):  # no time or file name in the header: the same rows make the same bytes
+        with open(tmp, "wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as packed:
             for row in rows:
-                f.write(json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n")
+                packed.write((json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n").encode())
 
     atomic_write(path, write)
 

@@ -27,7 +27,7 @@ from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
 from .batch_generation import generate_batch
-from .prompts import PROMPTS_FILE, prompts_digest, read_prompts
+from .prompts import PROMPTS_FILE, prompts_digest, prompts_digests, read_prompts
 
 # the generated responses (committed), not tasks.data_dir()'s data sets
 SHARDS_DIR = ASSETS / "draft" / "data"
@@ -206,7 +206,7 @@ def check_broad_prompts_unchanged(shards_dir: Path) -> None:
     """`broad` jobs are keyed by their index in the prompt file: shards made from another version of it
     would be taken for done, or for other prompts."""
     digests = {run.get("broad_prompts_sha256") for run in read_runs(shards_dir)} - {None}
-    if digests and digests != {prompts_digest()}:
+    if not digests <= prompts_digests():
         raise ValueError(
             f"{PROMPTS_FILE} is not the file the shards in {shards_dir} were made from: restore it "
             "(git checkout) or generate into a new --out folder"

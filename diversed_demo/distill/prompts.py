@@ -18,6 +18,7 @@ Each stage's generations are kept in a work folder, written atomically, so a rer
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
@@ -294,5 +295,16 @@ def read_prompts(path: Path = PROMPTS_FILE) -> list[dict]:
 
 
 def prompts_digest(path: Path = PROMPTS_FILE) -> str | None:
-    """The prompt file's sha256 (its rows' keys in the shards are indices into it), None without one."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).exists() else None
+    """The sha256 of the prompt file's rows (its decompressed text: a gzip header may hold a time); the rows'
+    keys in the shards are indices into it. None without a file."""
+    if not Path(path).exists():
+        return None
+    return hashlib.sha256(gzip.decompress(Path(path).read_bytes())).hexdigest()
+
+
+def prompts_digests(path: Path = PROMPTS_FILE) -> set[str]:
+    """Every digest a shard folder may record for this prompt file: prompts_digest and, as runs logged
+    before 2026-11-26 recorded, the sha256 of its bytes."""
+    if not Path(path).exists():
+        return set()
+    return {prompts_digest(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()}
