@@ -1,6 +1,8 @@
 """Making the feature draft: on-policy data, training with the training-time test, resumable checkpoints."""
 
 import collections
+import dataclasses
+import json
 import math
 
 import pytest
@@ -312,3 +314,20 @@ def test_training_continues_from_a_saved_draft(tmp_path, target, records):
     assert trainable and not any(n.startswith(("embed_tokens", "lm_head")) for n in trainable)
     more = distill.train(again, target, records[20:], records[:20], 3, config, tmp_path / "b", lambda m: None)
     assert more["best"]["score"] >= state["best"]["score"] - 0.02
+
+
+def test_a_checkpoint_resumes_only_under_its_own_settings_and_data(tmp_path):
+    config = DraftTrainConfig(epochs=1)
+    records = [{"key": f"gsm8k/{i}/greedy"} for i in range(5)]
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    saved = {"config": dataclasses.asdict(config), "records_sha256": distill.records_digest(records)}
+    (tmp_path / "run.json").write_text(json.dumps(saved))
+    distill.check_same_config(tmp_path, config, records)
+    with pytest.raises(ValueError, match="other settings"):
+        distill.check_same_config(tmp_path, DraftTrainConfig(epochs=2), records)
+    with pytest.raises(ValueError, match="other data"):
+        distill.check_same_config(tmp_path, config, records + [{"key": "broad/0/greedy"}])
+    # a run saved before a setting or the data's digest existed: the setting had its default
+    legacy = {"config": {k: v for k, v in saved["config"].items() if k != "replay"}}
+    (tmp_path / "run.json").write_text(json.dumps(legacy))
+    distill.check_same_config(tmp_path, config, records + [{"key": "broad/0/greedy"}])

@@ -14,6 +14,7 @@ written atomically and resumed automatically.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -277,7 +278,7 @@ def train_draft(
     """
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    check_same_config(work_dir, config)
+    check_same_config(work_dir, config, records)
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
     train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
     train_records = select_sources(train_records, config.sources, config.replay, config.seed)
@@ -299,6 +300,7 @@ def train_draft(
         "config": asdict(config),
         "machine": machine(pair.target.device),
         "data": split_summary(records, train_records, heldout, vocab),
+        "records_sha256": records_digest(records),
     }
     (work_dir / "run.json").write_text(json.dumps(run, indent=2))
     with open(work_dir / "train.log", "a", encoding="utf-8") as log_file:
@@ -329,18 +331,34 @@ def split_summary(records, train_records, heldout, vocab) -> dict:
     }
 
 
-def check_same_config(work_dir: Path, config: DraftTrainConfig) -> None:
-    """A checkpoint resumes only under the settings it was made with: its data order and schedule are
-    functions of them."""
+def check_same_config(work_dir: Path, config: DraftTrainConfig, records: list[dict]) -> None:
+    """A checkpoint resumes only under the settings and data it was made with: its batches are record
+    indices, and its data order and schedule are functions of both."""
     path = work_dir / "run.json"
-    if (work_dir / "checkpoint.pt").exists() and path.exists():
-        saved = json.loads(path.read_text())["config"]
-        changed = {k: (saved.get(k), v) for k, v in asdict(config).items() if saved.get(k) != v}
-        if changed:
-            raise ValueError(
-                f"{work_dir} holds a run with other settings {changed} (saved, now): "
-                "resume with the same options or pick another --work-dir"
-            )
+    if not ((work_dir / "checkpoint.pt").exists() and path.exists()):
+        return
+    saved = json.loads(path.read_text())
+    defaults = asdict(DraftTrainConfig())  # a setting added since the run was saved had its default
+    changed = {
+        k: (saved["config"].get(k, defaults[k]), v)
+        for k, v in asdict(config).items()
+        if saved["config"].get(k, defaults[k]) != v
+    }
+    if changed:
+        raise ValueError(
+            f"{work_dir} holds a run with other settings {changed} (saved, now): "
+            "resume with the same options or pick another --work-dir"
+        )
+    if saved.get("records_sha256", records_digest(records)) != records_digest(records):
+        raise ValueError(
+            f"{work_dir} holds a run on other data (shards were added or changed since): "
+            "resume with the same shards or pick another --work-dir"
+        )
+
+
+def records_digest(records: list[dict]) -> str:
+    """The identity of the data a run trains on: its records' keys, in order."""
+    return hashlib.sha256("\n".join(r["key"] for r in records).encode()).hexdigest()
 
 
 def machine(device: torch.device) -> str:
