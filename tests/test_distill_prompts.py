@@ -12,7 +12,7 @@ from stats import chi_square_pvalue
 from tiny import tiny_model, tiny_tokenizer
 
 from diversed_demo.common.files import write_jsonl_gz
-from diversed_demo.distill import data, prompts
+from diversed_demo.distill import batches, data, prompts
 from diversed_demo.distill.batch_generation import generate_batch
 
 
@@ -164,3 +164,23 @@ def test_shards_are_not_resumed_against_other_broad_prompts(tmp_path, target, mo
     write_jsonl_gz(prompt_file, [{"prompt": "the cat"}, {"prompt": "a dog"}])  # rebuilt: indices moved
     with pytest.raises(ValueError, match="not the file the shards"):
         data.generate_shards(target, tokenizer, shards, target_tokens=100, batch_size=2, max_new_tokens=4)
+
+
+def test_prompts_made_from_one_passage_are_held_out_together():
+    passage = "the old mill by the river ground flour for the whole valley until the flood of that wet spring"
+    other = "a small robot learned to sort the red and blue bricks on the floor of a quiet workshop each day"
+    template = "Read the text below and write a short summary of it in your own words please, "
+    rows = [
+        {"prompt": template + passage},
+        {"prompt": f"Which facts does this text state? {passage}"},
+        {"prompt": template + other},
+        {"prompt": "Write a poem about volcanoes."},
+    ]
+    rows += [{"prompt": template + f"text number {i} is short"} for i in range(6)]  # the template alone
+    groups = prompts.prompt_groups(rows)
+    assert groups[0] == groups[1] == 0  # one passage: one group
+    assert len(set(groups[2:])) == len(rows) - 2  # a template's own words join nothing
+    records = [{"key": f"broad/{i}/s0", "source": "broad"} for i in range(len(rows))]
+    for fraction in (0.2, 0.5, 0.8):
+        held = [batches.is_heldout(r, fraction, groups) for r in records]
+        assert held[0] == held[1]

@@ -23,6 +23,7 @@ import hashlib
 import json
 import random
 import re
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -287,6 +288,33 @@ def build_prompts(
         target, tokenizer, topics, passages, work_dir, seed, batch_size, report("requests")
     )
     return assemble(topics, passages, requests, seed)
+
+
+def prompt_groups(rows: list[dict], words: int = 12, most: int = 5) -> list[int]:
+    """Each prompt's group, the first index of its group: prompts that share a run of `words` words found in
+    at most `most` prompts (a passage, and the summary, extraction, question and translation prompts made
+    from it) go together, so a held-out split by group never trains on a held-out prompt's passage.
+    Longer-shared runs are templates' own words, which say nothing of the content."""
+    runs = []
+    for row in rows:
+        tokens = re.findall(r"\w+", row["prompt"].lower())
+        runs.append({" ".join(tokens[i : i + words]) for i in range(len(tokens) - words + 1)})
+    counts = Counter(run for found in runs for run in found)
+    group = list(range(len(rows)))
+
+    def root(i):
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    first_with: dict[str, int] = {}
+    for i, found in enumerate(runs):
+        for run in found:
+            if counts[run] <= most:
+                a, b = sorted((root(i), root(first_with.setdefault(run, i))))
+                group[b] = a
+    return [root(i) for i in range(len(rows))]
 
 
 def read_prompts(path: Path = PROMPTS_FILE) -> list[dict]:

@@ -27,6 +27,7 @@ from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
+from .prompts import prompt_groups, read_prompts
 from .ttt import label_rows, target_pass, ttt_loss, unroll
 
 
@@ -279,8 +280,9 @@ def train_draft(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     check_same_config(work_dir, config, records)
-    heldout = [r for r in records if is_heldout(r, config.heldout_fraction)]
-    train_records = [r for r in records if not is_heldout(r, config.heldout_fraction)]
+    groups = prompt_groups(read_prompts())
+    heldout = [r for r in records if is_heldout(r, config.heldout_fraction, groups)]
+    train_records = [r for r in records if not is_heldout(r, config.heldout_fraction, groups)]
     train_records = select_sources(train_records, config.sources, config.replay, config.seed)
     if not train_records:
         raise ValueError(f"no training records from the sources {config.sources}")
