@@ -12,7 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-from .common.allocator import keep_freed_memory
 from .common.files import write_jsonl_gz, write_text
 
 
@@ -911,7 +910,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    keep_freed_memory()  # training's large tensors are otherwise page-faulted in afresh each time
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as err:  # bad input: a message, not a traceback
