@@ -35,12 +35,15 @@ def write_card(card: dict, directory=EMBEDDED_DRAFT_DIR) -> None:
 
 
 def data_summary(records: list[dict], data_dir=data.SHARDS_DIR) -> dict:
+    """Every shard in the folder (the card's `training.split` says what the run trained and held out)."""
     by_source = defaultdict(Counter)
     for r in records:
         kind = "greedy" if r["greedy"] else "sampled_t1"
         by_source[r["source"]][f"{kind}_responses"] += 1
         by_source[r["source"]][f"{kind}_tokens"] += len(r["response_ids"])
     return {
+        "scope": "every shard in the folder when the card was written; training.split is what the run "
+        "trained on (its --sources and --replay) and held out",
         "responses": len(records),
         "response_tokens": sum(len(r["response_ids"]) for r in records),
         "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
