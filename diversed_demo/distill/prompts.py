@@ -294,7 +294,7 @@ def prompt_groups(rows: list[dict], words: int = 12, most: int = 5) -> list[int]
     """Each prompt's group, the first index of its group: prompts that share a run of `words` words found in
     at most `most` prompts (a passage, and the summary, extraction, question and translation prompts made
     from it) go together, so a held-out split by group never trains on a held-out prompt's passage.
-    Longer-shared runs are templates' own words, which say nothing of the content."""
+    Runs found in more prompts are templates' own words, which say nothing of the content."""
     runs = []
     for row in rows:
         tokens = re.findall(r"\w+", row["prompt"].lower())
