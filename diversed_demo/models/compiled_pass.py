@@ -1,12 +1,16 @@
 """The static pass (static_pass.py) compiled ahead of time by AOTInductor, built once per machine in the
 background, and lent to one cached decode at a time.
 
-Building takes about a minute of one core (export, then C++ compilation), so it never delays a start: a
-subprocess at low priority builds the package into the user cache while the eager path serves, and the
-pass is attached when it is ready and agrees with the eager pass on a check prompt. Later starts load it
-in a fraction of a second. The package's weights are the model's own tensors, shared, not copied (its
-constants are "user managed"), and so is the static KV cache, which `core.cache.CachedLM` fills from the
-prompt's cache and crops by setting its length.
+Building takes about a minute and a half (export, inductor's GEMM autotuning, then C++ compilation on one
+core), so it never delays a start: a subprocess at low priority builds the package into the user cache
+while the eager path serves, and the pass is attached when it is ready and agrees with the eager pass on a
+check prompt. Autotuning lets inductor replace an ATen product by its own C++ GEMM template where that is
+faster here: on an AMX Xeon, the LM head's (docs/measurements/speed.md). The templates are generated
+for the app's thread count, so the build runs at that count too, and the package is keyed on it. Later
+starts load it in a fraction of a second. The package's weights are the model's own tensors, shared, not
+copied (its constants are "user managed"), and so is the static KV cache, which `core.cache.CachedLM`
+fills from the prompt's cache and crops by setting its length. (Products that a template replaces keep a
+packed copy of their weights inside the package.)
 
 DIVERSED_COMPILED_PASS=off keeps every pass eager.
 """
@@ -88,6 +92,7 @@ def package_key(model, aux_layer_ids) -> str:
         "k_max": K_MAX,
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),  # autotuned GEMM templates are generated for a thread count
         "source": hashlib.sha256(source).hexdigest(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -97,8 +102,13 @@ def package_path(model, aux_layer_ids) -> Path:
     return cache_dir() / "compiled" / f"static-pass-{package_key(model, aux_layer_ids)}.pt2"
 
 
-def build_package(model, aux_layer_ids, path: Path) -> Path:
-    """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute)."""
+# Inductor times its C++ GEMM templates against ATen's products and keeps the faster, per product.
+AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | None = None) -> Path:
+    """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute or
+    two), with AUTOTUNE unless other inductor settings are given."""
     module = StaticPass(model, aux_layer_ids, MAX_LEN)
     new = torch.export.Dim("new", min=1, max=K_MAX)
     used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
@@ -111,7 +121,11 @@ def build_package(model, aux_layer_ids, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")  # the packager wants the suffix
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+        torch._inductor.aoti_compile_and_package(
+            program,
+            package_path=str(partial),
+            inductor_configs=AUTOTUNE if inductor_configs is None else inductor_configs,
+        )
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -181,7 +195,7 @@ def prepare(pair, wait: bool = False, log=print) -> None:
         return
     build_log = path.with_suffix(".log")
     build = start_build(pair.target_name, aux, path, build_log)
-    log(f"compiling the target's decoding pass in the background (about a minute); log: {build_log}")
+    log(f"compiling the target's decoding pass in the background (a minute or two); log: {build_log}")
 
     def finish():
         if build.wait() == 0 and path.exists():
@@ -196,10 +210,10 @@ def prepare(pair, wait: bool = False, log=print) -> None:
 
 
 def start_build(target: str, aux_layer_ids, path: Path, log: Path) -> subprocess.Popen:
-    """The build in a process of its own at low priority, on one core (the app keeps the other), its
-    output to `log`."""
+    """The build in a process of its own at low priority, its output to `log`: C++ compilation on one core
+    (the app keeps the other); products timed for autotuning at the app's thread count, as they will run."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
     aux = ",".join(map(str, aux_layer_ids))
     command = [sys.executable, "-m", __name__, target, aux, str(path)]
     with open(log, "w") as out:
@@ -219,7 +233,11 @@ def build_from_command_line(target: str, aux: str, path: str) -> None:
     expected = package_path(model, aux_layer_ids)
     if expected != Path(path):
         sys.exit(f"this process would build {expected}, not {path}: the two processes load different models")
-    build_package(model, aux_layer_ids, Path(path))
+    try:
+        build_package(model, aux_layer_ids, Path(path))
+    except Exception as err:  # inductor's templates cover fewer CPUs than its plain code: build that
+        print(f"the autotuned build failed ({err!r}); building without autotuning", flush=True)
+        build_package(model, aux_layer_ids, Path(path), inductor_configs={})
     print(f"built {path} in {time.perf_counter() - start:.0f} s")
 
 
