@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from diversed_demo.eval.dtype_choice import load_measured_pair
-from diversed_demo.models.compiled_pass import prepare
+from diversed_demo.models.compiled_build import prepare
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.pair import PairError
 from diversed_demo.ui.app import build_app, launch

@@ -43,7 +43,7 @@ def pair_from_args(args, compiled: str | None = None):
     decoding pass where one applies (models/compiled_pass.py): built in the background, or before
     returning (the bench times what decodes run on)."""
     from .eval.dtype_choice import choice_note, load_measured_pair
-    from .models.compiled_pass import prepare
+    from .models.compiled_build import prepare
     from .models.embedded import EMBEDDED
 
     pair = load_measured_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)

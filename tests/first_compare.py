@@ -9,7 +9,7 @@ import time
 START = time.perf_counter()
 
 from diversed_demo.eval.dtype_choice import load_measured_pair  # noqa: E402
-from diversed_demo.models.compiled_pass import prepare  # noqa: E402
+from diversed_demo.models.compiled_build import prepare  # noqa: E402
 from diversed_demo.ui.examples import load_examples  # noqa: E402
 from diversed_demo.ui.opening import measured_opening  # noqa: E402
 from diversed_demo.ui.runs import stream_comparison  # noqa: E402

@@ -11,6 +11,8 @@ target rejected. Neither kind ever recomputes the prefix: both keep a KV cache a
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .cache import CachedLM, cached_attention
@@ -44,6 +46,9 @@ class StandaloneDraft:
         """The sequence is `length` tokens long: keep the cache on its verified part (all but the last)."""
         self.lm.rollback(length - 1)
 
+    def close(self) -> None:
+        self.lm.close()
+
 
 class FeatureDraft:
     """An EAGLE-3 draft over the target's features.
@@ -59,6 +64,9 @@ class FeatureDraft:
         self.cache: list = []
         self.length = 0  # cache entries that are verified
         self.pending = None  # true features [P, n_aux·H] of positions length .. length + P − 1
+        # The draft's compiled step (models/compiled_draft.py), while this draft holds it: its static
+        # cache then stands in for `cache`.
+        self.compiled = None
 
     def ready(self, length: int) -> bool:
         """Whether the features of every verified position but the last are known (not before the target's
@@ -66,34 +74,57 @@ class FeatureDraft:
         return self.pending is not None and self.length + len(self.pending) >= length - 1
 
     def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
-        model, end = self.model, len(sequence) - 1
-        positions = torch.arange(self.length, end, device=sequence.device)
-        features = model.fuse(self.pending[: end - self.length])
-        hidden = model.layer(
-            features[None], sequence[self.length + 1 : end + 1][None], positions[None], self._attend
-        )[0, -1:]
+        end = len(sequence) - 1
+        features = self.model.fuse(self.pending[: end - self.length])
+        hidden, logits = self._step(features, sequence[self.length + 1 : end + 1], self.length)
         self.length, self.pending = end, None
         tokens, probs, states = [], [], []
         for step in range(n):
             # Sampled over the draft's own vocabulary (q is 0 elsewhere): the same law, a sixth of the cost.
-            index, small_q = sampler(model.draft_logits(hidden)[0])
+            index, small_q = sampler(logits)
             token = self.token_ids[index]
             tokens.append(token.view(1))
-            probs.append(model.full_probs(small_q))
+            probs.append(self.model.full_probs(small_q))
             states.append(hidden[0])
             if (
                 step < n - 1
             ):  # the draft's own output stands in for the target's features of the next position
-                hidden = model.layer(
-                    hidden[None], token.view(1, 1), positions.new_tensor([[end + step]]), self._attend
-                )[0]
+                hidden, logits = self._step(hidden, token.view(1), end + step)
         return torch.cat(tokens), torch.stack(probs), torch.stack(states)
+
+    def _step(self, features, token_ids, start: int):
+        """The draft's layer over rows at positions start, start + 1, …: (its last hidden state [1, H], its
+        logits over the draft vocabulary [Vd])."""
+        if start == 0 and self.compiled is None:
+            self._enter_compiled()
+        if self.compiled is not None and start + len(token_ids) >= self.compiled.module.max_len:
+            self.cache = list(self.compiled.layers(start)[0])  # too long for its cache: go on eagerly
+            self.close()
+        if self.compiled is not None:
+            hidden, logits = self.compiled.forward(token_ids, start, features)
+            return hidden[-1:], logits
+        positions = torch.arange(start, start + len(token_ids), device=token_ids.device)
+        hidden = self.model.layer(features[None], token_ids[None], positions[None], self._attend)[0, -1:]
+        return hidden, self.model.draft_logits(hidden)[0]
+
+    def _enter_compiled(self) -> None:
+        compiled = getattr(self.model, "compiled_step", None)
+        if compiled is not None and compiled.acquire(self):
+            weakref.finalize(self, compiled.release, id(self))
+            self.compiled = compiled
+
+    def close(self) -> None:
+        """Give the compiled step back to other decodes (also done when this draft is garbage)."""
+        if self.compiled is not None:
+            self.compiled.release(id(self))
+        self.compiled = None
 
     def _attend(self, q, k, v):
         return cached_attention(self.cache, q, k, v)
 
     def observe(self, length: int, target_features=None) -> None:
-        """Drop the speculative entries and queue the target's features of newly verified positions."""
+        """Drop the speculative entries and queue the target's features of newly verified positions (a
+        static cache's are overwritten in place)."""
         if self.cache and self.cache[0].shape[2] > self.length:
             self.cache[:] = [t[:, :, : self.length] for t in self.cache]
         if target_features is not None:

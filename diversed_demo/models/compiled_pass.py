@@ -1,18 +1,15 @@
 """The static pass (static_pass.py) compiled ahead of time by AOTInductor, built once per machine in the
-background, and lent to one cached decode at a time.
+background (compiled_build.py), and lent to one cached decode at a time.
 
-Building takes about a minute and a half (export, inductor's GEMM autotuning, then C++ compilation on one
-core), so it never delays a start: a subprocess at low priority builds the package into the user cache
-while the eager path serves, and the pass is attached when it is ready and agrees with the eager pass on a
-check prompt. Autotuning lets inductor replace an ATen product by its own C++ GEMM template where that is
-faster here: on an AMX Xeon, the LM head's (docs/measurements/speed.md). The templates are generated
-for the app's thread count, so the build runs at that count too, and the package is keyed on it. Later
-starts load it in a fraction of a second. The package's weights are the model's own tensors, shared, not
-copied (its constants are "user managed"), and so is the static KV cache, which `core.cache.CachedLM`
-fills from the prompt's cache and crops by setting its length. (Products that a template replaces keep a
-packed copy of their weights inside the package.)
-
-DIVERSED_COMPILED_PASS=off keeps every pass eager.
+Building takes about a minute (export, inductor's GEMM autotuning, then C++ compilation on one core), so
+it never delays a start: the eager path serves until the pass is attached, once it agrees with the eager
+pass on a check prompt. Autotuning lets inductor replace an ATen product by its own C++ GEMM template
+where that is faster here: on an AMX Xeon, the LM head's (docs/measurements/speed.md). The templates are
+generated for the app's thread count, so the build runs at that count too, and the package is keyed on
+it. Later starts load it in a fraction of a second. The package's weights are the model's own tensors,
+shared, not copied (its constants are "user managed"), and so is the static KV cache, which
+`core.cache.CachedLM` fills from the prompt's cache and crops by setting its length. (Products that a
+template replaces keep a packed copy of their weights inside the package.)
 """
 
 from __future__ import annotations
@@ -20,16 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import torch
 
 from ..common.files import cache_dir
-from .static_pass import K_MAX, StaticPass, compilable
+from .static_pass import K_MAX, StaticPass
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
 SWITCH = "DIVERSED_COMPILED_PASS"
@@ -71,12 +65,15 @@ class CompiledPass:
     def _static_layers(self):
         return [tuple(self.module.buffers_of_layer(i)) for i in range(self.module.n_layers)]
 
-    def forward(self, tokens: torch.Tensor, length: int):
-        """Feed tokens [k] after `length` cached ones: (logits [k, V], last hidden [k, H], aux [k, ·])."""
+    def forward(self, tokens: torch.Tensor, length: int, *inputs):
+        """Feed tokens [k] (and the module's further `inputs`) after `length` cached ones: the module's
+        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Longer feeds than the
+        graph takes run the module eagerly, on the same cache."""
         k = tokens.numel()
         positions = torch.arange(length, length + k)
         mask = torch.arange(length + k)[None, :] <= positions[:, None]
-        return tuple(self.runner(tokens.view(-1), positions, mask))
+        runner = self.runner if k <= K_MAX else self.module
+        return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
 
 def package_key(model, aux_layer_ids) -> str:
@@ -110,22 +107,24 @@ def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | Non
     """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute or
     two), with AUTOTUNE unless other inductor settings are given."""
     module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    return compile_module(module, (), path, inductor_configs)
+
+
+def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | None = None) -> Path:
+    """Export a static module for 1..K_MAX new rows and any used length (its arguments: tokens, positions
+    [k], mask [k, S], then `inputs` with k rows first, for two rows here) and compile it into `path`."""
     new = torch.export.Dim("new", min=1, max=K_MAX)
     used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
     tokens, positions = torch.tensor([1, 2]), torch.tensor([5, 6])
     mask = torch.arange(7)[None, :] <= positions[:, None]
+    dynamic = ({0: new}, {0: new}, {0: new, 1: used}, *({0: new} for _ in inputs))
     with torch.no_grad():
-        program = torch.export.export(
-            module, (tokens, positions, mask), dynamic_shapes=({0: new}, {0: new}, {0: new, 1: used})
-        )
+        program = torch.export.export(module, (tokens, positions, mask, *inputs), dynamic_shapes=dynamic)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")  # the packager wants the suffix
+    configs = AUTOTUNE if inductor_configs is None else inductor_configs
     try:
-        torch._inductor.aoti_compile_and_package(
-            program,
-            package_path=str(partial),
-            inductor_configs=AUTOTUNE if inductor_configs is None else inductor_configs,
-        )
+        torch._inductor.aoti_compile_and_package(program, package_path=str(partial), inductor_configs=configs)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -134,7 +133,11 @@ def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | Non
 
 def load_package(model, aux_layer_ids, path: Path) -> CompiledPass:
     """The package's runner over the model's own tensors and a static cache of this process."""
-    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    return load_runner(StaticPass(model, aux_layer_ids, MAX_LEN), path)
+
+
+def load_runner(module, path: Path) -> CompiledPass:
+    """A compiled package of `module`, run over the module's buffers (shared, not copied)."""
     runner = torch._inductor.aoti_load_package(str(path))
     buffers = dict(module.named_buffers())
     names = runner.get_constant_fqns()
@@ -178,68 +181,3 @@ def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
         return None
     model.compiled_pass = compiled
     return compiled
-
-
-def prepare(pair, wait: bool = False, log=print) -> None:
-    """Give the pair's target its compiled pass where one applies (a lean 4-bit target on the CPU): at once
-    if its package is built, else after a build in a background process (or, with wait, before returning)."""
-    model = pair.target
-    if os.environ.get(SWITCH, "auto") == "off" or model.device.type != "cpu" or not compilable(model):
-        return
-    if getattr(model, "compiled_pass", None) is not None:
-        return
-    aux = list(getattr(pair.draft, "aux_layer_ids", None) or [])
-    path = package_path(model, aux)
-    if path.exists():
-        attach(model, aux, path, log)
-        return
-    build_log = path.with_suffix(".log")
-    build = start_build(pair.target_name, aux, path, build_log)
-    log(f"compiling the target's decoding pass in the background (a minute or two); log: {build_log}")
-
-    def finish():
-        if build.wait() == 0 and path.exists():
-            attach(model, aux, path, log)
-        else:
-            log(f"compiling the decoding pass failed (see {build_log}); decoding stays eager")
-
-    if wait:
-        finish()
-    else:
-        threading.Thread(target=finish, daemon=True, name="compiled-pass").start()
-
-
-def start_build(target: str, aux_layer_ids, path: Path, log: Path) -> subprocess.Popen:
-    """The build in a process of its own at low priority, its output to `log`: C++ compilation on one core
-    (the app keeps the other); products timed for autotuning at the app's thread count, as they will run."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
-    aux = ",".join(map(str, aux_layer_ids))
-    command = [sys.executable, "-m", __name__, target, aux, str(path)]
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(10)
-        )
-
-
-def build_from_command_line(target: str, aux: str, path: str) -> None:
-    from .loading import load_target
-
-    start = time.perf_counter()
-    model = load_target(target, torch.device("cpu"), torch.bfloat16)
-    aux_layer_ids = [int(i) for i in aux.split(",") if i]
-    if not compilable(model):
-        sys.exit("the target's layers are not lean 4-bit layers here: nothing to compile")
-    expected = package_path(model, aux_layer_ids)
-    if expected != Path(path):
-        sys.exit(f"this process would build {expected}, not {path}: the two processes load different models")
-    try:
-        build_package(model, aux_layer_ids, Path(path))
-    except Exception as err:  # inductor's templates cover fewer CPUs than its plain code: build that
-        print(f"the autotuned build failed ({err!r}); building without autotuning", flush=True)
-        build_package(model, aux_layer_ids, Path(path), inductor_configs={})
-    print(f"built {path} in {time.perf_counter() - start:.0f} s")
-
-
-if __name__ == "__main__":
-    build_from_command_line(*sys.argv[1:4])

@@ -48,13 +48,14 @@ class Int8Linear(torch.nn.Linear):
         return int8_product(rows, *self.int8).view(*input.shape[:-1], self.out_features)
 
 
-def use_int8_draft(draft: torch.nn.Module) -> int:
+def use_int8_draft(draft: torch.nn.Module, when_faster: bool = True) -> int:
     """Switch a draft's bias-free linear layers to Int8Linear where it runs in bf16 or fp16 on the CPU and
-    the 8-bit product is the faster here (`int8_pays`); returns how many were switched."""
+    the 8-bit product is the faster here (`int8_pays`, unless told not to measure); returns how many were
+    switched."""
     weight = next(draft.parameters())
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
-    if not int8_pays(weight.dtype):
+    if when_faster and not int8_pays(weight.dtype):
         return 0
     linears = [m for m in draft.modules() if type(m) is torch.nn.Linear and m.bias is None]
     for module in linears:

@@ -82,18 +82,15 @@ class StaticPass(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
         """tokens, positions [k]; mask [k, S] (S = the used length after this pass) -> (logits [k, V],
         last hidden [k, H], aux [k, n_aux·H])."""
-        k, used = mask.shape
+        k = mask.shape[0]
         hidden = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [k, 1, D]
-        group = self.n_query // self.n_kv
-        # the mask as an additive bias over grouped query rows (row t·group + j is query head j of token t)
-        bias = torch.zeros(k, used).masked_fill(~mask, float("-inf"))
-        bias = bias[:, None].expand(k, group, used).reshape(k * group, used)
+        bias = mask_bias(mask, self.n_query // self.n_kv)
         aux = []
         for i in range(self.n_layers):
             if i in self.aux_layer_ids:
                 aux.append(hidden)
-            hidden = hidden + self._attention(i, hidden, positions, cos, sin, bias, used)
+            hidden = hidden + self._attention(i, hidden, positions, cos, sin, bias)
             hidden = hidden + self._mlp(i, hidden)
         last = rms_norm(hidden, self.final_norm, self.eps)
         aux_states = torch.cat(aux, -1) if aux else hidden.new_zeros(k, 0)
@@ -108,20 +105,39 @@ class StaticPass(nn.Module):
         ).chunk(2, -1)
         return self._product(i, "down", F.silu(gate) * up)
 
-    def _attention(self, i, hidden, positions, cos, sin, bias, used):
+    def _attention(self, i, hidden, positions, cos, sin, bias):
         """Layer i's attention: q, k, v in one 4-bit product, the rotary embedding, the new keys and values
-        written into the cache, then attention over the used slots in float32 products."""
+        written into the cache, then attention over the used slots."""
         k, n_q, n_kv, dim = hidden.shape[0], self.n_query, self.n_kv, self.head_dim
         normed = rms_norm(hidden, getattr(self, f"l{i}_norm1"), self.eps)
         qkv = self._product(i, "qkv", normed).view(k, n_q + 2 * n_kv, dim)
-        qk = qkv[:, : n_q + n_kv]
-        qk = qk * cos + rotate_half(qk) * sin
+        qk = rotate(qkv[:, : n_q + n_kv], cos, sin)
         keys, values = self.buffers_of_layer(i)
         keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
         values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
-        group = n_q // n_kv
-        query = qk[:, :n_q].reshape(k, n_kv, group, dim).permute(1, 0, 2, 3).reshape(n_kv, k * group, dim)
-        scores = torch.matmul(query.float(), keys[:, :used].float().transpose(-1, -2)) * dim**-0.5 + bias
-        out = torch.matmul(scores.softmax(-1), values[:, :used].float())  # [n_kv, k·group, D]
-        out = out.view(n_kv, k, group, dim).permute(1, 0, 2, 3).reshape(k, n_q * dim).to(hidden.dtype)
-        return self._product(i, "o", out)
+        return self._product(i, "o", attend_static(qk[:, :n_q], keys, values, bias))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of x [k, heads, D] at cos, sin [k, 1, D]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
+    head j of token t)."""
+    k, used = mask.shape
+    bias = torch.zeros(k, used).masked_fill(~mask, float("-inf"))
+    return bias[:, None].expand(k, group, used).reshape(k * group, used)
+
+
+def attend_static(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor):
+    """query [k, n_q, D] over the first S slots of a static cache (keys, values [n_kv, max_len, D]; bias
+    [k·group, S]) in float32 products -> [k, n_q·D] in the query's dtype."""
+    k, n_q, dim = query.shape
+    n_kv, used = keys.shape[0], bias.shape[1]
+    group = n_q // n_kv
+    query = query.reshape(k, n_kv, group, dim).permute(1, 0, 2, 3).reshape(n_kv, k * group, dim)
+    scores = torch.matmul(query.float(), keys[:, :used].float().transpose(-1, -2)) * dim**-0.5 + bias
+    out = torch.matmul(scores.softmax(-1), values[:, :used].float())  # [n_kv, k·group, D]
+    return out.view(n_kv, k, group, dim).permute(1, 0, 2, 3).reshape(k, n_q * dim).to(query.dtype)

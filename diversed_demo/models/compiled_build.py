@@ -1,0 +1,111 @@
+"""Where the compiled pieces come from: the target's pass (compiled_pass.py) and the EAGLE-3 draft's step
+(compiled_draft.py) built in one background process at low priority into the user cache while the eager
+path serves, and attached when ready and checked. Later starts attach them at once.
+
+DIVERSED_COMPILED_PASS=off keeps everything eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path
+from .compiled_pass import SWITCH, attach, build_package, package_path
+from .int8_draft import use_int8_draft
+from .static_pass import compilable
+
+
+def prepare(pair, wait: bool = False, log=print) -> None:
+    """Give the pair's target its compiled pass and its EAGLE-3 draft its compiled step, where they apply (a
+    lean 4-bit target, a bf16 draft, on the CPU): at once where a package is built, else after a build in a
+    background process (or, with wait, before returning)."""
+    if os.environ.get(SWITCH, "auto") == "off" or pair.target.device.type != "cpu":
+        return
+    parts = compiled_parts(pair)
+    for path in [path for path in parts if path.exists()]:
+        parts.pop(path)(log)
+    if not parts:
+        return
+    build_log = next(iter(parts)).with_suffix(".log")
+    build = start_build(pair, list(parts), build_log)
+    log(f"compiling the decoding pass in the background (a minute or two); log: {build_log}")
+
+    def finish():
+        build.wait()
+        for path, attach_part in parts.items():
+            if path.exists():
+                attach_part(log)
+            else:
+                log(f"compiling {path.name} failed (see {build_log}); it stays eager")
+
+    if wait:
+        finish()
+    else:
+        threading.Thread(target=finish, daemon=True, name="compiled-pass").start()
+
+
+def compiled_parts(pair) -> dict[Path, Callable]:
+    """{package path: attach(log)} of the pair's parts that compile and have no compiled runner yet."""
+    model, draft = pair.target, pair.draft
+    aux = list(getattr(draft, "aux_layer_ids", None) or [])
+    parts = {}
+    if compilable(model) and getattr(model, "compiled_pass", None) is None:
+        path = package_path(model, aux)
+        parts[path] = functools.partial(attach, model, aux, path)
+    if draft_compilable(draft) and getattr(draft, "compiled_step", None) is None:
+        path = draft_package_path(draft)
+        parts[path] = functools.partial(attach_draft, draft, path)
+    return parts
+
+
+def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
+    """The build of `paths` (compiled_parts') in a process of its own at low priority, its output to `log`:
+    C++ compilation on one core (the app keeps the other); products timed for autotuning at the app's
+    thread count, as they will run."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
+    aux = ",".join(map(str, getattr(pair.draft, "aux_layer_ids", None) or []))
+    draft_dir = str(getattr(pair.draft, "directory", "-"))
+    int8 = str(int(hasattr(getattr(pair.draft, "lm_head", None), "int8")))
+    command = [sys.executable, "-m", __name__, pair.target_name, aux, draft_dir, int8, *map(str, paths)]
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(10)
+        )
+
+
+def build_from_command_line(target: str, aux: str, draft_dir: str, int8: str, *paths: str) -> None:
+    """Build the packages at `paths`: the target's pass and the draft's step, whichever each path names."""
+    from .loading import load_eagle3, load_target
+
+    model = load_target(target, torch.device("cpu"), torch.bfloat16)
+    aux_layer_ids = [int(i) for i in aux.split(",") if i]
+    builds = {package_path(model, aux_layer_ids): functools.partial(build_package, model, aux_layer_ids)}
+    if draft_dir != "-":
+        draft = load_eagle3(draft_dir, model)
+        if int8 == "1":  # as the app's draft runs, whatever a timing in this process would say
+            use_int8_draft(draft, when_faster=False)
+        builds[draft_package_path(draft)] = functools.partial(build_draft_package, draft)
+    for path in map(Path, paths):
+        if path not in builds:
+            sys.exit(f"this process would build {list(builds)}, not {path}: the two load different models")
+        start = time.perf_counter()
+        try:
+            builds[path](path)
+        except Exception as err:  # inductor's templates cover fewer CPUs than its plain code: build that
+            print(f"the autotuned build failed ({err!r}); building without autotuning", flush=True)
+            builds[path](path, inductor_configs={})
+        print(f"built {path} in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    build_from_command_line(*sys.argv[1:])

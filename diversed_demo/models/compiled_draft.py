@@ -1,0 +1,105 @@
+"""An EAGLE-3 draft's step (static_draft.py) compiled ahead of time by AOTInductor, as the target's pass is
+(compiled_pass.py: built in the background, keyed, checked against the eager step, lent to one decode at a
+time). `core.draft.FeatureDraft` drafts on it where the draft has one (`draft.compiled_step`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from ..common.files import cache_dir
+from .compiled_pass import K_MAX, MAX_LEN, CompiledPass, compile_module, load_runner
+from .eagle import Eagle3Draft
+from .static_draft import StaticDraftStep
+
+TOLERANCE = 2.0  # |Δ logit| the compiled step may differ from the eager one by (bf16 roundings fused away)
+
+
+def draft_compilable(draft) -> bool:
+    """Whether a draft's step compiles here: an EAGLE-3 draft in bf16 on the CPU, loaded from a folder."""
+    return (
+        isinstance(draft, Eagle3Draft)
+        and draft.fc.weight.device.type == "cpu"
+        and draft.fc.weight.dtype == torch.bfloat16
+        and getattr(draft, "directory", None) is not None
+    )
+
+
+def uses_int8(draft) -> bool:
+    return hasattr(draft.lm_head, "int8")
+
+
+def draft_package_path(draft) -> Path:
+    """What a package is valid for: the draft's config and weights, its products' kind, the step's code,
+    PyTorch, the CPU's vector instructions and the thread count."""
+    here = Path(__file__).parent
+    weights = hashlib.sha256()
+    for name, tensor in sorted(draft.state_dict().items()):
+        if not name.startswith("embed_tokens"):
+            weights.update(name.encode() + tensor.detach().float().numpy().tobytes())
+    identity = {
+        "config": draft.config,
+        "weights": weights.hexdigest(),
+        "int8": uses_int8(draft),
+        "max_len": MAX_LEN,
+        "k_max": K_MAX,
+        "torch": torch.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "source": [
+            hashlib.sha256((here / f).read_bytes()).hexdigest() for f in ("static_draft.py", "static_pass.py")
+        ],
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_dir() / "compiled" / f"draft-step-{key}.pt2"
+
+
+def build_draft_package(draft, path: Path, inductor_configs: dict | None = None) -> Path:
+    """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute)."""
+    module = StaticDraftStep(draft, MAX_LEN)
+    return compile_module(
+        module, (torch.zeros(2, draft.hidden_size, dtype=torch.bfloat16),), path, inductor_configs
+    )
+
+
+def step_agrees_with_eager(draft, compiled: CompiledPass) -> bool:
+    """Whether the compiled step gives the eager step's logits, to bf16 rounding, over a check feed of
+    twelve rows and three one-row steps after it (each on its own static cache)."""
+    eager = StaticDraftStep(draft, 64)
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(12, draft.hidden_size, generator=generator).to(torch.bfloat16)
+    tokens = torch.randint(0, draft.vocab_size, (15,), generator=generator)
+    with torch.inference_mode():
+        hidden_e, _ = eager(
+            tokens[:12], torch.arange(12), torch.ones(12, 12, dtype=torch.bool).tril(), features
+        )
+        hidden_c, _ = compiled.forward(tokens[:12], 0, features)
+        for step in range(3):
+            position = torch.tensor([12 + step])
+            feed = tokens[12 + step : 13 + step]
+            hidden_e, logits_e = eager(
+                feed, position, torch.ones(1, 13 + step, dtype=torch.bool), hidden_e[-1:]
+            )
+            hidden_c, logits_c = compiled.forward(feed, 12 + step, hidden_c[-1:])
+            if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
+                return False
+    return True
+
+
+def attach_draft(draft, path: Path, log=print) -> CompiledPass | None:
+    """Load the package and lend it to the draft's decodes (`draft.compiled_step`) if it agrees with the
+    eager step; otherwise say why, and drafting stays eager."""
+    try:
+        compiled = load_runner(StaticDraftStep(draft, MAX_LEN), path)
+        agrees = step_agrees_with_eager(draft, compiled)
+    except Exception as err:  # a broken or foreign package must not stop decoding: eager goes on
+        log(f"the compiled draft step at {path} did not load ({err}); drafting stays eager")
+        return None
+    if not agrees:
+        log(f"the compiled draft step at {path} disagrees with the eager step; drafting stays eager")
+        return None
+    draft.compiled_step = compiled
+    return compiled

@@ -1,0 +1,93 @@
+"""An EAGLE-3 draft's decoding step as one module over a static KV cache, so that AOTInductor can compile
+it into one graph (models/compiled_pass.py builds and lends it as it does the target's pass).
+
+Eager, a drafted token is mostly overhead: one decoder layer and the LM head are a few small products,
+and the norms, rotary embedding, attention and the cache's growth are each a Python call and a
+dispatch. As one graph they fuse (docs/measurements/speed.md). A step feeds p ≤ K_MAX rows (features,
+the token after each, positions), writes their keys and values at those positions, and returns the
+draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits over the draft vocabulary
+for the last row [Vd] (`Eagle3Draft.draft_logits`). The features are fused (`Eagle3Draft.fuse`) or the
+draft's own output, as in `core.draft.FeatureDraft`.
+
+Where the draft runs its products on 8-bit weights (models/int8_draft.py), so does the step; a longer
+feed (the prompt's features, run eagerly) uses the dense weights, as the eager draft does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .int8_draft import int8_product
+from .lean_layer import rms_norm
+from .static_pass import K_MAX, attend_static, mask_bias, rotate
+
+
+class StaticDraftStep(nn.Module):
+    """The step over the draft's own tensors (buffers, not copies) and its static cache."""
+
+    def __init__(self, draft, max_len: int = 2048):
+        super().__init__()
+        layer = draft.layers[0]
+        attn = layer.self_attn
+        self.n_query, self.n_kv, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        self.eps, self.max_len = layer.input_layernorm.eps, max_len
+        self.norm_before_residual = layer.norm_before_residual
+        dtype = draft.fc.weight.dtype
+        products = {
+            "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
+            "o": (attn.o_proj,),
+            "gate_up": (layer.mlp.gate_proj, layer.mlp.up_proj),
+            "down": (layer.mlp.down_proj,),
+            "lm_head": (draft.lm_head,),
+        }
+        self.int8 = all(hasattr(m, "int8") for ms in products.values() for m in ms)
+        for name, modules in products.items():  # stacked output rows: exact for per-row 8-bit scales too
+            self.register_buffer(name, torch.cat([m.weight.detach() for m in modules]), persistent=False)
+            if self.int8:
+                codes, scales = zip(*(m.int8 for m in modules))
+                self.register_buffer(f"{name}_codes", torch.cat(codes), persistent=False)
+                self.register_buffer(f"{name}_scales", torch.cat(scales), persistent=False)
+        self.register_buffer("embed", draft.embed_tokens.weight.detach(), persistent=False)
+        for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+            self.register_buffer(name, getattr(layer, name).weight.detach(), persistent=False)
+        self.register_buffer("final_norm", draft.norm.weight.detach(), persistent=False)
+        cos, sin = draft.rotary(torch.arange(max_len))
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for name in ("keys", "values"):
+            slots = torch.zeros(self.n_kv, max_len, self.head_dim, dtype=dtype)
+            self.register_buffer(name, slots, persistent=False)
+
+    n_layers = 1  # its cache, as compiled_pass.CompiledPass reads a static cache
+
+    def buffers_of_layer(self, i: int):
+        return self.keys, self.values
+
+    def forward(self, tokens, positions, mask, features):
+        """tokens, positions [p]; mask [p, S] (S = the used length after this step); features [p, H] ->
+        (hidden [p, H], logits [Vd] of the last row)."""
+        residual = features
+        features = rms_norm(features, self.hidden_norm, self.eps)
+        if self.norm_before_residual:
+            residual = features
+        embeds = rms_norm(F.embedding(tokens, self.embed).to(features.dtype), self.input_layernorm, self.eps)
+        x = torch.cat([embeds, features], dim=-1)
+        p, n_q, n_kv, dim = x.shape[0], self.n_query, self.n_kv, self.head_dim
+        qkv = self._product("qkv", x).view(p, n_q + 2 * n_kv, dim)
+        qk = rotate(qkv[:, : n_q + n_kv], self.cos[positions][:, None], self.sin[positions][:, None])
+        self.keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
+        self.values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
+        out = attend_static(qk[:, :n_q], self.keys, self.values, mask_bias(mask, n_q // n_kv))
+        hidden = residual + self._product("o", out)
+        gate, up = self._product("gate_up", rms_norm(hidden, self.post_attention_layernorm, self.eps)).chunk(
+            2, -1
+        )
+        hidden = hidden + self._product("down", F.silu(gate) * up)
+        return hidden, self._product("lm_head", rms_norm(hidden[-1:], self.final_norm, self.eps))[0]
+
+    def _product(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        if self.int8 and rows.shape[0] <= K_MAX:
+            return int8_product(rows, getattr(self, f"{name}_codes"), getattr(self, f"{name}_scales"))
+        return F.linear(rows, getattr(self, name))

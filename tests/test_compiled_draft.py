@@ -1,0 +1,114 @@
+"""The EAGLE-3 draft's step over a static cache (models/static_draft.py) and its compiled runner
+(models/compiled_draft.py): drafting on it proposes what the eager draft does, through restarts, rollbacks,
+lending and a cache that runs out."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import PROMPTS, tiny_feature_pair
+
+from diversed_demo.core.draft import FeatureDraft
+from diversed_demo.core.sampling import Sampler
+from diversed_demo.models import int8_draft
+from diversed_demo.models.compiled_draft import attach_draft, build_draft_package, step_agrees_with_eager
+from diversed_demo.models.compiled_pass import CompiledPass
+from diversed_demo.models.int8_draft import use_int8_draft
+from diversed_demo.models.static_draft import StaticDraftStep
+
+
+@pytest.fixture
+def bf16_pair(monkeypatch, tmp_path):
+    """The tiny feature pair in bf16, its draft on 8-bit products, as the app runs an EAGLE-3 draft."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    pair = copy.deepcopy(tiny_feature_pair())
+    pair.target.to(torch.bfloat16)
+    pair.draft.to(torch.bfloat16)
+    assert use_int8_draft(pair.draft) > 0
+    return pair
+
+
+def scripted_proposals(pair, sequence: list[int], start: int, advances: list[int]):
+    """A FeatureDraft's proposals (tokens, q, hidden) of 3 tokens as a decode would ask for them, with the
+    sequence growing by `advances` between proposals (an accepted prefix and a target token: the draft's
+    speculative entries are dropped) and the target's true features observed."""
+    with torch.no_grad():
+        out = pair.target.model(torch.tensor([sequence]), output_hidden_states=True)
+        features = torch.cat([out.hidden_states[i] for i in pair.draft.aux_layer_ids], -1)[0]
+    draft, length, proposals = FeatureDraft(pair.draft), start, []
+    draft.observe(length, features[: length - 1])
+    for advance in advances:
+        sampler = Sampler(1.0, 1.0, torch.Generator().manual_seed(length))
+        proposals.append(draft.propose(torch.tensor(sequence[:length]), 3, sampler))
+        draft.observe(length + advance, features[length - 1 : length + advance - 1])
+        length += advance
+    draft.close()
+    return proposals
+
+
+def assert_same_proposals(got, expected):
+    """The same q (to rounding) wherever the drafts saw the same tokens, and the same draws but perhaps one
+    (a draw that lands on a boundary of q may go the other way, and the round's later steps with it)."""
+    same_rounds = 0
+    for (tokens, q, hidden), (tokens_e, q_e, hidden_e) in zip(got, expected, strict=True):
+        seen = len(q) if torch.equal(tokens, tokens_e) else 1
+        same_rounds += seen == len(q)
+        assert 0.5 * (q[:seen] - q_e[:seen]).abs().sum(-1).max() < 0.05  # float32 attention products
+        assert torch.allclose(hidden[:seen].float(), hidden_e[:seen].float(), atol=0.1, rtol=0.05)
+    assert same_rounds >= len(expected) - 1
+
+
+SEQUENCE = [1] + torch.randint(4, 40, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+START = 8  # the prompt
+ADVANCES = [1, 3, 2, 4, 1, 1, 2, 3, 4, 2]
+
+
+def test_drafting_on_the_static_step_proposes_what_the_eager_draft_does(bf16_pair):
+    eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
+    bf16_pair.draft.compiled_step = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
+    assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
+
+
+def test_drafting_past_the_static_cache_goes_on_eagerly(bf16_pair):
+    eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
+    short = START + 12  # runs out mid-way
+    bf16_pair.draft.compiled_step = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=short))
+    assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
+    assert bf16_pair.draft.compiled_step.acquire(object())  # given back when it ran out
+
+
+def test_one_draft_at_a_time_holds_the_compiled_step(bf16_pair):
+    compiled = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
+    bf16_pair.draft.compiled_step = compiled
+    first, second = FeatureDraft(bf16_pair.draft), FeatureDraft(bf16_pair.draft)
+    features = torch.zeros(len(PROMPTS[0]) - 1, 3 * bf16_pair.draft.hidden_size, dtype=torch.bfloat16)
+    sampler = lambda logits: (logits.argmax(), torch.softmax(logits.float(), -1))  # noqa: E731
+    for draft in (first, second):
+        draft.observe(len(PROMPTS[0]), features)
+        draft.propose(torch.tensor(PROMPTS[0]), 2, sampler)
+    assert first.compiled is compiled and second.compiled is None  # the second drafts eagerly
+    first.close()
+    assert compiled.acquire(object())
+
+
+def test_a_step_that_disagrees_is_not_lent(bf16_pair):
+    draft = bf16_pair.draft
+    broken = CompiledPass(StaticDraftStep(draft, max_len=64), runner=lambda *inputs: wrong(*inputs))
+
+    def wrong(*inputs):
+        hidden, logits = broken.module(*inputs)
+        return hidden, logits + 5.0
+
+    assert not step_agrees_with_eager(draft, broken)
+    assert step_agrees_with_eager(draft, CompiledPass(StaticDraftStep(draft, max_len=64)))
+
+
+@pytest.mark.slow
+def test_the_aot_compiled_draft_step_drafts_what_the_eager_draft_does(bf16_pair, tmp_path):
+    eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
+    path = build_draft_package(bf16_pair.draft, tmp_path / "step.pt2")
+    assert attach_draft(bf16_pair.draft, path) is bf16_pair.draft.compiled_step
+    assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
