@@ -57,9 +57,12 @@ def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monke
     )
 
 
-def test_the_measured_draft_length_is_the_fastest_for_the_costs_timed_on_the_pair(pair, monkeypatch):
-    """Timed for real on the pair: the opening N is the one the analytic bound picks for those costs at the
-    acceptance of the example's short decode."""
+def test_the_measured_draft_length_is_the_fastest_for_the_slowest_mode_at_the_costs_timed_on_the_pair(
+    pair, monkeypatch
+):
+    """Timed for real on the pair: the opening N is the one where the analytic bound of the slower of the
+    opening mode and exact SD (at the acceptance of each's short decode of the example) is largest, since
+    Compare runs both at that N."""
     seen = {}
 
     def spy(name, fn):
@@ -73,8 +76,18 @@ def test_the_measured_draft_length_is_the_fastest_for_the_costs_timed_on_the_pai
     spy("choose_n_draft", opening.choose_n_draft)
     examples = ui_examples()
     opened = opening.opening_draft_length(pair, examples, opening.arrival_defaults(examples, {}))
-    costs, alpha = seen["measure_costs"], seen["choose_n_draft"]["opening"]["calibration_alpha"]
-    assert opened.settings.n_draft == theory.fastest_n_draft(alpha, costs["c"], costs["v"])
+    costs, chosen = seen["measure_costs"], seen["choose_n_draft"]
+    assert set(chosen) == {"Static ensemble", "Exact SD"}  # the opening mode (no carded head here), exact SD
+
+    def slowest(n):
+        return min(
+            theory.analytic_speedup(m["calibration_alpha"], n, costs["c"], costs["v"][n])
+            for m in chosen.values()
+        )
+
+    assert slowest(opened.settings.n_draft) == max(slowest(n) for n in costs["v"])
+    for name, mode in chosen.items():
+        assert f"{name} {mode['calibration_alpha']:.2f}" in opened.why
 
 
 def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, monkeypatch):
@@ -100,3 +113,10 @@ def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, mon
     assert opened.settings.n_draft == 6  # free extra tokens: the longest draft
     assert opened.note == "Opened at N = 6, the fastest on this machine, in float32."
     assert "The models run in float32: the fastest here" in opened.why
+
+
+def test_compare_opens_where_its_slowest_mode_is_fastest():
+    diversed = {"bounds": {1: 1.20, 2: 1.50, 3: 1.60}}  # accepts much: the longest draft
+    exact = {"bounds": {1: 1.10, 2: 1.05, 3: 0.90}}  # accepts little: the shortest
+    assert opening.slowest_mode_fastest({"DIVERSED": diversed}) == 3
+    assert opening.slowest_mode_fastest({"DIVERSED": diversed, "Exact SD": exact}) == 1

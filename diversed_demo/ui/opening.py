@@ -12,6 +12,7 @@ from ..eval.dtype_choice import choice_note
 from ..eval.tasks import Example
 from ..models.heads import HeadError, list_heads, load_head
 from .cards import head_cards, trained_greedy
+from .render import MODE_LABELS
 from .runs import DecodeSettings
 from .shipped_files import dig, shown_path
 from .space import zero_gpu_space
@@ -71,19 +72,27 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
     return Defaults(settings, example_index, note, f"The settings of {card_path}'s frontier run, {verdict}.")
 
 
-def with_draft_length(start: Defaults, n_draft: int, alpha: float, costs: dict) -> Defaults:
-    """`start` at the draft length found fastest on this machine (by the analytic bound at per-token
-    acceptance α with the measured costs), and why. A card's N is a frontier setting, and which N pays
-    depends on the machine (docs/measurements/app.md)."""
+def with_draft_length(start: Defaults, n_draft: int, alphas: dict[str, float], costs: dict) -> Defaults:
+    """`start` at the draft length found fastest on this machine (by the analytic bound at each of
+    Compare's modes' per-token acceptance α with the measured costs), and why. A card's N is a frontier
+    setting, and which N pays depends on the machine (docs/measurements/app.md)."""
     note = f"Opened at N = {n_draft}, the fastest on this machine."
+    measured = ", ".join(f"{name} {alpha:.2f}" for name, alpha in alphas.items())
     why = (
         f"{start.why} N = {n_draft}"
         + (f", not {start.settings.n_draft}," if n_draft != start.settings.n_draft else "")
-        + f" is the fastest here by the analytic bound at this example's acceptance (α = {alpha:.2f} in "
-        f"a short decode at start), with a draft token costing {costs['c']:.2f} and a pass over N + 1 "
-        f"tokens {costs['v'][n_draft]:.2f} of a target token."
+        + " is where the slowest of Compare's modes is fastest here by the analytic bound (Compare runs them"
+        f" all at one N), at this example's acceptance in a short decode at start (α: {measured}), with a"
+        f" draft token costing {costs['c']:.2f} and a pass over N + 1 tokens {costs['v'][n_draft]:.2f} of a"
+        " target token."
     )
     return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note, why=why)
+
+
+def slowest_mode_fastest(chosen: dict[str, dict]) -> int:
+    """The N whose smallest bound over the modes (choose_n_draft's) is the largest."""
+    lengths = next(iter(chosen.values()))["bounds"]
+    return max(lengths, key=lambda n: min(mode["bounds"][n] for mode in chosen.values()))
 
 
 def chosen_dtype_costs(pair) -> dict | None:
@@ -98,9 +107,11 @@ def chosen_dtype_costs(pair) -> dict | None:
 
 def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defaults:
     """`start` at the draft length that pays on this machine for its example and settings: the draft's and
-    the verification's costs timed, and the example decoded for 32 tokens to measure its acceptance, as
-    `bench --n-draft auto` chooses. Kept as is on ZeroGPU Spaces, where a GPU is attached only inside a
-    call, and where the opening head does not load (the Decode tab then says why, on use)."""
+    the verification's costs timed, and the example decoded for 32 tokens in the opening mode and in exact
+    SD to measure their acceptance, as `bench --n-draft auto` chooses, at the N where the slower of the two
+    is fastest: Compare runs every mode at one N, and exact SD, accepting least, wants the shortest. Kept
+    as is on ZeroGPU Spaces, where a GPU is attached only inside a call, and where the opening head does
+    not load (the Decode tab then says why, on use)."""
     settings = start.settings
     if start.example_index is None or zero_gpu_space():
         return start
@@ -109,21 +120,17 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
         head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None
     except HeadError:
         return start
-    mode = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
+    opening = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
+    modes = {MODE_LABELS[settings.mode]: opening}
+    modes.setdefault(MODE_LABELS["exact"], {"mode": "exact", "ensemble_weight": 1.0, "head": None})
     costs = chosen_dtype_costs(pair) or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )
     chosen = choose_n_draft(
-        pair,
-        {"opening": mode},
-        costs,
-        [prompt],
-        32,
-        settings.temperature,
-        settings.seed,
-        probe_n_draft=settings.n_draft,
-    )["opening"]
-    return with_draft_length(start, chosen["n_draft"], chosen["calibration_alpha"], costs)
+        pair, modes, costs, [prompt], 32, settings.temperature, settings.seed, probe_n_draft=settings.n_draft
+    )
+    alphas = {name: mode["calibration_alpha"] for name, mode in chosen.items()}
+    return with_draft_length(start, slowest_mode_fastest(chosen), alphas, costs)
 
 
 def measured_opening(pair, examples: list[Example]) -> Defaults:
