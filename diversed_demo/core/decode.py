@@ -191,6 +191,8 @@ def decode_rows(
             emitted[r] += len(new_ids)
             sequences[r] = torch.cat([sequences[r], sequences[r].new_tensor(new_ids)])
             if stopped or emitted[r] >= max_new_tokens:
+                if drafts[r] is not None:
+                    drafts[r].close()  # its compiled step, if it holds one, goes to the next decode now
                 continue
             still.append(i)
             # Keep the caches on the new sequence minus its last token (which is fed next step).
@@ -202,3 +204,6 @@ def decode_rows(
                 target.keep_rows(still)
             active = [active[i] for i in still]
     target.close()
+    for draft in drafts:
+        if draft is not None:
+            draft.close()

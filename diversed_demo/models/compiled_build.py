@@ -84,27 +84,44 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
 
 
 def build_from_command_line(target: str, aux: str, draft_dir: str, int8: str, *paths: str) -> None:
-    """Build the packages at `paths`: the target's pass and the draft's step, whichever each path names."""
+    """Build the packages at `paths`: the target's pass and the draft's step, whichever each path names. A
+    part that fails is reported and the others are still built; the exit status says whether all were."""
     from .loading import load_eagle3, load_target
 
     model = load_target(target, torch.device("cpu"), torch.bfloat16)
     aux_layer_ids = [int(i) for i in aux.split(",") if i]
     builds = {package_path(model, aux_layer_ids): functools.partial(build_package, model, aux_layer_ids)}
-    if draft_dir != "-":
-        draft = load_eagle3(draft_dir, model)
-        if int8 == "1":  # as the app's draft runs, whatever a timing in this process would say
-            use_int8_draft(draft, when_faster=False)
-        builds[draft_package_path(draft)] = functools.partial(build_draft_package, draft)
-    for path in map(Path, paths):
-        if path not in builds:
-            sys.exit(f"this process would build {list(builds)}, not {path}: the two load different models")
-        start = time.perf_counter()
+    wanted = [Path(path) for path in paths]
+    if draft_dir != "-" and any(path not in builds for path in wanted):
         try:
-            builds[path](path)
-        except Exception as err:  # inductor's templates cover fewer CPUs than its plain code: build that
-            print(f"the autotuned build failed ({err!r}); building without autotuning", flush=True)
-            builds[path](path, inductor_configs={})
-        print(f"built {path} in {time.perf_counter() - start:.0f} s", flush=True)
+            draft = load_eagle3(draft_dir, model)
+            if int8 == "1":  # as the app's draft runs, whatever a timing in this process would say
+                use_int8_draft(draft, when_faster=False)
+            builds[draft_package_path(draft)] = functools.partial(build_draft_package, draft)
+        except Exception as err:
+            print(f"the draft in {draft_dir} did not load ({err!r})", flush=True)
+    failed = [path for path in wanted if not build_one(builds.get(path), path)]
+    sys.exit(1 if failed else 0)
+
+
+def build_one(build: Callable | None, path: Path) -> bool:
+    """Build one package (autotuned, else plain: inductor's templates cover fewer CPUs than its plain
+    code) and say how it went."""
+    if build is None:
+        print(f"this process builds other packages than {path}: the two processes load different models")
+        return False
+    start = time.perf_counter()
+    try:
+        try:
+            build(path)
+        except Exception as err:
+            print(f"the autotuned build of {path} failed ({err!r}); building without autotuning", flush=True)
+            build(path, inductor_configs={})
+    except Exception as err:
+        print(f"building {path} failed ({err!r})", flush=True)
+        return False
+    print(f"built {path} in {time.perf_counter() - start:.0f} s", flush=True)
+    return True
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from .compiled_pass import K_MAX, MAX_LEN, CompiledPass, compile_module, load_ru
 from .eagle import Eagle3Draft
 from .static_draft import StaticDraftStep
 
+# The files whose code the compiled step holds: a change to any of them builds a new package.
+STEP_SOURCES = ("static_draft.py", "static_pass.py", "int8_draft.py", "lean_layer.py", "compiled_pass.py")
 TOLERANCE = 2.0  # |Δ logit| the compiled step may differ from the eager one by (bf16 roundings fused away)
 
 
@@ -66,24 +68,22 @@ def build_draft_package(draft, path: Path, inductor_configs: dict | None = None)
 
 
 def step_agrees_with_eager(draft, compiled: CompiledPass) -> bool:
-    """Whether the compiled step gives the eager step's logits, to bf16 rounding, over a check feed of
-    twelve rows and three one-row steps after it (each on its own static cache)."""
+    """Whether the compiled step gives the eager step's logits, to bf16 rounding, after a check feed of
+    twelve rows (run eagerly by both): on a restart of three rows and three one-row steps, as drafting
+    feeds it (each on its own static cache)."""
     eager = StaticDraftStep(draft, 64)
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(12, draft.hidden_size, generator=generator).to(torch.bfloat16)
-    tokens = torch.randint(0, draft.vocab_size, (15,), generator=generator)
+    features = torch.randn(15, draft.hidden_size, generator=generator).to(torch.bfloat16)
+    tokens = torch.randint(0, draft.vocab_size, (18,), generator=generator)
+    feeds = [(0, 12), (12, 15), (15, 16), (16, 17), (17, 18)]  # (start, end) rows of each feed
+    hidden_e = hidden_c = None
     with torch.inference_mode():
-        hidden_e, _ = eager(
-            tokens[:12], torch.arange(12), torch.ones(12, 12, dtype=torch.bool).tril(), features
-        )
-        hidden_c, _ = compiled.forward(tokens[:12], 0, features)
-        for step in range(3):
-            position = torch.tensor([12 + step])
-            feed = tokens[12 + step : 13 + step]
-            hidden_e, logits_e = eager(
-                feed, position, torch.ones(1, 13 + step, dtype=torch.bool), hidden_e[-1:]
-            )
-            hidden_c, logits_c = compiled.forward(feed, 12 + step, hidden_c[-1:])
+        for start, end in feeds:
+            given_e = features[start:end] if hidden_e is None or end - start > 1 else hidden_e[-1:]
+            given_c = features[start:end] if hidden_c is None or end - start > 1 else hidden_c[-1:]
+            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+            hidden_e, logits_e = eager(tokens[start:end], torch.arange(start, end), mask, given_e)
+            hidden_c, logits_c = compiled.forward(tokens[start:end], start, given_c)
             if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
                 return False
     return True

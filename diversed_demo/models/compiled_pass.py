@@ -30,10 +30,10 @@ SWITCH = "DIVERSED_COMPILED_PASS"
 
 
 class CompiledPass:
-    """A runner of the static pass (the AOTInductor package, or the eager module itself) with its static
-    cache, held by one decode at a time."""
+    """A runner of a static module (the target's StaticPass or a draft's StaticDraftStep: its AOTInductor
+    package, or the eager module itself) with the module's static cache, held by one decode at a time."""
 
-    def __init__(self, module: StaticPass, runner=None):
+    def __init__(self, module: torch.nn.Module, runner=None):
         self.module, self.runner = module, runner or module
         self._lock, self._holder = threading.Lock(), None
 
@@ -67,12 +67,12 @@ class CompiledPass:
 
     def forward(self, tokens: torch.Tensor, length: int, *inputs):
         """Feed tokens [k] (and the module's further `inputs`) after `length` cached ones: the module's
-        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Longer feeds than the
-        graph takes run the module eagerly, on the same cache."""
+        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds outside the graph's
+        ranges (more than K_MAX rows, or a used length under 2) run the module eagerly, on the same cache."""
         k = tokens.numel()
         positions = torch.arange(length, length + k)
         mask = torch.arange(length + k)[None, :] <= positions[:, None]
-        runner = self.runner if k <= K_MAX else self.module
+        runner = self.runner if k <= K_MAX and length + k >= 2 else self.module  # the graph's ranges
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
 

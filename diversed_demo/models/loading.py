@@ -163,7 +163,7 @@ def load_eagle3(directory, target) -> Eagle3Draft:
         )
     load_draft_weights(draft, directory / WEIGHTS_FILE, borrowed=("embed_tokens",))
     draft.embed_tokens.weight = target.get_input_embeddings().weight
-    draft.directory = directory.resolve()  # where a background build loads it again (compiled_pass)
+    draft.directory = directory.resolve()  # where a background build loads it again (compiled_build)
     return draft.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 

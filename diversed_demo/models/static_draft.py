@@ -9,8 +9,12 @@ draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits o
 for the last row [Vd] (`Eagle3Draft.draft_logits`). The features are fused (`Eagle3Draft.fuse`) or the
 draft's own output, as in `core.draft.FeatureDraft`.
 
-Where the draft runs its products on 8-bit weights (models/int8_draft.py), so does the step; a longer
-feed (the prompt's features, run eagerly) uses the dense weights, as the eager draft does.
+Where the draft runs its products on 8-bit weights (models/int8_draft.py), so does the step, on up to
+K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
+the choice cannot depend on it); a longer feed (the prompt's features, run eagerly) uses the dense
+weights and PyTorch's attention kernel, as the eager draft does. The projections are stacked (q, k, v;
+gate, up), so the step holds its own copy of the draft's weights (about 30 MB with the 8-bit codes); the
+target's embedding it borrows.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .static_pass import K_MAX, attend_static, mask_bias, rotate
 
 
 class StaticDraftStep(nn.Module):
-    """The step over the draft's own tensors (buffers, not copies) and its static cache."""
+    """The step over the draft's tensors (stacked copies; the embedding shared) and its static cache."""
 
     def __init__(self, draft, max_len: int = 2048):
         super().__init__()
@@ -79,13 +83,25 @@ class StaticDraftStep(nn.Module):
         qk = rotate(qkv[:, : n_q + n_kv], self.cos[positions][:, None], self.sin[positions][:, None])
         self.keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
         self.values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
-        out = attend_static(qk[:, :n_q], self.keys, self.values, mask_bias(mask, n_q // n_kv))
+        out = self._attend(qk[:, :n_q], mask)
         hidden = residual + self._product("o", out)
         gate, up = self._product("gate_up", rms_norm(hidden, self.post_attention_layernorm, self.eps)).chunk(
             2, -1
         )
         hidden = hidden + self._product("down", F.silu(gate) * up)
         return hidden, self._product("lm_head", rms_norm(hidden[-1:], self.final_norm, self.eps))[0]
+
+    def _attend(self, query: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """query [p, n_q, D] over the used slots: float32 products for a step (the graph's), PyTorch's
+        kernel for a longer feed (eager: a prompt's scores in float32 would take hundreds of MB)."""
+        if query.shape[0] <= K_MAX:
+            return attend_static(query, self.keys, self.values, mask_bias(mask, self.n_query // self.n_kv))
+        used = mask.shape[1]
+        keys, values = self.keys[None, :, :used], self.values[None, :, :used]
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1)[None], keys, values, attn_mask=mask, enable_gqa=True
+        )
+        return out[0].transpose(0, 1).reshape(query.shape[0], -1)
 
     def _product(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         if self.int8 and rows.shape[0] <= K_MAX:

@@ -73,18 +73,18 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
 
 
 def with_draft_length(start: Defaults, n_draft: int, alphas: dict[str, float], costs: dict) -> Defaults:
-    """`start` at the draft length found fastest on this machine (by the analytic bound at each of
-    Compare's modes' per-token acceptance α with the measured costs), and why. A card's N is a frontier
-    setting, and which N pays depends on the machine (docs/measurements/app.md)."""
+    """`start` at the draft length found fastest on this machine for the slower of the measured modes (by
+    the analytic bound at each one's per-token acceptance α with the measured costs), and why. A card's N
+    is a frontier setting, and which N pays depends on the machine (docs/measurements/app.md)."""
     note = f"Opened at N = {n_draft}, the fastest on this machine."
     measured = ", ".join(f"{name} {alpha:.2f}" for name, alpha in alphas.items())
     why = (
         f"{start.why} N = {n_draft}"
         + (f", not {start.settings.n_draft}," if n_draft != start.settings.n_draft else "")
-        + " is where the slowest of Compare's modes is fastest here by the analytic bound (Compare runs them"
-        f" all at one N), at this example's acceptance in a short decode at start (α: {measured}), with a"
-        f" draft token costing {costs['c']:.2f} and a pass over N + 1 tokens {costs['v'][n_draft]:.2f} of a"
-        " target token."
+        + f" is where the slower of {' and '.join(alphas)} is fastest here by the analytic bound (Compare"
+        f" runs every mode at one N), at this example's acceptance in a short decode at start"
+        f" (α: {measured}), with a draft token costing {costs['c']:.2f} and a pass over N + 1 tokens"
+        f" {costs['v'][n_draft]:.2f} of a target token."
     )
     return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note, why=why)
 
