@@ -184,6 +184,19 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     measure.add_argument("--n-draft", type=int, default=4)
     measure.add_argument("--draft", default=None, help="a saved draft folder (default: assets/draft)")
     measure.set_defaults(func=run_distill_measure)
+    transfer = stages.add_parser(
+        "transfer", help="drafts' held-out figures on the target's own responses to Spec-Bench prompts"
+    )
+    transfer.add_argument(
+        "--drafts", default=None, help="saved draft folders, comma-separated (default: assets/draft)"
+    )
+    transfer.add_argument("--per-category", type=int, default=2)
+    transfer.add_argument("--max-new-tokens", type=int, default=256)
+    transfer.add_argument("--seed", type=int, default=0)
+    transfer.add_argument("--batch-size", type=int, default=13)
+    transfer.add_argument("--bf16", action="store_true", help="score under bf16 autocast, as --bf16 trains")
+    transfer.add_argument("--json", default=None, help="also write the figures to this file")
+    transfer.set_defaults(func=run_distill_transfer)
 
 
 def add_distill_data_arguments(data) -> None:
@@ -328,6 +341,36 @@ def run_distill_measure(args) -> int:
         pair, args.per_category, args.max_new_tokens, args.n_draft, draft_dir, command_line()
     )
     print(json.dumps(figures, indent=2))
+    return 0
+
+
+def run_distill_transfer(args) -> int:
+    from .distill.transfer import spec_bench_responses, transfer_figures
+    from .models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
+    from .models.loading import is_eagle3_dir, load_pair
+
+    drafts = [d.strip() for d in (args.drafts or str(EMBEDDED_DRAFT_DIR)).split(",") if d.strip()]
+    missing = [d for d in drafts if not is_eagle3_dir(Path(d))]
+    if missing:
+        raise ValueError(f"not saved EAGLE-3 drafts (no speculators config.json): {', '.join(missing)}")
+    generating = load_pair(EMBEDDED, None, "auto", "bfloat16")
+    use_eager_attention_on_cpu(generating.target)
+    records, pad_id = spec_bench_responses(
+        generating, args.per_category, args.max_new_tokens, args.seed, args.batch_size
+    )
+    report = {
+        "command": command_line(),
+        "prompts": len(records),
+        "response_tokens": sum(len(r["response_ids"]) for r in records),
+        "drafts": {
+            draft: transfer_figures(load_pair(EMBEDDED, draft, "auto", "float32"), records, pad_id, args.bf16)
+            for draft in drafts
+        },
+    }
+    text = json.dumps(report, indent=2)
+    if args.json:
+        write_text(Path(args.json), text + "\n")
+    print(text)
     return 0
 
 

@@ -49,6 +49,7 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
         (["table", "--head", "general=no-such-head"], "no head"),
         (["table", "--limit", "0"], "--limit"),
         (["train", "--task", "general", "--warm-start-prompts", "1"], "warm_start_prompts"),
+        (["distill", "transfer", "--drafts", "assets/draft,no/such/draft"], "no/such/draft"),
     ],
 )
 def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):

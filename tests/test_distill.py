@@ -337,3 +337,32 @@ def test_a_checkpoint_resumes_only_under_its_own_settings_and_data(tmp_path):
     legacy = {"config": {k: v for k, v in saved["config"].items() if k != "replay"}}
     (tmp_path / "run.json").write_text(json.dumps(legacy))
     distill.check_same_config(tmp_path, config, records + [{"key": "broad/0/greedy"}])
+
+
+def test_spec_bench_transfer_scores_the_targets_own_responses_as_training_scores_held_out(
+    target, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from diversed_demo.distill import transfer
+    from diversed_demo.eval.tasks import Example
+
+    categories = ["writing", "math", "rag"]
+    questions = [Example(f"question {i}", "general", None, f"sb/{i}", categories[i % 3]) for i in range(9)]
+    monkeypatch.setattr(transfer, "load_spec_bench", lambda per_category: questions)
+    monkeypatch.setattr(transfer, "encode_prompt", lambda tokenizer, prompt: [1, 5 + int(prompt.split()[1])])
+    generating = SimpleNamespace(target=target, tokenizer=SimpleNamespace(pad_token_id=3, eos_token_id=2))
+    records, pad_id = transfer.spec_bench_responses(generating, 3, 16, seed=0, batch_size=4)
+    again, _ = transfer.spec_bench_responses(generating, 3, 16, seed=0, batch_size=4)
+    other, _ = transfer.spec_bench_responses(generating, 3, 16, seed=1, batch_size=4)
+    assert [r["source"] for r in records] == [q.category for q in questions]
+    assert records == again and records != other  # seeded T = 1 samples of the target itself
+
+    config = DraftTrainConfig(draft_vocab_size=32, bf16=False)
+    draft = distill.init_draft(target, batches.frequent_tokens(records, 32, always=[2]), config, [0, 1, 1])
+    figures = transfer.transfer_figures(SimpleNamespace(draft=draft, target=target), records, pad_id, False)
+    held_out_way = distill.evaluate(draft, target, records, pad_id, config)
+    assert figures["overall"]["expected_accepted_per_block"] == round(distill.score(held_out_way), 4)
+    assert figures["overall"]["agreement"] == [round(a, 4) for a in held_out_way["agreement"]]
+    assert list(figures["by_category"]) == categories
+    assert sum(f["tokens"] for f in figures["by_category"].values()) == figures["overall"]["tokens"] > 0

@@ -1,0 +1,58 @@
+"""Whether the draft's held-out figures carry over to an evaluation set: the target's own T = 1 responses to
+Spec-Bench first turns, scored exactly as training scores its held-out records (`train.evaluate`:
+teacher-forced top-1 agreement and 1 − TV per draft depth, and the expected accepted length per block).
+
+Against exact SD's τ on the same prompts this has no sampled drafts and no stopping rule in it, so two
+drafts compare on identical text with far less noise, and a gap to the held-out figures is the prompts'
+(the draft never saw their kind), not decoding's. Spec-Bench is read for evaluation only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.prompt import encode_prompt
+from ..eval.tasks import load_spec_bench
+from .batch_generation import generate_batch
+from .config import DraftTrainConfig
+from .train import evaluate, score
+
+
+def spec_bench_responses(generating_pair, per_category: int, max_new_tokens: int, seed: int, batch_size: int):
+    """The target's T = 1 responses to Spec-Bench first turns, as records (`source` is the category)."""
+    tokenizer = generating_pair.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    questions = load_spec_bench(per_category=per_category)
+    generator = torch.Generator(device=generating_pair.target.device).manual_seed(seed)
+    records = []
+    for first in range(0, len(questions), batch_size):
+        chunk = questions[first : first + batch_size]
+        prompts = [encode_prompt(tokenizer, q.prompt) for q in chunk]
+        out = generate_batch(
+            generating_pair.target, prompts, [False] * len(chunk), max_new_tokens, tokenizer.eos_token_id,
+            pad_id, generator,
+        )  # fmt: skip
+        records += [
+            {"key": q.id, "source": q.category, "prompt_ids": ids, "response_ids": response, "ended": ended}
+            for q, ids, (response, ended) in zip(chunk, prompts, out)
+        ]
+    return records, pad_id
+
+
+def transfer_figures(scoring_pair, records: list[dict], pad_id: int, bf16: bool) -> dict:
+    """`train.evaluate`'s figures of the scoring pair's draft on `records`, overall and per category."""
+    config = DraftTrainConfig(bf16=bf16)
+
+    def figures(subset):
+        metrics = evaluate(scoring_pair.draft, scoring_pair.target, subset, pad_id, config)
+        rounded = {k: [round(x, 4) for x in metrics[k]] for k in ("agreement", "one_minus_tv")}
+        return rounded | {
+            "expected_accepted_per_block": round(score(metrics), 4),
+            "tokens": metrics["tokens"],
+        }
+
+    categories = dict.fromkeys(r["source"] for r in records)
+    return {
+        "overall": figures(records),
+        "by_category": {c: figures([r for r in records if r["source"] == c]) for c in categories},
+    }
