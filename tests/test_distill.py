@@ -1,6 +1,7 @@
 """Making the feature draft: on-policy data, training with the training-time test, resumable checkpoints."""
 
 import collections
+import copy
 import dataclasses
 import json
 import math
@@ -320,6 +321,11 @@ def test_training_continues_from_a_saved_draft(tmp_path, target, records):
     assert trainable and not any(n.startswith(("embed_tokens", "lm_head")) for n in trainable)
     more = distill.train(again, target, records[20:], records[:20], 3, config, tmp_path / "b", lambda m: None)
     assert more["best"]["score"] >= state["best"]["score"] - 0.02
+    bf16_target = copy.deepcopy(target).bfloat16()  # a bf16 target keeps its dtype: the embedding is shared
+    in_bf16 = distill.continue_from(tmp_path / "a" / "best", bf16_target)
+    assert bf16_target.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert in_bf16.embed_tokens.weight is bf16_target.get_input_embeddings().weight
+    assert in_bf16.fc.weight.dtype == torch.float32
 
 
 def test_a_checkpoint_resumes_only_under_its_own_settings_and_data(tmp_path):

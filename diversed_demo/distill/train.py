@@ -123,7 +123,11 @@ def continue_from(directory, target) -> Eagle3Draft:
     init_draft)."""
     from ..models.loading import load_eagle3
 
-    draft = load_eagle3(directory, target).float().train()
+    draft = load_eagle3(directory, target)
+    # The embedding is the target's own tensor: converting it with the draft would change the target's dtype.
+    embedding, draft.embed_tokens = draft.embed_tokens, None
+    draft = draft.float().train()
+    draft.embed_tokens = embedding
     for name, parameter in draft.named_parameters():
         parameter.requires_grad_(not name.startswith(("embed_tokens", "lm_head")))
     return draft
