@@ -347,7 +347,7 @@ def run_distill_measure(args) -> int:
 def run_distill_transfer(args) -> int:
     from .distill.transfer import spec_bench_responses, transfer_figures
     from .models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
-    from .models.loading import is_eagle3_dir, load_pair
+    from .models.loading import is_eagle3_dir, load_eagle3, load_pair
 
     drafts = [d.strip() for d in (args.drafts or str(EMBEDDED_DRAFT_DIR)).split(",") if d.strip()]
     missing = [d for d in drafts if not is_eagle3_dir(Path(d))]
@@ -362,10 +362,11 @@ def run_distill_transfer(args) -> int:
         "command": command_line(),
         "prompts": len(records),
         "response_tokens": sum(len(r["response_ids"]) for r in records),
-        "drafts": {
-            draft: transfer_figures(load_pair(EMBEDDED, draft, "auto", "float32"), records, pad_id, args.bf16)
-            for draft in drafts
-        },
+    }
+    scoring = load_pair(EMBEDDED, None, "auto", "float32").target  # as `distill train` loads it
+    report["drafts"] = {
+        draft: transfer_figures(load_eagle3(Path(draft), scoring), scoring, records, pad_id, args.bf16)
+        for draft in drafts
     }
     text = json.dumps(report, indent=2)
     if args.json:

@@ -112,3 +112,12 @@ def test_the_aot_compiled_draft_step_drafts_what_the_eager_draft_does(bf16_pair,
     path = build_draft_package(bf16_pair.draft, tmp_path / "step.pt2")
     assert attach_draft(bf16_pair.draft, path) is bf16_pair.draft.compiled_step
     assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
+
+
+def test_a_change_to_the_steps_code_builds_a_new_package(bf16_pair, monkeypatch):
+    from diversed_demo.models import compiled_draft
+
+    path = compiled_draft.draft_package_path(bf16_pair.draft)
+    assert compiled_draft.draft_package_path(bf16_pair.draft) == path  # the same draft, the same package
+    monkeypatch.setattr(compiled_draft, "STEP_SOURCES", compiled_draft.STEP_SOURCES[:-1])
+    assert compiled_draft.draft_package_path(bf16_pair.draft) != path

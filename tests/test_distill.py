@@ -366,7 +366,7 @@ def test_spec_bench_transfer_scores_the_targets_own_responses_as_training_scores
 
     config = DraftTrainConfig(draft_vocab_size=32, bf16=False)
     draft = distill.init_draft(target, batches.frequent_tokens(records, 32, always=[2]), config, [0, 1, 1])
-    figures = transfer.transfer_figures(SimpleNamespace(draft=draft, target=target), records, pad_id, False)
+    figures = transfer.transfer_figures(draft, target, records, pad_id, False)
     held_out_way = distill.evaluate(draft, target, records, pad_id, config)
     assert figures["overall"]["expected_accepted_per_block"] == round(distill.score(held_out_way), 4)
     assert figures["overall"]["agreement"] == [round(a, 4) for a in held_out_way["agreement"]]

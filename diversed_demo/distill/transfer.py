@@ -39,12 +39,12 @@ def spec_bench_responses(generating_pair, per_category: int, max_new_tokens: int
     return records, pad_id
 
 
-def transfer_figures(scoring_pair, records: list[dict], pad_id: int, bf16: bool) -> dict:
-    """`train.evaluate`'s figures of the scoring pair's draft on `records`, overall and per category."""
+def transfer_figures(draft, target, records: list[dict], pad_id: int, bf16: bool) -> dict:
+    """`train.evaluate`'s figures of `draft` over `target` on `records`, overall and per category."""
     config = DraftTrainConfig(bf16=bf16)
 
     def figures(subset):
-        metrics = evaluate(scoring_pair.draft, scoring_pair.target, subset, pad_id, config)
+        metrics = evaluate(draft, target, subset, pad_id, config)
         rounded = {k: [round(x, 4) for x in metrics[k]] for k in ("agreement", "one_minus_tv")}
         return rounded | {
             "expected_accepted_per_block": round(score(metrics), 4),

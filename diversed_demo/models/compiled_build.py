@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path
+from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path, uses_int8
 from .compiled_pass import SWITCH, attach, build_package, package_path
 from .int8_draft import use_int8_draft
 from .static_pass import compilable
@@ -75,7 +75,7 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
     aux = ",".join(map(str, getattr(pair.draft, "aux_layer_ids", None) or []))
     draft_dir = str(getattr(pair.draft, "directory", "-"))
-    int8 = str(int(hasattr(getattr(pair.draft, "lm_head", None), "int8")))
+    int8 = str(int(draft_compilable(pair.draft) and uses_int8(pair.draft)))
     command = [sys.executable, "-m", __name__, pair.target_name, aux, draft_dir, int8, *map(str, paths)]
     with open(log, "w") as out:
         return subprocess.Popen(

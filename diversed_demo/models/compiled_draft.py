@@ -11,13 +11,20 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir
-from .compiled_pass import K_MAX, MAX_LEN, CompiledPass, compile_module, load_runner
+from .compiled_pass import (
+    K_MAX,
+    MAX_LEN,
+    TOLERANCE,
+    CompiledPass,
+    compile_module,
+    load_checked,
+    source_digests,
+)
 from .eagle import Eagle3Draft
 from .static_draft import StaticDraftStep
 
-# The files whose code the compiled step holds: a change to any of them builds a new package.
+# The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
 STEP_SOURCES = ("static_draft.py", "static_pass.py", "int8_draft.py", "lean_layer.py", "compiled_pass.py")
-TOLERANCE = 2.0  # |Δ logit| the compiled step may differ from the eager one by (bf16 roundings fused away)
 
 
 def draft_compilable(draft) -> bool:
@@ -37,7 +44,6 @@ def uses_int8(draft) -> bool:
 def draft_package_path(draft) -> Path:
     """What a package is valid for: the draft's config and weights, its products' kind, the step's code,
     PyTorch, the CPU's vector instructions and the thread count."""
-    here = Path(__file__).parent
     weights = hashlib.sha256()
     for name, tensor in sorted(draft.state_dict().items()):
         if not name.startswith("embed_tokens"):
@@ -51,9 +57,7 @@ def draft_package_path(draft) -> Path:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
-        "source": [
-            hashlib.sha256((here / f).read_bytes()).hexdigest() for f in ("static_draft.py", "static_pass.py")
-        ],
+        "source": source_digests(STEP_SOURCES),
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_dir() / "compiled" / f"draft-step-{key}.pt2"
@@ -91,15 +95,9 @@ def step_agrees_with_eager(draft, compiled: CompiledPass) -> bool:
 
 def attach_draft(draft, path: Path, log=print) -> CompiledPass | None:
     """Load the package and lend it to the draft's decodes (`draft.compiled_step`) if it agrees with the
-    eager step; otherwise say why, and drafting stays eager."""
-    try:
-        compiled = load_runner(StaticDraftStep(draft, MAX_LEN), path)
-        agrees = step_agrees_with_eager(draft, compiled)
-    except Exception as err:  # a broken or foreign package must not stop decoding: eager goes on
-        log(f"the compiled draft step at {path} did not load ({err}); drafting stays eager")
-        return None
-    if not agrees:
-        log(f"the compiled draft step at {path} disagrees with the eager step; drafting stays eager")
-        return None
-    draft.compiled_step = compiled
+    eager step; None (and drafting stays eager) if it cannot load or does not agree."""
+    module = StaticDraftStep(draft, MAX_LEN)
+    compiled = load_checked(module, path, lambda c: step_agrees_with_eager(draft, c), "draft step", log)
+    if compiled is not None:
+        draft.compiled_step = compiled
     return compiled

@@ -76,10 +76,18 @@ class CompiledPass:
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
 
+# The files whose code (or build settings) a compiled package holds: a change to any builds a new one.
+PASS_SOURCES = ("static_pass.py", "gguf_int4.py", "lean_layer.py", "compiled_pass.py")
+
+
+def source_digests(files) -> list[str]:
+    """The sha256 of each of these files of this folder."""
+    return [hashlib.sha256((Path(__file__).parent / name).read_bytes()).hexdigest() for name in files]
+
+
 def package_key(model, aux_layer_ids) -> str:
     """What a package is valid for: the model's shapes and weights' source, the pass's code, PyTorch and
     the CPU's vector instructions."""
-    source = (Path(__file__).parent / "static_pass.py").read_bytes()
     identity = {
         "config": model.config.get_text_config().to_dict(),
         "weights": getattr(model, "name_or_path", None) or str(model.config._name_or_path),
@@ -90,7 +98,7 @@ def package_key(model, aux_layer_ids) -> str:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),  # autotuned GEMM templates are generated for a thread count
-        "source": hashlib.sha256(source).hexdigest(),
+        "source": source_digests(PASS_SOURCES),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -99,6 +107,7 @@ def package_path(model, aux_layer_ids) -> Path:
     return cache_dir() / "compiled" / f"static-pass-{package_key(model, aux_layer_ids)}.pt2"
 
 
+TOLERANCE = 2.0  # |Δ logit| a compiled runner may differ from the eager module by (bf16 roundings fused away)
 # Inductor times its C++ GEMM templates against ATen's products and keeps the faster, per product.
 AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
@@ -131,11 +140,6 @@ def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | N
     return path
 
 
-def load_package(model, aux_layer_ids, path: Path) -> CompiledPass:
-    """The package's runner over the model's own tensors and a static cache of this process."""
-    return load_runner(StaticPass(model, aux_layer_ids, MAX_LEN), path)
-
-
 def load_runner(module, path: Path) -> CompiledPass:
     """A compiled package of `module`, run over the module's buffers (shared, not copied)."""
     runner = torch._inductor.aoti_load_package(str(path))
@@ -162,7 +166,7 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
             length = eager.length
             reference, _, _ = eager.forward(feed, keep=len(feed))
             logits, _, _ = compiled.forward(feed, length)
-            if (logits[:, :vocab].float() - reference.float()).abs().max() > 2.0:
+            if (logits[:, :vocab].float() - reference.float()).abs().max() > TOLERANCE:
                 return False
     return True
 
@@ -170,14 +174,23 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
 def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
     """Load the package and lend it to the model's cached decodes (`model.compiled_pass`) if it agrees with
     the eager pass; None (and the eager pass goes on) if it cannot load or does not agree."""
+    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    compiled = load_checked(module, path, lambda c: agrees_with_eager(model, c, aux_layer_ids), "pass", log)
+    if compiled is not None:
+        model.compiled_pass = compiled
+    return compiled
+
+
+def load_checked(module, path: Path, agrees, name: str, log=print) -> CompiledPass | None:
+    """The package at `path` over `module`'s buffers if it loads and `agrees(compiled)`; otherwise None, and
+    `log` says why: a broken, foreign or wrong package must not stop decoding, which goes on eagerly."""
     try:
-        compiled = load_package(model, aux_layer_ids, path)
-        agrees = agrees_with_eager(model, compiled, aux_layer_ids)
-    except Exception as err:  # a broken or foreign package must not stop decoding: eager goes on
-        log(f"the compiled pass at {path} did not load ({err}); decoding stays eager")
+        compiled = load_runner(module, path)
+        agreed = agrees(compiled)
+    except Exception as err:
+        log(f"the compiled {name} at {path} did not load ({err}); it stays eager")
         return None
-    if not agrees:
-        log(f"the compiled pass at {path} disagrees with the eager pass; decoding stays eager")
+    if not agreed:
+        log(f"the compiled {name} at {path} disagrees with the eager one; it stays eager")
         return None
-    model.compiled_pass = compiled
     return compiled
