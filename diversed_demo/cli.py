@@ -168,6 +168,17 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
         "--topics", default=None, help="seed topics, one a line (default: assets/prompts/topics.txt)"
     )
     prompts.set_defaults(func=run_distill_prompts)
+    passages = stages.add_parser(
+        "passages", help="build training prompts over passages of free documentation Debian packages"
+    )
+    passages.add_argument(
+        "--docs",
+        default="/usr/share",
+        help="where the documentation packages are unpacked (default: /usr/share)",
+    )
+    passages.add_argument("--out", default=None, help="default: assets/prompts/passages.jsonl.gz")
+    passages.add_argument("--seed", type=int, default=0)
+    passages.set_defaults(func=run_distill_passages)
     add_distill_data_arguments(
         stages.add_parser("data", help="sample the target's own responses to training prompts (resumable)")
     )
@@ -213,7 +224,7 @@ def add_distill_data_arguments(data) -> None:
         "--sources",
         default=None,
         help="comma-separated prompt sources to sample (default: all): instructions, general, summarization, "
-        "gsm8k, mbpp, humaneval, broad",
+        "gsm8k, mbpp, humaneval, broad, passages",
     )
     data.set_defaults(func=run_distill_data)
 
@@ -403,6 +414,23 @@ def run_distill_prompts(args) -> int:
     print(
         json.dumps(
             {"prompts": len(rows), "by_category": Counter(r["category"] for r in rows), "out": str(out)}
+        )
+    )
+    return 0
+
+
+def run_distill_passages(args) -> int:
+    from collections import Counter
+
+    from .distill import passages
+
+    rows = passages.build_passage_prompts(Path(args.docs), args.seed)
+    out = args.out or passages.PASSAGE_PROMPTS_FILE
+    write_jsonl_gz(out, rows)
+    by = {key: Counter(r[key] for r in rows) for key in ("category", "document", "language")}
+    print(
+        json.dumps(
+            {"prompts": len(rows), **{f"by_{key}": counts for key, counts in by.items()}, "out": str(out)}
         )
     )
     return 0

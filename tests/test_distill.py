@@ -12,7 +12,7 @@ import torch
 from tiny import tiny_model
 
 from diversed_demo.common.files import write_jsonl_gz
-from diversed_demo.distill import batches, data, prompts, ttt
+from diversed_demo.distill import batches, data, passages, prompts, ttt
 from diversed_demo.distill import train as distill
 from diversed_demo.distill.batch_generation import generate_batch
 from diversed_demo.distill.config import DraftTrainConfig
@@ -69,6 +69,7 @@ def test_schedule_is_deterministic_keeps_the_mix_and_never_reads_spec_bench():
         "mbpp": [f"c{k}" for k in range(60)],
         "humaneval": ["h"],
         "broad": [f"b{k}" for k in range(300)],
+        "passages": [f"p{k}" for k in range(300)],
     }
     jobs = data.schedule(prompts, seed=0)
     assert [j.key for j in jobs] == [j.key for j in data.schedule(prompts, seed=0)]
@@ -143,6 +144,7 @@ def test_shards_round_trip_and_generation_resumes(tmp_path, target, monkeypatch)
             "shards": shards,
             "response_tokens": tokens,
             "broad_prompts_sha256": prompts.prompts_digest(),
+            "passage_prompts_sha256": passages.passage_prompts_digest(),
         }
     ]
     assert again[:4] == records  # the first shard is kept, never regenerated

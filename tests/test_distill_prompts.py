@@ -182,5 +182,5 @@ def test_prompts_made_from_one_passage_are_held_out_together():
     assert len(set(groups[2:])) == len(rows) - 2  # a template's own words join nothing
     records = [{"key": f"broad/{i}/s0", "source": "broad"} for i in range(len(rows))]
     for fraction in (0.2, 0.5, 0.8):
-        held = [batches.is_heldout(r, fraction, groups) for r in records]
+        held = [batches.is_heldout(r, fraction, {"broad": groups}) for r in records]
         assert held[0] == held[1]

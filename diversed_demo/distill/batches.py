@@ -10,13 +10,15 @@ from collections import Counter
 import torch
 
 
-def is_heldout(record: dict, fraction: float, broad_groups: list[int] = ()) -> bool:
-    """Held out by a hash of the prompt (not the sample), so no held-out prompt is ever trained on; a broad
-    prompt by its group's (`broad_groups[i]`, prompts.prompt_groups: those sharing a passage go together)."""
+def is_heldout(record: dict, fraction: float, groups: dict[str, list] | None = None) -> bool:
+    """Held out by a hash of the prompt (not the sample), so no held-out prompt is ever trained on; where
+    `groups[source][i]` gives prompt i's group, by its group's (train.prompt_groups_by_source: prompts made
+    from one passage go together)."""
     prompt_key = record["key"].rsplit("/", 1)[0]
     source, index = prompt_key.split("/", 1)
-    if source == "broad" and int(index) < len(broad_groups):
-        prompt_key = f"broad/{broad_groups[int(index)]}"
+    source_groups = (groups or {}).get(source, ())
+    if int(index) < len(source_groups):
+        prompt_key = f"{source}/{source_groups[int(index)]}"
     return int(hashlib.sha256(prompt_key.encode()).hexdigest()[:8], 16) / 2**32 < fraction
 
 

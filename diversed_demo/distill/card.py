@@ -20,7 +20,7 @@ from ..core.stats import Counts
 from ..eval.costs import measure_costs
 from ..eval.tasks import load_spec_bench
 from ..models.embedded import EMBEDDED_DRAFT_DIR
-from . import data, prompts
+from . import data, passages, prompts
 
 CARD = "card.json"
 
@@ -41,16 +41,20 @@ def data_summary(records: list[dict], data_dir=data.SHARDS_DIR) -> dict:
         kind = "greedy" if r["greedy"] else "sampled_t1"
         by_source[r["source"]][f"{kind}_responses"] += 1
         by_source[r["source"]][f"{kind}_tokens"] += len(r["response_ids"])
-    return {
-        "scope": "every shard in the folder when the card was written; training.split is what the run "
-        "trained on (its --sources and --replay) and held out",
-        "responses": len(records),
-        "response_tokens": sum(len(r["response_ids"]) for r in records),
-        "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
-        "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
-        "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
-        "commands": data.read_runs(data_dir),
-    } | ({"broad_prompts": broad_prompts_summary()} if "broad" in by_source else {})
+    return (
+        {
+            "scope": "every shard in the folder when the card was written; training.split is what the run "
+            "trained on (its --sources and --replay) and held out",
+            "responses": len(records),
+            "response_tokens": sum(len(r["response_ids"]) for r in records),
+            "prompt_tokens": sum(len(r["prompt_ids"]) for r in records),
+            "ended_at_eos": sum(r["ended"] for r in records) / max(len(records), 1),
+            "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
+            "commands": data.read_runs(data_dir),
+        }
+        | ({"broad_prompts": broad_prompts_summary()} if "broad" in by_source else {})
+        | ({"passage_prompts": passage_prompts_summary()} if "passages" in by_source else {})
+    )
 
 
 def broad_prompts_summary() -> dict:
@@ -65,6 +69,22 @@ def broad_prompts_summary() -> dict:
         "a question per passage and a translation of each passage's first sentence; requests cleaned "
         "and de-duplicated (ROUGE-L >= 0.7), the project's templates filled with topics, passages and "
         "sentences; never Spec-Bench",
+    }
+
+
+def passage_prompts_summary() -> dict:
+    """Where the `passages` source's prompts come from, and how many of each category and language."""
+    rows = passages.read_passage_prompts()
+    return {
+        "prompts": len(rows),
+        **{
+            f"by_{key}": dict(sorted(Counter(r[key] for r in rows).items()))
+            for key in ("category", "document", "language")
+        },
+        "how": "diversed-demo distill passages (seed 0) over Debian's packages debian-handbook 11.20220922 "
+        "(GPL-2+ or CC-BY-SA 3.0), debian-reference-en/-de 2.100 (GPL-2+) and python3.11-doc (PSF licence): "
+        "each section's English text as a summary, an extraction and a question over its paragraphs as "
+        "retrieved passages; German, French, Spanish and Italian sentences to translate into English",
     }
 
 

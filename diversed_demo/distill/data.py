@@ -2,8 +2,9 @@
 
 A feature draft learns to predict what the target will say next, so it trains on what the target does
 say: responses sampled at temperature 1 and greedy, in chat format, to training prompts only (GSM8K
-train, MBPP train, HumanEval, the project's own instructions, articles and prompts, and the broad prompts
-the target self-instructed across Spec-Bench's categories, distill/prompts.py). Spec-Bench is the
+train, MBPP train, HumanEval, the project's own instructions, articles and prompts, the broad prompts
+the target self-instructed across Spec-Bench's categories, distill/prompts.py, and prompts over passages
+of free documentation, distill/passages.py). Spec-Bench is the
 evaluation set and is never read here.
 
 Only token ids are stored, as gzipped JSON lines in assets/draft/data/ (a few MB, committed), so the
@@ -27,6 +28,7 @@ from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
 from .batch_generation import generate_batch
+from .passages import PASSAGE_PROMPTS_FILE, passage_prompts_digest, read_passage_prompts
 from .prompts import PROMPTS_FILE, prompts_digest, prompts_digests, read_prompts
 
 # the generated responses (committed), not tasks.data_dir()'s data sets
@@ -34,7 +36,7 @@ SHARDS_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
 # are sampled often; GSM8K is large, so once; the broad prompts six times, which brings the whole
-# schedule to about 10M response tokens (docs/embedded-pair.md).
+# schedule to about 10M response tokens (docs/embedded-pair.md); the passage prompts twice.
 SAMPLES_PER_PROMPT = {
     "instructions": 12,
     "general": 12,
@@ -43,8 +45,9 @@ SAMPLES_PER_PROMPT = {
     "humaneval": 3,
     "gsm8k": 1,
     "broad": 6,
+    "passages": 2,
 }
-SOURCE_WEIGHTS = {"broad": 0.5, "open": 0.2, "math": 0.15, "code": 0.15}
+SOURCE_WEIGHTS = {"broad": 0.4, "passages": 0.2, "open": 0.15, "math": 0.125, "code": 0.125}
 SOURCE_GROUP = {
     "instructions": "open",
     "general": "open",
@@ -53,6 +56,7 @@ SOURCE_GROUP = {
     "mbpp": "code",
     "humaneval": "code",
     "broad": "broad",
+    "passages": "passages",
 }
 
 
@@ -75,6 +79,7 @@ def training_prompts() -> dict[str, list[str]]:
         "mbpp": [e.prompt for e in tasks.builtin_examples("code", "train")],
         "humaneval": [e.prompt for e in tasks.load_humaneval()],
         "broad": [row["prompt"] for row in read_prompts()],
+        "passages": [row["prompt"] for row in read_passage_prompts()],
     }
 
 
@@ -162,9 +167,11 @@ def generate_shards(
     finally:  # an interrupted run is logged too: its shards are kept
         if command and n_shard > first_shard:
             entry = {"command": command, "shards_before": first_shard, "shards": n_shard}
-            log_run(
-                shards_dir, entry | {"response_tokens": n_tokens, "broad_prompts_sha256": prompts_digest()}
-            )
+            digests = {
+                "broad_prompts_sha256": prompts_digest(),
+                "passage_prompts_sha256": passage_prompts_digest(),
+            }
+            log_run(shards_dir, entry | {"response_tokens": n_tokens} | digests)
     return {"shards": n_shard, "response_tokens": n_tokens}
 
 
@@ -203,11 +210,16 @@ def read_runs(shards_dir: Path = SHARDS_DIR) -> list[dict]:
 
 
 def check_broad_prompts_unchanged(shards_dir: Path) -> None:
-    """`broad` jobs are keyed by their index in the prompt file: shards made from another version of it
-    would be taken for done, or for other prompts."""
-    digests = {run.get("broad_prompts_sha256") for run in read_runs(shards_dir)} - {None}
-    if not digests <= prompts_digests():
-        raise ValueError(
-            f"{PROMPTS_FILE} is not the file the shards in {shards_dir} were made from: restore it "
-            "(git checkout) or generate into a new --out folder"
-        )
+    """`broad` and `passages` jobs are keyed by their index in their prompt file: shards made from another
+    version of it would be taken for done, or for other prompts."""
+    files = [
+        ("broad_prompts_sha256", PROMPTS_FILE, prompts_digests()),
+        ("passage_prompts_sha256", PASSAGE_PROMPTS_FILE, {passage_prompts_digest()}),
+    ]
+    for key, path, current in files:
+        digests = {run.get(key) for run in read_runs(shards_dir)} - {None}
+        if not digests <= current:
+            raise ValueError(
+                f"{path} is not the file the shards in {shards_dir} were made from: restore it "
+                "(git checkout) or generate into a new --out folder"
+            )

@@ -27,6 +27,7 @@ from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
+from .passages import read_passage_prompts
 from .prompts import prompt_groups, read_prompts
 from .ttt import label_rows, target_pass, ttt_loss, unroll
 
@@ -78,11 +79,12 @@ def merged(parts: list[dict]) -> dict:
 
 
 def evaluate_by_group(draft, target, records: list[dict], pad_id: int, config: DraftTrainConfig) -> dict:
-    """evaluate() over all held-out records, with the figures of the broad prompts and of the earlier
-    sources apart (`by_group`) where both are held out."""
+    """evaluate() over all held-out records, with the figures of the broad prompts, the passage prompts and
+    the earlier sources apart (`by_group`) where more than one is held out."""
     groups = {
         "broad": [r for r in records if r["source"] == "broad"],
-        "earlier": [r for r in records if r["source"] != "broad"],
+        "passages": [r for r in records if r["source"] == "passages"],
+        "earlier": [r for r in records if r["source"] not in ("broad", "passages")],
     }
     parts = {name: evaluate(draft, target, group, pad_id, config) for name, group in groups.items() if group}
     if not parts:
@@ -284,7 +286,7 @@ def train_draft(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     check_same_config(work_dir, config, records)
-    groups = prompt_groups(read_prompts())
+    groups = prompt_groups_by_source()
     heldout = [r for r in records if is_heldout(r, config.heldout_fraction, groups)]
     train_records = [r for r in records if not is_heldout(r, config.heldout_fraction, groups)]
     train_records = select_sources(train_records, config.sources, config.replay, config.seed)
@@ -319,6 +321,15 @@ def train_draft(
 
         log(f"data: {run['data']}")
         return train(draft, pair.target, train_records, heldout, pad_id, config, work_dir, log, minutes)
+
+
+def prompt_groups_by_source() -> dict[str, list]:
+    """Each broad and passage prompt's group, for the held-out split: broad prompts sharing a passage's words,
+    passage prompts made from one section of a document in any language."""
+    return {
+        "broad": prompt_groups(read_prompts()),
+        "passages": [row["group"] for row in read_passage_prompts()],
+    }
 
 
 def split_summary(records, train_records, heldout, vocab) -> dict:
