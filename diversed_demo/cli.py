@@ -319,6 +319,7 @@ def run_distill_train(args) -> int:
         raise FileNotFoundError(
             f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first"
         )
+    data.check_prompt_files_unchanged(args.data or data.SHARDS_DIR, records)  # the held-out groups index them
     pair = load_pair(EMBEDDED, None, args.device, args.dtype)
     state = train_draft(
         pair,
@@ -420,19 +421,13 @@ def run_distill_prompts(args) -> int:
 
 
 def run_distill_passages(args) -> int:
-    from collections import Counter
 
     from .distill import passages
 
     rows = passages.build_passage_prompts(Path(args.docs), args.seed)
     out = args.out or passages.PASSAGE_PROMPTS_FILE
     write_jsonl_gz(out, rows)
-    by = {key: Counter(r[key] for r in rows) for key in ("category", "document", "language")}
-    print(
-        json.dumps(
-            {"prompts": len(rows), **{f"by_{key}": counts for key, counts in by.items()}, "out": str(out)}
-        )
-    )
+    print(json.dumps(passages.counts(rows) | {"out": str(out)}))
     return 0
 
 

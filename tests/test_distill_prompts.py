@@ -151,8 +151,7 @@ def test_shards_are_not_resumed_against_other_broad_prompts(tmp_path, target, mo
     monkeypatch.setattr(data, "training_prompts", lambda: {"broad": ["a dog", "the cat"]})
     prompt_file = tmp_path / "broad.jsonl.gz"
     write_jsonl_gz(prompt_file, [{"prompt": "a dog"}, {"prompt": "the cat"}])
-    monkeypatch.setattr(data, "prompts_digest", lambda: prompts.prompts_digest(prompt_file))
-    monkeypatch.setattr(data, "prompts_digests", lambda: prompts.prompts_digests(prompt_file))
+    monkeypatch.setattr(data, "PROMPT_FILES", {"broad": prompt_file})
     shards = tmp_path / "shards"
     tokenizer = tiny_tokenizer()
     data.generate_shards(

@@ -74,17 +74,12 @@ def broad_prompts_summary() -> dict:
 
 def passage_prompts_summary() -> dict:
     """Where the `passages` source's prompts come from, and how many of each category and language."""
-    rows = passages.read_passage_prompts()
-    return {
-        "prompts": len(rows),
-        **{
-            f"by_{key}": dict(sorted(Counter(r[key] for r in rows).items()))
-            for key in ("category", "document", "language")
-        },
-        "how": "diversed-demo distill passages (seed 0) over Debian's packages debian-handbook 11.20220922 "
-        "(GPL-2+ or CC-BY-SA 3.0), debian-reference-en/-de 2.100 (GPL-2+) and python3.11-doc (PSF licence): "
-        "each section's English text as a summary, an extraction and a question over its paragraphs as "
-        "retrieved passages; German, French, Spanish and Italian sentences to translate into English",
+    return passages.counts(passages.read_passage_prompts()) | {
+        "how": "diversed-demo distill passages over Debian's documentation packages debian-handbook "
+        "(GPL-2+ or CC-BY-SA 3.0), debian-reference-en/-de (GPL-2+) and python3.11-doc (PSF License), "
+        "versions and seed in docs/cli.md: each section's English text as a summary, an extraction and a "
+        "question over its paragraphs as retrieved passages; German, French, Spanish and Italian "
+        "sentences to translate into English; never Spec-Bench",
     }
 
 

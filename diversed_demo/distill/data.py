@@ -28,15 +28,15 @@ from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
 from .batch_generation import generate_batch
-from .passages import PASSAGE_PROMPTS_FILE, passage_prompts_digest, read_passage_prompts
+from .passages import PASSAGE_PROMPTS_FILE, read_passage_prompts
 from .prompts import PROMPTS_FILE, prompts_digest, prompts_digests, read_prompts
 
 # the generated responses (committed), not tasks.data_dir()'s data sets
 SHARDS_DIR = ASSETS / "draft" / "data"
 INSTRUCTIONS_FILE = ASSETS / "prompts" / "distill_instructions.jsonl"
 # T = 1 samples per prompt besides its one greedy response: the open-ended prompts are few, so they
-# are sampled often; GSM8K is large, so once; the broad prompts six times, which brings the whole
-# schedule to about 10M response tokens (docs/embedded-pair.md); the passage prompts twice.
+# are sampled often; GSM8K is large, so once; the broad prompts six times, which brings the schedule
+# before the passage prompts to about 10M response tokens (docs/embedded-pair.md); those twice.
 SAMPLES_PER_PROMPT = {
     "instructions": 12,
     "general": 12,
@@ -58,6 +58,9 @@ SOURCE_GROUP = {
     "broad": "broad",
     "passages": "passages",
 }
+
+# the prompt files whose rows the jobs' keys index, by source
+PROMPT_FILES = {"broad": PROMPTS_FILE, "passages": PASSAGE_PROMPTS_FILE}
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,12 @@ def generate_shards(
     command: str | None = None,
 ) -> dict:
     """Generate shards until the responses hold `target_tokens` tokens (or `minutes` pass), from `sources`
-    only where given (None: all). Resumes; with `command`, the run is logged in the folder's runs.jsonl."""
+    only where given (None: all). Resumes; the run (its `command`, and the digest of each prompt file it
+    read jobs from) is logged in the folder's runs.jsonl."""
     shards_dir = Path(shards_dir)
     shards_dir.mkdir(parents=True, exist_ok=True)
-    check_broad_prompts_unchanged(shards_dir)
     done = load_records(shards_dir)
+    check_prompt_files_unchanged(shards_dir, done)
     n_tokens = sum(len(r["response_ids"]) for r in done)
     batches = pending_batches({r["key"] for r in done}, seed, batch_size, sources)
     n_shard = first_shard = len(shard_paths(shards_dir))
@@ -145,6 +149,7 @@ def generate_shards(
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if pad_id is None:
         pad_id = eos_id
+    made: set[str] = set()  # the sources this run generated
     try:
         for jobs in batches:
             if n_tokens >= target_tokens or (deadline and time.time() > deadline):
@@ -161,15 +166,17 @@ def generate_shards(
             ]  # fmt: skip
             write_jsonl_gz(shards_dir / f"shard_{n_shard:05d}.jsonl.gz", records)
             n_shard += 1
+            made |= {job.source for job in jobs}
             n_tokens += sum(len(r["response_ids"]) for r in records)
             if progress:
                 progress(n_tokens, target_tokens)
     finally:  # an interrupted run is logged too: its shards are kept
-        if command and n_shard > first_shard:
+        if n_shard > first_shard:
             entry = {"command": command, "shards_before": first_shard, "shards": n_shard}
             digests = {
-                "broad_prompts_sha256": prompts_digest(),
-                "passage_prompts_sha256": passage_prompts_digest(),
+                f"{source}_prompts_sha256": prompts_digest(path)
+                for source, path in PROMPT_FILES.items()
+                if source in made
             }
             log_run(shards_dir, entry | {"response_tokens": n_tokens} | digests)
     return {"shards": n_shard, "response_tokens": n_tokens}
@@ -209,16 +216,15 @@ def read_runs(shards_dir: Path = SHARDS_DIR) -> list[dict]:
     return [row for _, row in tasks.read_jsonl(path)] if path.exists() else []
 
 
-def check_broad_prompts_unchanged(shards_dir: Path) -> None:
+def check_prompt_files_unchanged(shards_dir: Path, records: list[dict] | None = None) -> None:
     """`broad` and `passages` jobs are keyed by their index in their prompt file: shards made from another
-    version of it would be taken for done, or for other prompts."""
-    files = [
-        ("broad_prompts_sha256", PROMPTS_FILE, prompts_digests()),
-        ("passage_prompts_sha256", PASSAGE_PROMPTS_FILE, {passage_prompts_digest()}),
-    ]
-    for key, path, current in files:
-        digests = {run.get(key) for run in read_runs(shards_dir)} - {None}
-        if not digests <= current:
+    version of it would be taken for done, or for other prompts, and held out by other groups. Checked
+    for the sources the folder's records (`records`, else read) hold."""
+    records = load_records(shards_dir) if records is None else records
+    present = {r["source"] for r in records}
+    for source, path in PROMPT_FILES.items():
+        logged = {run.get(f"{source}_prompts_sha256") for run in read_runs(shards_dir)} - {None}
+        if source in present and not logged <= prompts_digests(path):
             raise ValueError(
                 f"{path} is not the file the shards in {shards_dir} were made from: restore it "
                 "(git checkout) or generate into a new --out folder"

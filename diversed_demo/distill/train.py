@@ -27,7 +27,7 @@ from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
-from .passages import read_passage_prompts
+from .passages import heldout_groups, read_passage_prompts
 from .prompts import prompt_groups, read_prompts
 from .ttt import label_rows, target_pass, ttt_loss, unroll
 
@@ -325,10 +325,10 @@ def train_draft(
 
 def prompt_groups_by_source() -> dict[str, list]:
     """Each broad and passage prompt's group, for the held-out split: broad prompts sharing a passage's words,
-    passage prompts made from one section of a document in any language."""
+    passage prompts made from one section in any language or sharing a run of its words."""
     return {
         "broad": prompt_groups(read_prompts()),
-        "passages": [row["group"] for row in read_passage_prompts()],
+        "passages": heldout_groups(read_passage_prompts()),
     }
 
 
