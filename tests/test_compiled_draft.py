@@ -80,6 +80,24 @@ def test_drafting_past_the_static_cache_goes_on_eagerly(bf16_pair):
     assert bf16_pair.draft.compiled_step.acquire(object())  # given back when it ran out
 
 
+def test_a_step_that_fails_mid_decode_drafts_on_eagerly(bf16_pair):
+    eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
+    calls = 0
+
+    def flaky(*inputs):  # the package's runner, failing on its fifth step
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise RuntimeError("out of memory")
+        return failing.module(*inputs)
+
+    failing = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256), runner=flaky)
+    bf16_pair.draft.compiled_step = failing
+    with pytest.warns(RuntimeWarning, match="goes on eagerly"):
+        assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
+    assert calls == 5 and not failing.acquire(object())
+
+
 def test_one_draft_at_a_time_holds_the_compiled_step(bf16_pair):
     compiled = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
     bf16_pair.draft.compiled_step = compiled

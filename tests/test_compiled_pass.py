@@ -90,6 +90,28 @@ def test_long_passes_and_a_full_cache_go_on_eagerly_from_the_static_cache(lean_m
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
 
 
+def test_a_pass_that_fails_mid_decode_hands_the_decode_over_to_eager(lean_model):
+    feeds, rollbacks = random_feeds(3, lean_model.config.vocab_size, passes=10)
+    eager, _ = decode_like(lean_model, feeds, rollbacks)
+    calls = 0
+
+    def flaky(*inputs):  # the package's runner, out of memory on its fourth pass
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise RuntimeError("out of memory")
+        return failing.module(*inputs)
+
+    failing = lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128), runner=flaky)
+    with pytest.warns(RuntimeWarning, match="goes on eagerly"):
+        handed_over, held = decode_like(lean_model, feeds, rollbacks)
+    assert calls == 4 and not held  # eager from the failed pass on
+    for (a, a_hidden, _), (b, b_hidden, _) in zip(eager, handed_over, strict=True):
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
+        torch.testing.assert_close(b_hidden, a_hidden, rtol=0.03, atol=0.03)
+    assert not failing.acquire(object())  # later decodes stay eager
+
+
 def test_one_decode_at_a_time_holds_the_compiled_pass(lean_model):
     compiled = lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
     first, second = (CachedLM(lean_model, lean_model.config.vocab_size, AUX) for _ in range(2))

@@ -46,13 +46,18 @@ class CachedLM:
         if self.compiled is not None and not self.compiled.fits(self.lengths[0], k):
             self._leave_compiled()
         if self.compiled is not None:
-            logits, hidden, aux = self.compiled.forward(tokens, self.lengths[0])
-            self.lengths[0] += k
-            return (
-                logits[k - keep :, : self.vocab_size],
-                hidden[k - keep :],
-                aux if self.aux_layer_ids else None,
-            )
+            try:
+                logits, hidden, aux = self.compiled.forward(tokens, self.lengths[0])
+            except RuntimeError as error:  # the decode goes on eagerly, from the slots it had
+                self.compiled.fail(error)
+                self._leave_compiled()
+            else:
+                self.lengths[0] += k
+                return (
+                    logits[k - keep :, : self.vocab_size],
+                    hidden[k - keep :],
+                    aux if self.aux_layer_ids else None,
+                )
         out = self.decoder(
             input_ids=tokens.view(1, -1),
             past_key_values=self.cache,

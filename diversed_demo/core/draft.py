@@ -98,11 +98,14 @@ class FeatureDraft:
         if start == 0 and self.compiled is None:
             self._enter_compiled()
         if self.compiled is not None and start + len(token_ids) >= self.compiled.module.max_len:
-            self.cache = list(self.compiled.layers(start)[0])  # too long for its cache: go on eagerly
-            self.close()
+            self._leave_compiled(start)  # too long for its cache
         if self.compiled is not None:
-            hidden, logits = self.compiled.forward(token_ids, start, features)
-            return hidden[-1:], logits
+            try:
+                hidden, logits = self.compiled.forward(token_ids, start, features)
+                return hidden[-1:], logits
+            except RuntimeError as error:
+                self.compiled.fail(error)
+                self._leave_compiled(start)
         positions = torch.arange(start, start + len(token_ids), device=token_ids.device)
         hidden = self.model.layer(features[None], token_ids[None], positions[None], self._attend)[0, -1:]
         return hidden, self.model.draft_logits(hidden)[0]
@@ -112,6 +115,11 @@ class FeatureDraft:
         if compiled is not None and compiled.acquire(self):
             weakref.finalize(self, compiled.release, id(self))
             self.compiled = compiled
+
+    def _leave_compiled(self, start: int) -> None:
+        """Go on eagerly from the compiled step's static cache of `start` positions."""
+        self.cache = list(self.compiled.layers(start)[0])
+        self.close()
 
     def close(self) -> None:
         """Give the compiled step back to other decodes (also done when this draft is garbage)."""

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,10 +37,11 @@ class CompiledPass:
     def __init__(self, module: torch.nn.Module, runner=None):
         self.module, self.runner = module, runner or module
         self._lock, self._holder = threading.Lock(), None
+        self.failure: Exception | None = None
 
     def acquire(self, holder: object) -> bool:
-        """Lend the pass to `holder` if nobody holds it (never waits)."""
-        if not self._lock.acquire(blocking=False):
+        """Lend the pass to `holder` if nobody holds it and it never failed (never waits)."""
+        if self.failure is not None or not self._lock.acquire(blocking=False):
             return False
         self._holder = id(holder)
         return True
@@ -48,6 +50,15 @@ class CompiledPass:
         if self._holder == holder_id:
             self._holder = None
             self._lock.release()
+
+    def fail(self, error: Exception) -> None:
+        """Its runner raised mid-decode (out of memory, a kernel's error): lend it no more, so later decodes
+        run eagerly. The holder goes on eagerly from the static cache: a pass writes only the slots from
+        `length` on, so the used ones are intact."""
+        self.failure = error
+        warnings.warn(
+            f"a compiled pass failed ({error}); decoding goes on eagerly", RuntimeWarning, stacklevel=2
+        )
 
     def fits(self, length: int, k: int) -> bool:
         return 1 <= k <= K_MAX and length + k < self.module.max_len
