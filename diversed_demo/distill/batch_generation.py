@@ -8,6 +8,11 @@ import torch
 from ..core.sampling import sample
 
 
+def padding_id(tokenizer) -> int:
+    """The tokenizer's pad id, or its EOS where it has none (SmolLM2's has one; others may not)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 @torch.inference_mode()
 def generate_batch(
     target,

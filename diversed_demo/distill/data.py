@@ -27,7 +27,7 @@ from ..common.files import read_jsonl_gz, write_jsonl_gz, write_text
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
-from .batch_generation import generate_batch
+from .batch_generation import generate_batch, padding_id
 from .passages import PASSAGE_PROMPTS_FILE, read_passage_prompts
 from .prompts import PROMPTS_FILE, prompts_digest, prompts_digests, read_prompts
 
@@ -146,9 +146,7 @@ def generate_shards(
     batches = pending_batches({r["key"] for r in done}, seed, batch_size, sources)
     n_shard = first_shard = len(shard_paths(shards_dir))
     deadline = time.time() + minutes * 60 if minutes else None
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = eos_id
+    eos_id, pad_id = tokenizer.eos_token_id, padding_id(tokenizer)
     made: set[str] = set()  # the sources this run generated
     try:
         for jobs in batches:

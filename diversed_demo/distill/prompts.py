@@ -31,7 +31,7 @@ import torch
 from ..common.files import read_jsonl_gz, write_text
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
-from .batch_generation import generate_batch
+from .batch_generation import generate_batch, padding_id
 
 TOPICS_FILE = ASSETS / "prompts" / "topics.txt"
 PROMPTS_FILE = ASSETS / "prompts" / "self_instruct.jsonl.gz"
@@ -117,7 +117,7 @@ def generate_texts(
 ):
     """The target's sampled answer (T = TEMPERATURE) to each request, in order; progress(done, total)."""
     eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    pad_id = padding_id(tokenizer)
     order = sorted(range(len(requests)), key=lambda i: len(requests[i]))  # less padding
     texts = [""] * len(requests)
     for start in range(0, len(order), batch_size):

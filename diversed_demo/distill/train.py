@@ -25,6 +25,7 @@ import torch
 
 from ..models.eagle import Eagle3Draft, new_config
 from ..training.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from .batch_generation import padding_id
 from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
 from .passages import heldout_groups, read_passage_prompts
@@ -302,7 +303,7 @@ def train_draft(
     else:
         vocab = frequent_tokens(train_records, config.draft_vocab_size, always=specials)
         draft = init_draft(pair.target, vocab, config, verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = padding_id(tokenizer)
     run = {
         "command": command,
         "config": asdict(config),

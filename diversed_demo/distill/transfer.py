@@ -13,7 +13,7 @@ import torch
 
 from ..core.prompt import encode_prompt
 from ..eval.tasks import load_spec_bench
-from .batch_generation import generate_batch
+from .batch_generation import generate_batch, padding_id
 from .config import DraftTrainConfig
 from .train import evaluate, score
 
@@ -21,7 +21,7 @@ from .train import evaluate, score
 def spec_bench_responses(generating_pair, per_category: int, max_new_tokens: int, seed: int, batch_size: int):
     """The target's T = 1 responses to Spec-Bench first turns, as records (`source` is the category)."""
     tokenizer = generating_pair.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = padding_id(tokenizer)
     questions = load_spec_bench(per_category=per_category)
     generator = torch.Generator(device=generating_pair.target.device).manual_seed(seed)
     records = []
