@@ -357,7 +357,7 @@ def run_distill_measure(args) -> int:
 
 
 def run_distill_transfer(args) -> int:
-    from .distill.transfer import spec_bench_responses, transfer_figures
+    from .distill.transfer import paired_difference, spec_bench_responses, transfer_figures
     from .models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
     from .models.loading import is_eagle3_dir, load_eagle3, load_pair
 
@@ -379,6 +379,10 @@ def run_distill_transfer(args) -> int:
     report["drafts"] = {
         draft: transfer_figures(load_eagle3(Path(draft), scoring), scoring, records, pad_id, args.bf16)
         for draft in drafts
+    }
+    baseline = report["drafts"][drafts[0]]
+    report["against_first_per_category"] = {  # expected accepted per block, paired by category
+        draft: paired_difference(baseline, report["drafts"][draft]) for draft in drafts[1:]
     }
     text = json.dumps(report, indent=2)
     if args.json:

@@ -373,3 +373,17 @@ def test_spec_bench_transfer_scores_the_targets_own_responses_as_training_scores
     assert figures["overall"]["agreement"] == [round(a, 4) for a in held_out_way["agreement"]]
     assert list(figures["by_category"]) == categories
     assert sum(f["tokens"] for f in figures["by_category"].values()) == figures["overall"]["tokens"] > 0
+    # a second draft against the first: the mean per-category difference, with its standard error
+    other = distill.init_draft(target, batches.frequent_tokens(records, 32, always=[2]), config, [0, 1, 1])
+    torch.nn.init.normal_(other.fc.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    other_figures = transfer.transfer_figures(other, target, records, pad_id, False)
+    paired = transfer.paired_difference(figures, other_figures)
+    differences = [
+        other_figures["by_category"][c]["expected_accepted_per_block"]
+        - figures["by_category"][c]["expected_accepted_per_block"]
+        for c in categories
+    ]
+    assert paired["categories"] == 3 and paired["mean"] == pytest.approx(sum(differences) / 3, abs=1e-4)
+    spread = (sum((d - paired["mean"]) ** 2 for d in differences) / 2) ** 0.5
+    assert paired["standard_error"] == pytest.approx(spread / 3**0.5, abs=1e-3)
+    assert transfer.paired_difference(figures, figures)["mean"] == 0

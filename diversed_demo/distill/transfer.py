@@ -9,6 +9,8 @@ drafts compare on identical text with far less noise, and a gap to the held-out 
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..core.prompt import encode_prompt
@@ -55,4 +57,21 @@ def transfer_figures(draft, target, records: list[dict], pad_id: int, bf16: bool
     return {
         "overall": figures(records),
         "by_category": {c: figures([r for r in records if r["source"] == c]) for c in categories},
+    }
+
+
+def paired_difference(baseline: dict, other: dict) -> dict:
+    """`other`'s expected accepted length per block minus `baseline`'s, category by category (each draft
+    scored on the same text): their mean and its standard error over the categories."""
+    categories = [c for c in baseline["by_category"] if c in other["by_category"]]
+    differences = [
+        other["by_category"][c]["expected_accepted_per_block"]
+        - baseline["by_category"][c]["expected_accepted_per_block"]
+        for c in categories
+    ]
+    error = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else float("nan")
+    return {
+        "mean": round(statistics.fmean(differences), 4),
+        "standard_error": round(error, 4),
+        "categories": len(differences),
     }
