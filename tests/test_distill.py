@@ -198,6 +198,12 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
     straight, done = run(tmp_path / "a")
     _, stopped = run(tmp_path / "b", minutes=1e-9)  # stops at once, after a checkpoint
     assert stopped["step"] == 0
+    clock = iter(range(10**6))  # a second per reading of the clock: the sitting stops after a few steps
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distill.time, "time", lambda: float(next(clock)))
+        _, between = run(tmp_path / "c", minutes=6 / 60)
+    assert 0 < between["step"] < done["total_steps"] and between["step"] % config.eval_every
+    assert between["history"][-1]["step"] == between["step"]  # evaluated as it stopped, between evaluations
     resumed, finished = run(tmp_path / "b")
     assert finished["step"] == done["step"] == done["total_steps"]
     # The keys a running draft training resumes from (its checkpoint must stay readable across refactors).

@@ -162,7 +162,7 @@ def train(
     minutes: float | None = None,
 ) -> dict:
     """Train with resumable atomic checkpoints in work_dir; the best held-out draft is saved to
-    work_dir/best. `minutes` stops early (after a checkpoint); a rerun resumes."""
+    work_dir/best. `minutes` stops early (after a held-out evaluation and a checkpoint); a rerun resumes."""
     schedule = batch_schedule(train_records, config)
     run = start_or_resume(draft, config, len(schedule), Path(work_dir), target.device, log)
     draft.train()
@@ -171,6 +171,8 @@ def train(
     deadline = time.time() + minutes * 60 if minutes else None
     while run.state["step"] < len(schedule):
         if deadline and time.time() > deadline:
+            if run.state["history"][-1]["step"] != run.state["step"]:  # a sitting's last weights count too
+                evaluate_and_keep_best(run, target, heldout, pad_id, log)
             write_checkpoint(run)
             log(f"stopped at step {run.state['step']} of {len(schedule)} (time limit); rerun to resume")
             break
