@@ -425,7 +425,6 @@ def run_distill_prompts(args) -> int:
 
 
 def run_distill_passages(args) -> int:
-
     from .distill import passages
 
     rows = passages.build_passage_prompts(Path(args.docs), args.seed)

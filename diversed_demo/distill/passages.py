@@ -268,19 +268,8 @@ def counts(rows: list[dict]) -> dict:
 def heldout_groups(rows: list[dict]) -> list[int]:
     """Each prompt's held-out group, the first index of it: prompts from one section (any language) and
     prompts sharing a run of 12 words (a text one document copies from another) go together."""
-    by_text = prompt_groups(rows, most=8)  # a passage's three English prompts, copied twice or so
-    first_of_section: dict[str, int] = {}
-    group = [first_of_section.setdefault(row["group"], i) for i, row in enumerate(rows)]
-
-    def root(i):
-        while group[i] != i:
-            i = group[i]
-        return i
-
-    for i, j in enumerate(by_text):
-        a, b = sorted((root(i), root(j)))
-        group[b] = a
-    return [root(i) for i in range(len(rows))]
+    # most=8: a passage's three English prompts, copied twice or so
+    return prompt_groups(rows, most=8, keys=[row["group"] for row in rows])
 
 
 def read_passage_prompts(path: Path = PASSAGE_PROMPTS_FILE) -> list[dict]:

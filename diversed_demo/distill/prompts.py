@@ -290,11 +290,12 @@ def build_prompts(
     return assemble(topics, passages, requests, seed)
 
 
-def prompt_groups(rows: list[dict], words: int = 12, most: int = 5) -> list[int]:
+def prompt_groups(rows: list[dict], words: int = 12, most: int = 5, keys: list | None = None) -> list[int]:
     """Each prompt's group, the first index of its group: prompts that share a run of `words` words found in
     at most `most` prompts (a passage, and the summary, extraction, question and translation prompts made
-    from it) go together, so a held-out split by group never trains on a held-out prompt's passage.
-    Runs found in more prompts are templates' own words, which say nothing of the content."""
+    from it) go together, and so do prompts with the same one of `keys` where given, so a held-out split by
+    group never trains on a held-out prompt's passage. Runs found in more prompts are templates' own words,
+    which say nothing of the content."""
     runs = []
     for row in rows:
         tokens = re.findall(r"\w+", row["prompt"].lower())
@@ -308,12 +309,18 @@ def prompt_groups(rows: list[dict], words: int = 12, most: int = 5) -> list[int]
             i = group[i]
         return i
 
+    def join(i, j):
+        a, b = sorted((root(i), root(j)))
+        group[b] = a
+
+    first_with_key: dict = {}
+    for i, key in enumerate(keys or ()):
+        join(i, first_with_key.setdefault(key, i))
     first_with: dict[str, int] = {}
     for i, found in enumerate(runs):
         for run in found:
             if counts[run] <= most:
-                a, b = sorted((root(i), root(first_with.setdefault(run, i))))
-                group[b] = a
+                join(i, first_with.setdefault(run, i))
     return [root(i) for i in range(len(rows))]
 
 
