@@ -12,8 +12,7 @@ from diversed_demo.eval.dtype_choice import load_measured_pair  # noqa: E402
 from diversed_demo.models.compiled_build import prepare  # noqa: E402
 from diversed_demo.ui.examples import load_examples  # noqa: E402
 from diversed_demo.ui.opening import measured_opening  # noqa: E402
-from diversed_demo.ui.runs import stream_comparison  # noqa: E402
-from diversed_demo.ui.tabs.compare import speed_sentence  # noqa: E402
+from diversed_demo.ui.runs import speed_sentence, stream_comparison  # noqa: E402
 
 
 def main() -> None:

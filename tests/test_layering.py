@@ -4,6 +4,8 @@ below (at the top of the file or inside a function). `python tests/test_layering
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "diversed_demo"
@@ -78,6 +80,16 @@ def test_the_package_has_no_import_cycles():
 def test_test_helpers_do_not_ship_in_the_package():
     assert not (PACKAGE / "tiny.py").exists()
     assert not any("tiny" in path.stem for path in PACKAGE.rglob("*.py"))
+
+
+def test_the_plain_functions_beneath_the_app_run_without_gradio():
+    """What the app's handlers call (a run, a comparison, the opening, the examples) and the CLI import
+    no Gradio, so scripts and a machine without it (a GPU box with only torch) can run them headless."""
+    headless = ["ui.runs", "ui.opening", "ui.examples", "ui.render", "ui.trace", "eval.dtype_choice", "cli"]
+    code = "; ".join(f"import diversed_demo.{m}" for m in headless)
+    code += "; import sys; assert 'gradio' not in sys.modules, 'gradio imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 if __name__ == "__main__":

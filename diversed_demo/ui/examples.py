@@ -3,8 +3,6 @@ example a prompt is."""
 
 from __future__ import annotations
 
-import gradio as gr
-
 from ..eval.tasks import Example, app_examples
 
 
@@ -35,8 +33,3 @@ def find_example(prompt: str, examples: list[Example]) -> Example | None:
 def opening_prompt(examples: list[Example], index: int | None) -> str:
     """The prompt box's first text: the opening example's prompt, or empty without examples."""
     return examples[index].prompt if index is not None else ""
-
-
-def example_prompt(examples, index):
-    """The chosen example's prompt, for the prompt box (no change when the choice is cleared)."""
-    return examples[index].prompt if index is not None else gr.skip()

@@ -78,3 +78,8 @@ class VisitorSlots:
 
 
 DECODE_SLOTS = VisitorSlots()  # Decode, Compare and the dial's sweep share them, as they share the queue's
+
+
+def example_prompt(examples, index):
+    """The chosen example's prompt, for the prompt box (no change when the choice is cleared)."""
+    return examples[index].prompt if index is not None else gr.skip()

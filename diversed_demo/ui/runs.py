@@ -252,6 +252,25 @@ def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:
     return run.tokens_per_second / baseline.tokens_per_second
 
 
+def speed_sentence(comparison: Comparison) -> str:
+    """The measured speed-ups of the three speculative modes over the target alone, in plain words."""
+    base, phrases = comparison.runs.get("ar"), []
+    for mode in ("exact", "static", "dynamic"):
+        run = comparison.runs.get(mode)
+        ratio = speedup(run, base) if run is not None and run.done else None
+        if ratio is not None:
+            name = {
+                "exact": "exact speculative decoding",
+                "static": f"a fixed w = {run.settings.ensemble_weight:g}",
+                "dynamic": "DIVERSED",
+            }[mode]
+            phrases.append(f"{name} {ratio:.2f}×" + (" (slower)" if ratio < 1 else ""))
+    if not phrases:
+        return ""
+    listed = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+    return f"On this prompt, against the target alone: {listed} the speed."
+
+
 # ---------------------------------------------------------------- training
 
 

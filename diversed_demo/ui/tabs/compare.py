@@ -14,12 +14,12 @@ import pandas as pd
 from ...common.formatting import fmt
 from ...core.settings import MODES
 from ...eval.tasks import Example
-from ..examples import example_choices, example_prompt, find_example, opening_prompt
-from ..handlers import DECODE_SLOTS, bind, user_errors
+from ..examples import example_choices, find_example, opening_prompt
+from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..results_summary import BENCH_PATH
-from ..runs import Comparison, speedup, stream_comparison, throttled
+from ..runs import Comparison, speed_sentence, speedup, stream_comparison, throttled
 from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
@@ -50,25 +50,6 @@ def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
         else f"{abs(change):.0%} " + ("above" if change > 0 else "below")
     )
     return f"{metric} {where} exact SD's ({value:.3f} vs {exact_value:.3f})"
-
-
-def speed_sentence(comparison: Comparison) -> str:
-    """The measured speed-ups of the three speculative modes over the target alone, in plain words."""
-    base, phrases = comparison.runs.get("ar"), []
-    for mode in ("exact", "static", "dynamic"):
-        run = comparison.runs.get(mode)
-        ratio = speedup(run, base) if run is not None and run.done else None
-        if ratio is not None:
-            name = {
-                "exact": "exact speculative decoding",
-                "static": f"a fixed w = {run.settings.ensemble_weight:g}",
-                "dynamic": "DIVERSED",
-            }[mode]
-            phrases.append(f"{name} {ratio:.2f}×" + (" (slower)" if ratio < 1 else ""))
-    if not phrases:
-        return ""
-    listed = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
-    return f"On this prompt, against the target alone: {listed} the speed."
 
 
 def compare_verdict(comparison: Comparison, running: bool = False) -> str:

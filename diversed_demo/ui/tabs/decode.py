@@ -10,8 +10,8 @@ from pathlib import Path
 import gradio as gr
 
 from ...eval.tasks import Example
-from ..examples import example_choices, example_prompt, opening_prompt
-from ..handlers import DECODE_SLOTS, bind, user_errors
+from ..examples import example_choices, opening_prompt
+from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
 from ..runs import DecodeRun, resolve_head, stream_decode, throttled
