@@ -157,6 +157,30 @@ def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypa
     )
 
 
+def test_the_converted_tokenizer_names_the_gguf_special_tokens(tmp_path, monkeypatch):
+    """The special tokens come from the GGUF's own ids, whatever transformers made of them: 5.17 (the GPU
+    image's) named <|im_start|> as EOS, which ended decodes at the wrong token and made every shipped head
+    refuse the pair (the tokenizer fingerprint includes the special tokens)."""
+    import gguf
+    from transformers import AutoConfig, AutoTokenizer
+
+    from diversed_demo.models.embedded import embedded_gguf_path
+    from diversed_demo.models.gguf_cache import _converted_gguf_dir, special_tokens_from_config
+
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
+    fields = gguf.GGUFReader(embedded_gguf_path()).fields
+    gguf_ids = {
+        name: int(fields[f"tokenizer.ggml.{key}_token_id"].contents())
+        for name, key in [("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown")]
+    }
+    converted = _converted_gguf_dir(embedded_gguf_path())
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    assert {name: getattr(tokenizer, f"{name}_token_id") for name in gguf_ids} == gguf_ids
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None  # what transformers 5.17 made of it
+    special_tokens_from_config(tokenizer, AutoConfig.from_pretrained(converted))
+    assert {name: getattr(tokenizer, f"{name}_token_id") for name in gguf_ids} == gguf_ids
+
+
 def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     """In bf16 the target's 210 projections use the GGUF's own Q4_1 blocks (checked bitwise against its
     weights when first packed) through lean layers; its logits stay within bf16's own noise of transformers'

@@ -58,9 +58,22 @@ def gguf_key(gguf_path: Path) -> str:
         return hashlib.sha256(f"{gguf_path.stat().st_size}:".encode() + f.read(1 << 20)).hexdigest()[:12]
 
 
+# 2: special tokens set from the GGUF's ids (conversions by transformers 5.17 named <|im_start|> as EOS).
+CONVERSION = 2
+
+
+def special_tokens_from_config(tokenizer, config) -> None:
+    """Name the tokenizer's BOS, EOS, pad and unknown tokens by the ids the GGUF's metadata gives (the
+    config's), whatever the transformers version made of them."""
+    for name in ("bos", "eos", "pad", "unk"):
+        token_id = getattr(config, f"{name}_token_id", None)
+        if isinstance(token_id, int):
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
+
+
 def _converted_gguf_dir(gguf_path: Path) -> Path:
     """Dequantising a GGUF takes seconds: do it once and keep a safetensors copy in the user cache."""
-    out = cache_dir() / f"{gguf_path.stem}-{gguf_key(gguf_path)}"
+    out = cache_dir() / f"{gguf_path.stem}-{gguf_key(gguf_path)}-v{CONVERSION}"
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,6 +85,7 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
         )
     # The weights are already dequantised; rebuild a plain model so that save_pretrained accepts it.
     config = gguf_model.config
+    special_tokens_from_config(tokenizer, config)
     del config.quantization_config
     config._name_or_path = gguf_path.stem
     with torch.device("meta"):  # no random init of weights that are overwritten at once
