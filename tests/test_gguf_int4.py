@@ -116,6 +116,26 @@ def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
         torch.testing.assert_close(a_aux, c_aux, rtol=0.02, atol=0.04)  # 2 bf16 steps at ~3
 
 
+def test_lean_layers_read_the_cache_under_its_name_before_transformers_5_24(tmp_path, monkeypatch):
+    """transformers before 5.24 (the GPU image has 5.17) hands a layer its cache as past_key_values: the lean
+    layers must decode over it as they do over `cache`, not as if the context were empty."""
+    model, path = tiny_int4_model(tmp_path)
+    use_gguf_int4(model, path)
+    use_lean_layers(model)
+    ids, sizes = list(range(4, 40)), [1, 2, 4, 5]
+    forward = LeanLlamaLayer.forward
+
+    def as_before_5_24(self, *args, cache=None, **kwargs):
+        return forward(self, *args, past_key_values=cache, **kwargs)
+
+    with torch.inference_mode():
+        expected = passes(model, ids, sizes)
+        monkeypatch.setattr(LeanLlamaLayer, "forward", as_before_5_24)
+        renamed = passes(model, ids, sizes)
+    for (a, a_aux), (b, b_aux) in zip(expected, renamed, strict=True):
+        assert torch.equal(a, b) and torch.equal(a_aux, b_aux)
+
+
 def test_lean_layers_decode_a_batch_of_rows_with_holes(tmp_path):
     """Rows of a batch (a rolled-back row's holes masked out) decode through the lean layers as they do
     through transformers' layers."""

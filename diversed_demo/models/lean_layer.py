@@ -7,6 +7,8 @@ layer cuts their number. Passes over more rows (prompts) run transformers' own l
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
@@ -18,6 +20,10 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     """transformers' LlamaRMSNorm in fewer operations (float32 inside, weight applied in the input dtype)."""
     return weight * torch.rms_norm(hidden.float(), hidden.shape[-1:], eps=eps).to(hidden.dtype)
 
+
+# transformers 5.24 renamed a layer's past_key_values argument to cache: take either, hand on the one it has.
+LAYER_ARGUMENTS = inspect.signature(LlamaDecoderLayer.forward).parameters
+CACHE_ARGUMENT = "cache" if "cache" in LAYER_ARGUMENTS else "past_key_values"
 
 # The kernel packs output rows in blocks of 64 (AVX-512; 32 with AVX2): projections whose row counts are
 # multiples of it stack by concatenating their packed operands.
@@ -42,10 +48,13 @@ class LeanLlamaLayer(LlamaDecoderLayer):
     qkv: tuple[torch.Tensor, torch.Tensor]
     gate_up: tuple[torch.Tensor, torch.Tensor]
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
+        cache = kwargs.pop("cache", None)
+        cache = kwargs.pop("past_key_values", None) if cache is None else cache
         batch, length, width = hidden_states.shape
         if batch * length > INT4_ROWS or kwargs.get("output_attentions"):
-            return super().forward(hidden_states, attention_mask, position_ids, cache=cache, **kwargs)
+            kwargs[CACHE_ARGUMENT] = cache
+            return super().forward(hidden_states, attention_mask, position_ids, **kwargs)
         norm = self.input_layernorm
         normed = rms_norm(hidden_states, norm.weight, norm.variance_epsilon).view(-1, width)
         attended = self._attention(normed, batch, attention_mask, cache, kwargs["position_embeddings"])
