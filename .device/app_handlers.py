@@ -45,7 +45,8 @@ def main() -> None:
     began = time.perf_counter()
     *_, (tokens, stats, _chart, _files) = on_generate(pair, prompt, s.mode, *values)
     print(f"\nDecode ({s.mode}) in {time.perf_counter() - began:.1f} s: {text(stats)}")
-    print(f"  text: {text(tokens, sep='')[:400]}")
+    kept = re.sub(r'<span class="dd-tok dd-rejected[^>]*>[^<]*</span>', "", tokens)  # struck-through drafts
+    print(f"  text: {text(kept, sep='')[:400]}")
 
     began = time.perf_counter()
     *_, last = on_compare(pair, examples, prompt, *values)
