@@ -79,6 +79,15 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert limit["tokens_per_second"] == pytest.approx(limit["copy_bytes_per_second"] / limit["weight_bytes"])
     assert limit["target_only_share"] == pytest.approx(theirs / limit["tokens_per_second"])
     assert "Memory-bandwidth limit" in table and "identical to target-only" in table
+    assert f"{report['settings']['threads']} threads on cpu" in table
+
+
+def test_a_gpu_report_names_the_accelerator_not_the_host_threads():
+    from diversed_demo.eval.bench_report import where
+
+    settings = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "threads": 16}
+    assert where(settings) == "on cuda:0 (NVIDIA H100 80GB HBM3)"
+    assert where({"device": "cpu", "threads": 2}) == "2 threads on cpu"
 
 
 def test_weight_bytes_count_a_tied_embedding_once():

@@ -84,7 +84,7 @@ def test_compare_handler_ends_with_charts_table_verdict_and_trace(pair, heads_di
     assert decode.on_trace_chosen(None)["choices"] == []
 
 
-def test_the_greedy_exactness_claim_follows_the_dtype_and_the_measured_report(tmp_path):
+def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_report(tmp_path):
     import json
     from types import SimpleNamespace
 
@@ -92,18 +92,19 @@ def test_the_greedy_exactness_claim_follows_the_dtype_and_the_measured_report(tm
 
     from diversed_demo.ui.tabs.compare import greedy_exactness
 
-    def pair_in(dtype):
-        return SimpleNamespace(target=SimpleNamespace(dtype=dtype))
+    def pair_in(dtype, device="cpu"):
+        return SimpleNamespace(target=SimpleNamespace(dtype=dtype), device=torch.device(device))
 
     report = tmp_path / "bench.json"
     assert greedy_exactness(pair_in(torch.float32), report) == "at temperature 0 exact SD never departs"
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), report)  # no report: no figure
-    settings = {"dtype": "bfloat16", "examples": 26}
+    settings = {"dtype": "bfloat16", "device": "cpu", "examples": 26}
     report.write_text(
         json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 10 / 26}})
     )
     claim = greedy_exactness(pair_in(torch.bfloat16), report)
     assert "10 of 26 Spec-Bench prompts" in claim and "never departs" in claim.split(";")[-1]
+    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16, "cuda"), report)  # the CPU's figure
     report.write_text(
         json.dumps(
             {"settings": {**settings, "dtype": "float32"}, "greedy_identical_to_target_only": {"exact": 1.0}}

@@ -59,11 +59,13 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
 
 def machine_settings(pair) -> dict:
     """The pair and the machine a report was measured on."""
+    device = pair.target.device
     return {
         "threads": torch.get_num_threads(),
         "target": pair.target_name,
         "draft": pair.draft_name,
-        "device": str(pair.target.device),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "dtype": str(pair.target.dtype).removeprefix("torch."),
         "dtype_choice": pair.dtype_choice,
     }

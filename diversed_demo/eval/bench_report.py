@@ -139,8 +139,7 @@ def batch_markdown(report: dict) -> str:
         )
     lines.append(
         f"\n{s['rows']} decodes of each of {s['examples']} questions, N = {s['n_draft']}, "
-        f"≤{s['max_new_tokens']} new tokens, T = {s['temperature']:g}, {s['dtype']}, {s['threads']} threads "
-        f"on {s['device']}."
+        f"≤{s['max_new_tokens']} new tokens, T = {s['temperature']:g}, {s['dtype']}, {where(s)}."
     )
     return "\n".join(lines)
 
@@ -274,6 +273,14 @@ def category_rows(report: dict, modes: list) -> list[str]:
     return lines
 
 
+def where(settings: dict) -> str:
+    """ "2 threads on cpu", or the accelerator (its threads only feed it)."""
+    if settings["device"].startswith("cpu"):
+        return f"{settings['threads']} threads on {settings['device']}"
+    name = settings.get("device_name")
+    return f"on {settings['device']}" + (f" ({name})" if name else "")
+
+
 def settings_lines(report: dict) -> list[str]:
     s, c = report["settings"], report["costs"]
     dtype = [f"dtype {choice_note(s['dtype_choice'])}."] if s.get("dtype_choice") else []
@@ -281,7 +288,7 @@ def settings_lines(report: dict) -> list[str]:
         "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
         "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
         f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
-        f"{s['dtype']}, {s['threads']} threads on {s['device']}; n_draft "
+        f"{s['dtype']}, {where(s)}; n_draft "
         + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
         + (" (chosen by measurement)" if s.get("n_draft_choice") else "")
         + f"; c = {c['c']:.3f}, v = "

@@ -24,7 +24,14 @@ from .eagle import Eagle3Draft
 from .static_draft import StaticDraftStep
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
-STEP_SOURCES = ("static_draft.py", "static_pass.py", "int8_draft.py", "lean_layer.py", "compiled_pass.py")
+STEP_SOURCES = (
+    "static_draft.py",
+    "static_pass.py",
+    "int8_draft.py",
+    "lean_layer.py",
+    "compiled_pass.py",
+    "eagle.py",
+)
 
 
 def draft_compilable(draft) -> bool:

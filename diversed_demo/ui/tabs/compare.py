@@ -157,7 +157,8 @@ def greedy_exactness(pair, report_path: Path = BENCH_PATH) -> str:
     report, _ = read_json(report_path)
     share = dig(report, "greedy_identical_to_target_only", "exact")
     examples = dig(report, "settings", "examples")
-    if dig(report, "settings", "dtype") != dtype or share is None or not examples:
+    measured_in = (dig(report, "settings", "dtype"), str(dig(report, "settings", "device")).split(":")[0])
+    if measured_in != (dtype, pair.device.type) or share is None or not examples:
         return (
             f"at temperature 0 exact SD in {dtype} may depart where rounding flips a near-tie; "
             "in float32 it never departs"
