@@ -486,3 +486,13 @@ if __name__ == "__main__":
     for page, makers in TABLES.items():
         for make in makers:
             print(f"<!-- {page} -->\n{make()}\n")
+
+
+def test_the_import_graph_in_architecture_md_is_the_packages():
+    """docs/architecture.md's import graph is what `python tests/test_layering.py` prints for the code."""
+    from test_layering import import_graph
+
+    printed = [f"{m} -> {', '.join(imported) or '(none)'}" for m, imported in import_graph().items()]
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    shown = [line for line in text.splitlines() if re.match(r"^[a-z0-9_.]+ -> ", line)]
+    assert shown == printed
