@@ -125,8 +125,10 @@ def test_lean_layers_read_the_cache_under_its_name_before_transformers_5_24(tmp_
     ids, sizes = list(range(4, 40)), [1, 2, 4, 5]
     forward = LeanLlamaLayer.forward
 
-    def as_before_5_24(self, *args, cache=None, **kwargs):
-        return forward(self, *args, past_key_values=cache, **kwargs)
+    def as_before_5_24(self, *args, **kwargs):
+        if "cache" in kwargs:  # (a transformers before 5.24 passes past_key_values already)
+            kwargs["past_key_values"] = kwargs.pop("cache")
+        return forward(self, *args, **kwargs)
 
     with torch.inference_mode():
         expected = passes(model, ids, sizes)
