@@ -49,15 +49,14 @@ def scripted_proposals(pair, sequence: list[int], start: int, advances: list[int
     return proposals
 
 
-def assert_same_proposals(got, expected, tv: float = 0.05):
-    """The same q (to rounding: `tv` in total variation) wherever the drafts saw the same tokens, and the
-    same draws but perhaps one (a draw that lands on a boundary of q may go the other way, and the round's
-    later steps with it)."""
+def assert_same_proposals(got, expected):
+    """The same q (to rounding) wherever the drafts saw the same tokens, and the same draws but perhaps one
+    (a draw that lands on a boundary of q may go the other way, and the round's later steps with it)."""
     same_rounds = 0
     for (tokens, q, hidden), (tokens_e, q_e, hidden_e) in zip(got, expected, strict=True):
         seen = len(q) if torch.equal(tokens, tokens_e) else 1
         same_rounds += seen == len(q)
-        assert 0.5 * (q[:seen] - q_e[:seen]).abs().sum(-1).max() < tv  # float32 attention products
+        assert 0.5 * (q[:seen] - q_e[:seen]).abs().sum(-1).max() < 0.05  # float32 attention products
         assert torch.allclose(hidden[:seen].float(), hidden_e[:seen].float(), atol=0.1, rtol=0.05)
     assert same_rounds >= len(expected) - 1
 
@@ -130,9 +129,7 @@ def test_the_aot_compiled_draft_step_drafts_what_the_eager_draft_does(bf16_pair,
     eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
     path = build_draft_package(bf16_pair.draft, tmp_path / "step.pt2")
     assert attach_draft(bf16_pair.draft, path) is bf16_pair.draft.compiled_step
-    # Inductor also skips intermediate bf16 roundings: on this tiny draft's peaked q the worst step of a
-    # sequence differed by 0.03-0.08 in total variation (six sequences, either rotary precision).
-    assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager, tv=0.1)
+    assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
 
 
 def test_a_change_to_the_steps_code_builds_a_new_package(bf16_pair, monkeypatch):

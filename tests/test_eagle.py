@@ -77,20 +77,3 @@ def test_feature_draft_loads_through_load_pair(tmp_path):
     reference, _ = generate(loaded, PROMPTS[1], mode="ar", max_new_tokens=12, temperature=0)
     assert loaded.draft_name == str(tmp_path / "eagle") and summary.drafted > 0
     assert summary.token_ids == reference.token_ids
-
-
-def test_the_rotary_frequencies_stay_float32_in_a_bf16_draft(feature_pair):
-    """Cast to bf16 (as a bf16 pair loads it), the draft keeps its rotary frequencies in float32, as it
-    was trained: rounded, they turn a key 400 tokens back by a visibly different angle."""
-    import copy
-
-    draft = copy.deepcopy(feature_pair.draft)
-    expected = draft.rotary_frequencies()
-    positions = torch.tensor([400, 2000])
-    cos32, sin32 = draft.rotary(positions)
-    draft.to(torch.bfloat16)
-    assert draft.inv_freq.dtype == torch.float32 and torch.equal(draft.inv_freq, expected)
-    cos, sin = draft.rotary(positions)
-    assert cos.dtype == torch.bfloat16
-    torch.testing.assert_close(cos.float(), cos32, atol=4e-3, rtol=0)  # the cosines' own rounding only
-    torch.testing.assert_close(sin.float(), sin32, atol=4e-3, rtol=0)

@@ -274,7 +274,7 @@ def category_rows(report: dict, modes: list) -> list[str]:
 
 
 def where(settings: dict) -> str:
-    """ "2 threads on cpu", or the accelerator (its threads only feed it)."""
+    """How a report names its machine: "2 threads on cpu", or the accelerator (host threads only feed it)."""
     if settings["device"].startswith("cpu"):
         return f"{settings['threads']} threads on {settings['device']}"
     name = settings.get("device_name")

@@ -154,19 +154,9 @@ class Eagle3Draft(nn.Module):
             else torch.zeros(self.vocab_size, dtype=torch.bool),
         )
         theta = (layer.get("rope_parameters") or {}).get("rope_theta") or layer.get("rope_theta", 10000.0)
-        self.rope = (theta, head_dim)
-        self.register_buffer("inv_freq", self.rotary_frequencies(), persistent=False)
-
-    def rotary_frequencies(self, device=None) -> torch.Tensor:
-        theta, head_dim = self.rope
-        return 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
-
-    def _apply(self, fn, recurse=True):
-        # `.to(bfloat16)` would round the frequencies (0.3%: radians at a few hundred tokens); they stay
-        # float32, as in training (under autocast) and in transformers' own rotary embedding.
-        super()._apply(fn, recurse)
-        self.inv_freq = self.rotary_frequencies(self.inv_freq.device)
-        return self
+        self.register_buffer(
+            "inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False
+        )
 
     # ---------------------------------------------------------- pieces shared by decoding and training
 
