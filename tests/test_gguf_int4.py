@@ -10,7 +10,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.eval.costs import weight_bytes
-from diversed_demo.models import gguf_int4
+from diversed_demo.models import amx_int4, gguf_int4
 from diversed_demo.models.attention import GROUPED_SDPA, use_grouped_attention
 from diversed_demo.models.gguf_int4 import Int4Linear, dequantised, int4_product, pack, use_gguf_int4
 from diversed_demo.models.lean_layer import LeanLlamaLayer, use_lean_layers
@@ -18,10 +18,16 @@ from diversed_demo.models.pair import ModelPair
 from diversed_demo.models.stock import stock_layers
 
 
-@pytest.fixture(autouse=True)
-def int4_cache(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True, params=["aten", "amx"])
+def int4_cache(tmp_path, monkeypatch, request):
+    """Each test on PyTorch's int4 kernel and, where the CPU has AMX, on the project's AMX one."""
+    if request.param == "amx" and not amx_int4.available(wait=True):
+        pytest.skip("this CPU has no AMX (or the kernel did not build)")
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # the kernel's logic, whatever the CPU
+    monkeypatch.setattr(
+        gguf_int4, "int4_kernel", lambda dtype: request.param if dtype == torch.bfloat16 else "aten"
+    )
 
 
 def q4_blocks(n_rows=128, n_cols=256, seed=0):

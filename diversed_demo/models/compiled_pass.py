@@ -88,7 +88,14 @@ class CompiledPass:
 
 
 # The files whose code (or build settings) a compiled package holds: a change to any builds a new one.
-PASS_SOURCES = ("static_pass.py", "gguf_int4.py", "lean_layer.py", "compiled_pass.py")
+PASS_SOURCES = (
+    "static_pass.py",
+    "gguf_int4.py",
+    "amx_int4.py",
+    "amx_int4.cpp",
+    "lean_layer.py",
+    "compiled_pass.py",
+)
 
 
 def source_digests(files) -> list[str]:
@@ -109,6 +116,7 @@ def package_key(model, aux_layer_ids) -> str:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),  # autotuned GEMM templates are generated for a thread count
+        "int4_operands": len(getattr(model.get_decoder().layers[0], "qkv", ())),  # which 4-bit kernel
         "source": source_digests(PASS_SOURCES),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -4,7 +4,11 @@ A Q4_0 or Q4_1 block holds 32 weights w = d·q + m (q in 0..15; Q4_0 has m = −
 computes (q − 8)·scale + zero per block of 32, so scale = d and zero = m + 8d give the same weights, with
 the scales rounded to the activations' dtype. A one-token pass then streams about 4.5 bits a weight
 instead of 16. The products of a few rows (decoding, verification) use it; longer ones (prompts) keep the
-dense weight, which the kernel's per-4-row dequantisation would make slower.
+dense weight, which the kernel's per-4-row dequantisation would make slower. Where the CPU has AMX, the
+project's own kernel (amx_int4.py) takes PyTorch's place: its cost hardly grows with the rows.
+
+A projection's operands are PyTorch's (packed codes, scales and zeros) or AMX's (records,): `int4_product`
+tells them apart by their number.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from ..common.files import atomic_write, cache_dir
 from ..common.timing import runs_faster
+from . import amx_int4
 from .gguf_cache import gguf_key
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
@@ -35,20 +40,31 @@ LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module n
 }
 
 
-def int4_product(rows: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
-    """rows [M, K] · (the packed 4-bit weight [N, K])ᵀ -> [M, N]."""
+def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
+    """rows [M, K] · (the packed 4-bit weight [N, K])ᵀ -> [M, N], on the kernel its operands are for."""
+    if len(operands) == 1:
+        return amx_int4.amx_product(rows, *operands)
+    packed, scales_zeros = operands
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
+
+
+def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The operands of several projections of the same input as one: a product computes them all (their
+    row counts must be multiples of the kernels' packing, 64 rows)."""
+    if len(operands[0]) == 1:
+        return (torch.cat([records for (records,) in operands]),)
+    return torch.cat([packed for packed, _ in operands]), torch.cat([scales for _, scales in operands], 1)
 
 
 class Int4Linear(torch.nn.Linear):
     """nn.Linear whose products of at most INT4_ROWS rows use its GGUF 4-bit weight (`int4`: packed
     codes, scales and zeros); the dense weight stays for longer products and for stock comparisons."""
 
-    int4: tuple[torch.Tensor, torch.Tensor]
+    int4: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if len(rows) > INT4_ROWS or input.dtype != self.int4[1].dtype:
+        if len(rows) > INT4_ROWS or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         out = int4_product(rows, *self.int4)
         if self.bias is not None:
@@ -111,28 +127,36 @@ def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dty
     return packed, scales_zeros
 
 
+def int4_kernel(dtype: torch.dtype) -> str:
+    """ "amx" where the AMX kernel serves activations of `dtype` and is the faster here, else "aten"."""
+    return "amx" if dtype == torch.bfloat16 and amx_int4.available() and amx_pays() else "aten"
+
+
 def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:
     """{module name: the kernel's operands} for the model's projections stored as Q4 blocks in its GGUF, or
     None where the GGUF's blocks do not give exactly the model's weights. Built once (seconds) and kept in
-    the user cache; the packing depends on the CPU's vector width and PyTorch, so both are in the key."""
+    the user cache; the packing depends on the kernel, the CPU's vector width and PyTorch, so all are in
+    the key."""
     dtype = next(model.parameters()).dtype
-    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}"
+    projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
+    fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
+    kernel = int4_kernel(dtype) if fits_amx else "aten"
+    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}"
     key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
     path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
     if path.exists():
         flat = load_file(str(path))
-        return {
-            name.removesuffix(".packed"): (t, flat[name.replace(".packed", ".scales")])
-            for name, t in flat.items()
-            if name.endswith(".packed")
-        }
+        names = {name.rsplit(".", 1)[0] for name in flat}
+        return {name: tuple(flat[f"{name}.{j}"] for j in range(len(flat) // len(names))) for name in names}
     layers = read_q4_layers(gguf_path, model.config.get_text_config())
     weights = {name: model.get_submodule(name).weight for name in layers}
     if not layers or any(not torch.equal(dequantised(*layers[n]).to(dtype), w) for n, w in weights.items()):
         return None
-    operands = {name: pack(*blocks, dtype) for name, blocks in layers.items()}
-    flat = {f"{name}.packed": packed for name, (packed, _) in operands.items()}
-    flat |= {f"{name}.scales": scales for name, (_, scales) in operands.items()}
+    if kernel == "amx":
+        operands = {name: (amx_int4.pack(*blocks),) for name, blocks in layers.items()}
+    else:
+        operands = {name: pack(*blocks, dtype) for name, blocks in layers.items()}
+    flat = {f"{name}.{j}": t for name, tensors in operands.items() for j, t in enumerate(tensors)}
     atomic_write(path, lambda tmp: save_file(flat, str(tmp)))
     return operands
 
@@ -171,3 +195,16 @@ def int4_pays(dtype: torch.dtype = torch.bfloat16) -> bool:
         return runs_faster(lambda: int4_product(hidden, *packed), lambda: linear(hidden, dense), 6, 2)
 
     return faster(1) and faster(4)
+
+
+@functools.cache
+def amx_pays() -> bool:
+    """Whether the AMX kernel beats PyTorch's int4 one on a 3-row product (a verification pass at N = 2)
+    through a weight larger than the CPU's caches, timed once per process (a fraction of a second)."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (8192, 1536), dtype=torch.uint8, generator=generator).int()
+    scales = (torch.rand(8192, 1536 // Q4_BLOCK, generator=generator) / 100).half().float()
+    records = amx_int4.pack(codes, scales, -8 * scales)
+    packed = pack(codes, scales, -8 * scales, torch.bfloat16)
+    hidden = torch.randn(3, 1536, generator=generator).bfloat16()
+    return runs_faster(lambda: int4_product(hidden, records), lambda: int4_product(hidden, *packed), 6, 2)

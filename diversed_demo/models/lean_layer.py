@@ -13,7 +13,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
 
-from .gguf_int4 import INT4_ROWS, Int4Linear, int4_product
+from .gguf_int4 import INT4_ROWS, Int4Linear, int4_product, stack_operands
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,14 +25,14 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 LAYER_ARGUMENTS = inspect.signature(LlamaDecoderLayer.forward).parameters
 CACHE_ARGUMENT = "cache" if "cache" in LAYER_ARGUMENTS else "past_key_values"
 
-# The kernel packs output rows in blocks of 64 (AVX-512; 32 with AVX2): projections whose row counts are
-# multiples of it stack by concatenating their packed operands.
+# The kernels pack output rows in blocks of 64 (PyTorch's with AVX-512; 32 with AVX2 and in the AMX one):
+# projections whose row counts are multiples of it stack by concatenating their packed operands.
 PACKED_ROWS = 64
 
 
-def fused_int4(*linears: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_int4(*linears: Int4Linear) -> tuple[torch.Tensor, ...]:
     """The int4 operands of several projections of the same input, stacked: one product computes them all."""
-    return torch.cat([m.int4[0] for m in linears]), torch.cat([m.int4[1] for m in linears], 1)
+    return stack_operands(*(m.int4 for m in linears))
 
 
 def fusable(projections) -> bool:
@@ -45,8 +45,8 @@ class LeanLlamaLayer(LlamaDecoderLayer):
     """LlamaDecoderLayer whose passes over at most INT4_ROWS tokens take the short path above (`qkv` and
     `gate_up`: the fused int4 operands); same parameters and state dict."""
 
-    qkv: tuple[torch.Tensor, torch.Tensor]
-    gate_up: tuple[torch.Tensor, torch.Tensor]
+    qkv: tuple[torch.Tensor, ...]
+    gate_up: tuple[torch.Tensor, ...]
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
         cache = kwargs.pop("cache", None)

@@ -56,9 +56,10 @@ class StaticPass(nn.Module):
                 "gate_up": layer.gate_up,
                 "down": layer.mlp.down_proj.int4,
             }
-            for name, (packed, scales) in tensors.items():
-                self.register_buffer(f"l{i}_{name}_packed", packed, persistent=False)
-                self.register_buffer(f"l{i}_{name}_scales", scales, persistent=False)
+            for name, operands in tensors.items():
+                for j, operand in enumerate(operands):
+                    self.register_buffer(f"l{i}_{name}_{j}", operand, persistent=False)
+                self.n_operands = len(operands)  # 2 on PyTorch's int4 kernel, 1 on the AMX one
             self.register_buffer(f"l{i}_norm1", layer.input_layernorm.weight.detach(), persistent=False)
             self.register_buffer(
                 f"l{i}_norm2", layer.post_attention_layernorm.weight.detach(), persistent=False
@@ -97,7 +98,7 @@ class StaticPass(nn.Module):
         return F.linear(last, self.lm_head), last, aux_states
 
     def _product(self, i: int, name: str, rows: torch.Tensor) -> torch.Tensor:
-        return int4_product(rows, getattr(self, f"l{i}_{name}_packed"), getattr(self, f"l{i}_{name}_scales"))
+        return int4_product(rows, *(getattr(self, f"l{i}_{name}_{j}") for j in range(self.n_operands)))
 
     def _mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self._product(

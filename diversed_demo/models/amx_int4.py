@@ -1,0 +1,160 @@
+"""The 4-bit product on Intel AMX (amx_int4.cpp): a pass over up to 16 tokens costs about what one token's
+does, where PyTorch's int4 kernel pays again for every 4 rows (docs/measurements/speed.md).
+
+The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: in the
+background at a first start, which runs on PyTorch's kernel meanwhile) and loaded as the PyTorch operator
+`diversed::amx_int4_mm`, so the compiled pass can call it too. It serves only where the CPU has AMX
+(Sapphire Rapids and later Xeons), Linux lends the process its tiles, the build succeeds and the product is
+the faster here; everywhere else PyTorch's int4 kernel does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+import torch
+
+from ..common.files import cache_dir
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve
+CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
+FLAGS = ["-O3", "-fPIC", "-std=c++20", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+FLAGS += ["-mf16c", "-mamx-tile", "-mamx-bf16"]
+RECORD = 320  # bytes a block of 16 rows × 32 inputs takes: 256 of codes, 16 fp16 scales, 16 fp16 minima
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((set(line.split(":")[1].split()) for line in info if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def library_path() -> Path:
+    tag = SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()
+    return cache_dir() / "kernels" / f"amx_int4-{hashlib.sha256(tag).hexdigest()[:16]}.so"
+
+
+def build(path: Path) -> None:
+    """Compile the kernel into `path` (compiled with OpenMP, linked without it: PyTorch's own runtime
+    serves its threads)."""
+    torch_dir = Path(torch.__file__).parent
+    includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}"]
+    includes.append(f"-I{sysconfig.get_paths()['include']}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.tmp{os.getpid()}")
+    try:
+        compile_ = ["g++", *FLAGS, *includes, "-c", str(SOURCE), "-o", f"{partial}.o"]
+        libraries = [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
+        link = ["g++", "-shared", f"{partial}.o", *libraries, "-o", str(partial)]
+        for command in (compile_, link):
+            subprocess.run(command, check=True, capture_output=True, text=True)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+        Path(f"{partial}.o").unlink(missing_ok=True)
+
+
+_decision: bool | None = None  # once per process: one process never mixes the two kernels' operands
+_fake_registered = False
+
+
+def available(wait: bool = False) -> bool:
+    """Whether the AMX kernel serves in this process: the CPU has it, it is not switched off, it is built,
+    loads and computes a check product right. Not yet built, it is built now with `wait`, else in the
+    background for later starts."""
+    global _decision
+    if _decision is None:
+        _decision = decide(wait)
+    return _decision
+
+
+def decide(wait: bool) -> bool:
+    if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
+        return False
+    path = library_path()
+    try:
+        if not loaded() and not path.exists() and not wait:
+            threading.Thread(target=build_quietly, args=(path,), daemon=True, name="amx-int4-build").start()
+            print("building the AMX 4-bit kernel in the background (about 10 s); later starts use it")
+            return False
+        if not loaded():
+            if not path.exists():
+                build(path)
+            torch.ops.load_library(str(path))  # a namespace registers once per process: never a second copy
+        register_fake()
+        return computes_right()
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
+        say_why(err)
+        return False
+
+
+def loaded() -> bool:
+    try:
+        return torch.ops.diversed.amx_int4_mm is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def build_quietly(path: Path) -> None:
+    try:
+        build(path)
+    except (OSError, subprocess.CalledProcessError) as err:
+        say_why(err)
+
+
+def say_why(err: Exception) -> None:
+    detail = getattr(err, "stderr", "") or err
+    print(f"the AMX int4 kernel is not used ({str(detail).strip()[-300:]})", file=sys.stderr)
+
+
+def register_fake() -> None:
+    """Shapes for tracing (torch.export of the compiled pass), once per process."""
+    global _fake_registered
+    if _fake_registered:
+        return
+    _fake_registered = True
+
+    @torch.library.register_fake("diversed::amx_int4_mm")
+    def _(rows, records):
+        return rows.new_empty(rows.shape[0], records.shape[0] * 32)
+
+
+def computes_right() -> bool:
+    """A product of random blocks against the same weights dense, to output rounding."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (64, 64), generator=generator)
+    d = (torch.rand(64, 2, generator=generator) / 50).half().float()
+    m = (-torch.rand(64, 2, generator=generator) / 10).half().float()
+    rows = torch.randn(3, 64, generator=generator).bfloat16()
+    dense = (codes.view(64, 2, 32) * d[..., None] + m[..., None]).view(64, 64).bfloat16()
+    expected = rows.float() @ dense.float().T
+    return torch.allclose(amx_product(rows, pack(codes, d, m)).float(), expected, rtol=1e-2, atol=1e-2)
+
+
+def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The kernel's records [N/32, K/32, 2, RECORD] of codes [N, K] (0..15), d and m [N, K/32] (a GGUF's fp16
+    values: the records hold them as fp16)."""
+    if not all(torch.equal(t.half().float(), t.float()) for t in (d, m)):
+        raise ValueError("the scales and minima must be fp16 values, as a GGUF stores them")
+    n_rows, width = codes.shape
+    groups, blocks = n_rows // 16, width // 32
+    pairs = codes.view(groups, 8, 2, blocks, 32).permute(0, 3, 1, 2, 4)  # group, block, pair, row of pair, k
+    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(groups, blocks, 256).to(torch.uint8)
+    scales = [t.view(groups, 16, blocks).transpose(1, 2).half().contiguous() for t in (d, m)]
+    scales = [t.view(torch.uint8) for t in scales]  # fp16 bytes
+    records = torch.cat([nibbles, *scales], -1)  # [groups, blocks, RECORD]
+    return records.view(groups // 2, 2, blocks, RECORD).transpose(1, 2).contiguous()
+
+
+def amx_product(rows: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+    """rows [M ≤ 16, K] bf16 · (the packed weight [N, K])ᵀ -> [M, N] bf16."""
+    return torch.ops.diversed.amx_int4_mm(rows, records)

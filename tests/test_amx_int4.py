@@ -1,0 +1,100 @@
+"""The AMX 4-bit product (models/amx_int4.py): the dense bf16 weights' product, a row's result independent of
+the rows beside it, and PyTorch's kernel wherever AMX cannot serve."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+import torch
+
+from diversed_demo.models import amx_int4, gguf_int4
+from diversed_demo.models.gguf_int4 import dequantised, int4_kernel
+
+needs_amx = pytest.mark.skipif(
+    not amx_int4.available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
+)
+
+
+def q4_blocks(n_rows=96, n_cols=192, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n_rows, n_cols), dtype=torch.int32, generator=generator)
+    d = (torch.rand(n_rows, n_cols // 32, generator=generator) / 50).half().float()  # a GGUF's fp16 d and m
+    m = (-torch.rand(n_rows, n_cols // 32, generator=generator) / 5).half().float()
+    return codes, d, m
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
+    codes, d, m = q4_blocks()
+    weights = dequantised(codes, d, m).bfloat16()  # what the dense bf16 model holds
+    hidden = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+    expected = hidden.double() @ weights.double().T
+    out = amx_int4.amx_product(hidden, amx_int4.pack(codes, d, m))
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, codes.shape[0])
+    # float32 accumulation, then one rounding to bf16 (half a unit in the last place: 2⁻⁹ relative)
+    torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-4)
+
+
+@needs_amx
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Greedy speculative decoding repeats target-only exactly only if a verification pass computes each
+    token as a one-token pass does."""
+    codes, d, m = q4_blocks(seed=1)
+    records = amx_int4.pack(codes, d, m)
+    hidden = torch.randn(16, codes.shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
+    alone = torch.cat([amx_int4.amx_product(row[None], records) for row in hidden])
+    for rows in (2, 5, 8, 16):
+        assert torch.equal(amx_int4.amx_product(hidden[:rows], records), alone[:rows])
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch, tmp_path):
+    """The process's decision taken anew (and put back after)."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
+    monkeypatch.setattr(amx_int4, "_decision", None)
+    monkeypatch.setattr(amx_int4, "loaded", lambda: False)
+
+
+def test_packing_refuses_scales_that_are_not_a_ggufs_fp16():
+    codes, d, m = q4_blocks()
+    with pytest.raises(ValueError, match="fp16"):
+        amx_int4.pack(codes, d / 3, m)
+
+
+def test_switched_off_the_pytorch_kernel_serves(fresh_choice, monkeypatch):
+    monkeypatch.setenv(amx_int4.SWITCH, "0")
+    assert not amx_int4.available()
+    assert int4_kernel(torch.bfloat16) == "aten"
+
+
+def test_a_cpu_without_amx_gets_the_pytorch_kernel(fresh_choice, monkeypatch):
+    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    assert not amx_int4.available()
+    assert int4_kernel(torch.bfloat16) == "aten"
+
+
+def test_a_failed_build_says_why_and_the_pytorch_kernel_serves(fresh_choice, monkeypatch, capsys):
+    def no_compiler(path):
+        raise subprocess.CalledProcessError(1, ["g++"], stderr="g++: fatal error: no input files")
+
+    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: amx_int4.CPU_FLAGS)
+    monkeypatch.setattr(amx_int4, "build", no_compiler)
+    assert not amx_int4.available(wait=True)
+    assert "no input files" in capsys.readouterr().err
+
+
+def test_a_first_start_builds_it_in_the_background_and_goes_on_without(fresh_choice, monkeypatch, capsys):
+    built = threading.Event()
+    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: amx_int4.CPU_FLAGS)
+    monkeypatch.setattr(amx_int4, "build", lambda path: built.set())
+    assert not amx_int4.available()  # this process stays on PyTorch's kernel
+    assert built.wait(10) and "in the background" in capsys.readouterr().out
+
+
+def test_float32_models_never_take_it(monkeypatch):
+    monkeypatch.setattr(amx_int4, "available", lambda: True)
+    monkeypatch.setattr(gguf_int4, "amx_pays", lambda: True)
+    assert int4_kernel(torch.float32) == "aten" and int4_kernel(torch.bfloat16) == "amx"
