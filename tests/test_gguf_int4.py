@@ -14,12 +14,13 @@ from diversed_demo.models import amx_int4, gguf_int4
 from diversed_demo.models.attention import GROUPED_SDPA, use_grouped_attention
 from diversed_demo.models.gguf_int4 import Int4Linear, dequantised, int4_product, pack, use_gguf_int4
 from diversed_demo.models.lean_layer import LeanLlamaLayer, use_lean_layers
+from diversed_demo.models.loading import use_4bit_products
 from diversed_demo.models.pair import ModelPair
 from diversed_demo.models.stock import stock_layers
 
 
 @pytest.fixture(autouse=True, params=["aten", "amx"])
-def int4_cache(tmp_path, monkeypatch, request):
+def kernel(tmp_path, monkeypatch, request):
     """Each test on PyTorch's int4 kernel and, where the CPU has AMX, on the project's AMX one."""
     if request.param == "amx" and not amx_int4.available(wait=True):
         pytest.skip("this CPU has no AMX (or the kernel did not build)")
@@ -28,6 +29,7 @@ def int4_cache(tmp_path, monkeypatch, request):
     monkeypatch.setattr(
         gguf_int4, "int4_kernel", lambda dtype: request.param if dtype == torch.bfloat16 else "aten"
     )
+    return request.param
 
 
 def q4_blocks(n_rows=128, n_cols=256, seed=0):
@@ -84,6 +86,27 @@ def test_float32_models_and_machines_where_it_does_not_pay_keep_their_layers(tmp
     assert use_gguf_int4(model.float(), path) == 0  # float32 keeps transformers' exact numerics
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: False)
     assert use_gguf_int4(model.bfloat16(), path) == 0
+
+
+def test_a_loaded_model_moves_to_a_kernel_that_became_available(tmp_path, monkeypatch, kernel):
+    """A first start runs on PyTorch's kernel until the AMX one is built, then moves its operands over."""
+    if kernel != "amx":
+        pytest.skip("moves to the AMX kernel")
+    model, path = tiny_int4_model(tmp_path)
+    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "aten")
+    use_4bit_products(model, path)
+    ids = torch.arange(4, 20)[None]
+    with torch.inference_mode():
+        before = model(ids[:, :-3], use_cache=True)
+        on_aten = model(ids[:, -3:], past_key_values=before.past_key_values).logits.float()
+    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "amx")
+    use_4bit_products(model)  # the GGUF it was loaded from
+    layer = model.model.layers[0]
+    assert type(layer) is LeanLlamaLayer and len(layer.qkv) == 1 and len(layer.self_attn.o_proj.int4) == 1
+    with torch.inference_mode():
+        before = model(ids[:, :-3], use_cache=True)
+        on_amx = model(ids[:, -3:], past_key_values=before.past_key_values).logits.float()
+    torch.testing.assert_close(on_amx, on_aten, rtol=0.02, atol=0.02)
 
 
 def passes(model, ids, sizes):

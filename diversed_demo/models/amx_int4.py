@@ -1,9 +1,10 @@
 """The 4-bit product on Intel AMX (amx_int4.cpp): a pass over up to 16 tokens costs about what one token's
 does, where PyTorch's int4 kernel pays again for every 4 rows (docs/measurements/speed.md).
 
-The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: in the
-background at a first start, which runs on PyTorch's kernel meanwhile) and loaded as the PyTorch operator
-`diversed::amx_int4_mm`, so the compiled pass can call it too. It serves only where the CPU has AMX
+The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
+first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
+models/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_int4_mm`, so the compiled pass
+can call it too. It serves only where the CPU has AMX
 (Sapphire Rapids and later Xeons), Linux lends the process its tiles, the build succeeds and the product is
 the faster here; everywhere else PyTorch's int4 kernel does.
 """
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ import torch
 from ..common.files import cache_dir
 
 SOURCE = Path(__file__).with_suffix(".cpp")
-SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve
+SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
 FLAGS = ["-O3", "-fPIC", "-std=c++20", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 FLAGS += ["-mf16c", "-mamx-tile", "-mamx-bf16"]
@@ -43,9 +44,9 @@ def library_path() -> Path:
     return cache_dir() / "kernels" / f"amx_int4-{hashlib.sha256(tag).hexdigest()[:16]}.so"
 
 
-def build(path: Path) -> None:
+def build(path: Path, background: bool = False) -> None:
     """Compile the kernel into `path` (compiled with OpenMP, linked without it: PyTorch's own runtime
-    serves its threads)."""
+    serves its threads); in the background at low priority, as the compiled pass is built."""
     torch_dir = Path(torch.__file__).parent
     includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}"]
     includes.append(f"-I{sysconfig.get_paths()['include']}")
@@ -55,8 +56,9 @@ def build(path: Path) -> None:
         compile_ = ["g++", *FLAGS, *includes, "-c", str(SOURCE), "-o", f"{partial}.o"]
         libraries = [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
         link = ["g++", "-shared", f"{partial}.o", *libraries, "-o", str(partial)]
+        low_priority = ["nice", "-n", "10"] if background and shutil.which("nice") else []
         for command in (compile_, link):
-            subprocess.run(command, check=True, capture_output=True, text=True)
+            subprocess.run(low_priority + command, check=True, capture_output=True, text=True)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -65,12 +67,13 @@ def build(path: Path) -> None:
 
 _decision: bool | None = None  # once per process: one process never mixes the two kernels' operands
 _fake_registered = False
+_pending = False
 
 
 def available(wait: bool = False) -> bool:
     """Whether the AMX kernel serves in this process: the CPU has it, it is not switched off, it is built,
-    loads and computes a check product right. Not yet built, it is built now with `wait`, else in the
-    background for later starts."""
+    loads and computes a check product right. Not yet built, it is built now with `wait`; else it is
+    `pending` until `upgrade` builds it."""
     global _decision
     if _decision is None:
         _decision = decide(wait)
@@ -80,11 +83,11 @@ def available(wait: bool = False) -> bool:
 def decide(wait: bool) -> bool:
     if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
         return False
+    global _pending
     path = library_path()
     try:
         if not loaded() and not path.exists() and not wait:
-            threading.Thread(target=build_quietly, args=(path,), daemon=True, name="amx-int4-build").start()
-            print("building the AMX 4-bit kernel in the background (about 10 s); later starts use it")
+            _pending = True  # for `upgrade`, in the background
             return False
         if not loaded():
             if not path.exists():
@@ -104,11 +107,25 @@ def loaded() -> bool:
         return False
 
 
-def build_quietly(path: Path) -> None:
+def pending() -> bool:
+    """Whether this process decided against the kernel only because it was not built yet."""
+    return _pending
+
+
+def upgrade() -> bool:
+    """Build the pending kernel at low priority (background work, about 10 s) and decide again: whether it
+    serves from now on (the model's operands are then packed for it anew: `loading.use_4bit_products`)."""
+    global _decision, _pending
+    if not _pending:
+        return bool(_decision)
+    _pending = False
     try:
-        build(path)
+        build(library_path(), background=True)
     except (OSError, subprocess.CalledProcessError) as err:
         say_why(err)
+        return False
+    _decision = None
+    return available(wait=True)
 
 
 def say_why(err: Exception) -> None:

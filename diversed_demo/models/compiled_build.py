@@ -18,9 +18,11 @@ from pathlib import Path
 
 import torch
 
+from . import amx_int4
 from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path, uses_int8
-from .compiled_pass import SWITCH, attach, build_package, package_path
+from .compiled_pass import SWITCH, attach, build_package, int4_operand_count, package_path
 from .int8_draft import use_int8_draft
+from .loading import use_4bit_products
 from .static_pass import compilable
 
 
@@ -30,6 +32,24 @@ def prepare(pair, wait: bool = False, log=print) -> None:
     background process (or, with wait, before returning)."""
     if os.environ.get(SWITCH, "auto") == "off" or pair.target.device.type != "cpu":
         return
+    if amx_int4.pending():  # first the 4-bit kernel (seconds), so that the pass compiles over it
+        log("building the AMX 4-bit kernel in the background (about 10 s), then the compiled pass")
+        work = functools.partial(upgrade_then_prepare, pair, log)
+        if wait:
+            return work()
+        threading.Thread(target=work, daemon=True, name="amx-int4-build").start()
+        return
+    attach_or_build(pair, wait, log)
+
+
+def upgrade_then_prepare(pair, log) -> None:
+    if amx_int4.upgrade():
+        use_4bit_products(pair.target)
+        log("the 4-bit products run on the AMX kernel")
+    attach_or_build(pair, True, log)
+
+
+def attach_or_build(pair, wait: bool, log) -> None:
     parts = compiled_parts(pair)
     for path in [path for path in parts if path.exists()]:
         parts.pop(path)(log)
@@ -73,6 +93,7 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     thread count, as they will run."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
+    env[amx_int4.SWITCH] = "1" if int4_operand_count(pair.target) == 1 else "0"  # the app's kernel, untimed
     aux = ",".join(map(str, getattr(pair.draft, "aux_layer_ids", None) or []))
     draft_dir = str(getattr(pair.draft, "directory", "-"))
     int8 = str(int(draft_compilable(pair.draft) and uses_int8(pair.draft)))

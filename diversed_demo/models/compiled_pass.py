@@ -103,6 +103,11 @@ def source_digests(files) -> list[str]:
     return [hashlib.sha256((Path(__file__).parent / name).read_bytes()).hexdigest() for name in files]
 
 
+def int4_operand_count(model) -> int:
+    """How many operands the target's 4-bit products take: 1 on the AMX kernel, 2 on PyTorch's, 0 without."""
+    return len(getattr(model.get_decoder().layers[0], "qkv", ()))
+
+
 def package_key(model, aux_layer_ids) -> str:
     """What a package is valid for: the model's shapes and weights' source, the pass's code, PyTorch and
     the CPU's vector instructions."""
@@ -116,7 +121,7 @@ def package_key(model, aux_layer_ids) -> str:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),  # autotuned GEMM templates are generated for a thread count
-        "int4_operands": len(getattr(model.get_decoder().layers[0], "qkv", ())),  # which 4-bit kernel
+        "int4_operands": int4_operand_count(model),  # which 4-bit kernel
         "source": source_digests(PASS_SOURCES),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

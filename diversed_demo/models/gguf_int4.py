@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -128,8 +129,12 @@ def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dty
 
 
 def int4_kernel(dtype: torch.dtype) -> str:
-    """ "amx" where the AMX kernel serves activations of `dtype` and is the faster here, else "aten"."""
-    return "amx" if dtype == torch.bfloat16 and amx_int4.available() and amx_pays() else "aten"
+    """Which kernel the products take: "amx" where the AMX one serves activations of `dtype` and is the
+    faster here (or DIVERSED_AMX=1 says to take it untimed, as the compiled pass's build does to follow its
+    app), else "aten"."""
+    if dtype != torch.bfloat16 or not amx_int4.available():
+        return "aten"
+    return "amx" if os.environ.get(amx_int4.SWITCH) == "1" or amx_pays() else "aten"
 
 
 def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:

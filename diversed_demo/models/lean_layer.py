@@ -87,10 +87,11 @@ class LeanLlamaLayer(LlamaDecoderLayer):
 
 def use_lean_layers(model: torch.nn.Module) -> int:
     """Switch every Llama layer whose seven projections are bias-free Int4Linear (row counts stacking whole
-    packed blocks) to LeanLlamaLayer; returns how many were switched."""
+    packed blocks) to LeanLlamaLayer, or fuse a lean layer's operands anew (after its projections moved to
+    another kernel); returns how many were switched or fused."""
     switched = 0
     for layer in model.modules():
-        if type(layer) is not LlamaDecoderLayer:
+        if type(layer) not in (LlamaDecoderLayer, LeanLlamaLayer):
             continue
         attn, mlp = layer.self_attn, layer.mlp
         projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]

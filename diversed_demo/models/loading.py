@@ -171,9 +171,19 @@ def load_target(target: str, device: torch.device, dtype: torch.dtype):
     """The target model alone, a GGUF's projections on its own 4-bit weights where that pays here."""
     model = _load_model(resolve_source(target), device, dtype)
     gguf = gguf_file(target)
-    if gguf is not None and use_gguf_int4(model, gguf):  # decoding products on its own 4-bit weights
-        use_lean_layers(model)
+    if gguf is not None:
+        use_4bit_products(model, gguf)
     return model
+
+
+def use_4bit_products(model, gguf: Path | None = None) -> None:
+    """The model's decoding products on its GGUF's own 4-bit weights, where that pays here, on the 4-bit
+    kernel that serves now, with lean layers over them; again (without `gguf`: the one it was loaded from)
+    to move them to a kernel that became available (models/amx_int4.py)."""
+    gguf = gguf or getattr(model, "gguf_path", None)
+    if gguf is not None and use_gguf_int4(model, gguf):
+        model.gguf_path = gguf
+        use_lean_layers(model)
 
 
 @functools.lru_cache(maxsize=4)
