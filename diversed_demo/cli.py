@@ -41,14 +41,14 @@ def command_line() -> str:
 def pair_from_args(args, compiled: str | None = None):
     """The pair the arguments name; compiled = "background" or "wait" also gives its target the compiled
     decoding pass where one applies (models/compiled_pass.py): built in the background, or before
-    returning (the bench times what decodes run on; so is the AMX 4-bit kernel, models/amx_int4.py)."""
+    returning (the bench times what decodes run on; so is the AMX 4-bit kernel, models/amx_gguf.py)."""
     from .eval.dtype_choice import choice_note, load_measured_pair
-    from .models import amx_int4
+    from .models import amx_gguf
     from .models.compiled_build import prepare
     from .models.embedded import EMBEDDED
 
     if compiled == "wait":
-        amx_int4.available(wait=True)
+        amx_gguf.available(wait=True)
     pair = load_measured_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
     if pair.dtype_choice is not None:
         print(f"dtype {choice_note(pair.dtype_choice)}", file=sys.stderr)

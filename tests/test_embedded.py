@@ -187,14 +187,14 @@ def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     bf16 layers: one-token, verification-sized and prompt passes."""
     from diversed_demo.core.cache import CachedLM
     from diversed_demo.models import gguf_int4
-    from diversed_demo.models.gguf_int4 import Int4Linear
+    from diversed_demo.models.gguf_int4 import GgufLinear
     from diversed_demo.models.lean_layer import LeanLlamaLayer
     from diversed_demo.models.stock import stock_layers
 
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # what is tested is the computation
     pair = load_pair.__wrapped__(dtype="bfloat16")
     target = pair.target
-    assert sum(isinstance(m, Int4Linear) for m in target.modules()) == 210
+    assert sum(isinstance(m, GgufLinear) for m in target.modules()) == 210
     assert all(type(layer) is LeanLlamaLayer for layer in target.model.layers)
     ids = pair.tokenizer("The three primary colors are red, yellow and blue. Mixing them gives")["input_ids"]
 

@@ -1,4 +1,4 @@
-"""A GGUF target's 4-bit weights multiplied as stored (Int4Linear), the lean decoder layer over them and the
+"""A GGUF target's 4-bit weights multiplied as stored (GgufLinear), the lean decoder layer over them and the
 one-query attention: what transformers' own layers compute, to bf16's precision."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.eval.costs import weight_bytes
-from diversed_demo.models import amx_int4, gguf_int4
+from diversed_demo.models import amx_gguf, gguf_int4
 from diversed_demo.models.attention import GROUPED_SDPA, use_grouped_attention
-from diversed_demo.models.gguf_int4 import Int4Linear, dequantised, int4_product, pack, use_gguf_int4
+from diversed_demo.models.gguf_int4 import GgufLinear, dequantised, int4_product, pack, use_gguf_int4
 from diversed_demo.models.lean_layer import LeanLlamaLayer, use_lean_layers
 from diversed_demo.models.loading import use_4bit_products
 from diversed_demo.models.pair import ModelPair
@@ -22,7 +22,7 @@ from diversed_demo.models.stock import stock_layers
 @pytest.fixture(autouse=True, params=["aten", "amx"])
 def kernel(tmp_path, monkeypatch, request):
     """Each test on PyTorch's int4 kernel and, where the CPU has AMX, on the project's AMX one."""
-    if request.param == "amx" and not amx_int4.available(wait=True):
+    if request.param == "amx" and not amx_gguf.available(wait=True):
         pytest.skip("this CPU has no AMX (or the kernel did not build)")
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # the kernel's logic, whatever the CPU
@@ -63,14 +63,14 @@ def test_the_gguf_blocks_replace_exactly_the_models_projections(tmp_path, qtype)
     model, path = tiny_int4_model(tmp_path, qtype)
     keys = model.state_dict().keys()
     assert use_gguf_int4(model, path) == 14  # 7 projections in each of 2 layers
-    assert all(type(m) is Int4Linear for name, m in model.named_modules() if name.endswith("_proj"))
+    assert all(type(m) is GgufLinear for name, m in model.named_modules() if name.endswith("_proj"))
     assert model.state_dict().keys() == keys
     assert len(list((tmp_path / "cache").glob("*-int4-*.safetensors"))) == 1  # built once, then read
     again, _ = tiny_int4_model(tmp_path, qtype)
     assert use_gguf_int4(again, path) == 14
     for name, module in model.named_modules():
-        if isinstance(module, Int4Linear):
-            assert all(torch.equal(a, b) for a, b in zip(module.int4, again.get_submodule(name).int4))
+        if isinstance(module, GgufLinear):
+            assert all(torch.equal(a, b) for a, b in zip(module.operands, again.get_submodule(name).operands))
 
 
 def test_a_gguf_that_is_not_the_models_is_refused(tmp_path):
@@ -78,7 +78,7 @@ def test_a_gguf_that_is_not_the_models_is_refused(tmp_path):
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[0, 0] += 0.5
     assert use_gguf_int4(model, path) == 0
-    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+    assert not any(isinstance(m, GgufLinear) for m in model.modules())
 
 
 def test_float32_models_and_machines_where_it_does_not_pay_keep_their_layers(tmp_path, monkeypatch):
@@ -102,11 +102,28 @@ def test_a_loaded_model_moves_to_a_kernel_that_became_available(tmp_path, monkey
     monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "amx")
     use_4bit_products(model)  # the GGUF it was loaded from
     layer = model.model.layers[0]
-    assert type(layer) is LeanLlamaLayer and len(layer.qkv) == 1 and len(layer.self_attn.o_proj.int4) == 1
+    assert type(layer) is LeanLlamaLayer and len(layer.qkv) == 1 and len(layer.self_attn.o_proj.operands) == 1
     with torch.inference_mode():
         before = model(ids[:, :-3], use_cache=True)
         on_amx = model(ids[:, -3:], past_key_values=before.past_key_values).logits.float()
     torch.testing.assert_close(on_amx, on_aten, rtol=0.02, atol=0.02)
+
+
+def test_a_q8_lm_head_is_multiplied_as_stored_on_the_amx_kernel(tmp_path, kernel):
+    path = tmp_path / "tiny-q8-head.gguf"
+    model = tiny_q4_model(path, q8_head=True).to(torch.bfloat16)
+    dense_bytes = weight_bytes(model)
+    assert use_gguf_int4(model, path) == (15 if kernel == "amx" else 14)  # and the head, on AMX
+    head = model.get_output_embeddings()
+    assert (type(head) is GgufLinear) == (kernel == "amx")
+    assert head.weight is model.get_input_embeddings().weight  # still tied, for prompts and the draft
+    ids = torch.arange(4, 20)[None]
+    with torch.inference_mode():
+        logits = model(ids).logits[0, -1:].float()  # one row's head: the 8-bit product on AMX
+        dense = (model.model(ids).last_hidden_state[0, -1:] @ head.weight.T).float()
+    torch.testing.assert_close(logits, dense, rtol=0.02, atol=0.02)
+    if kernel == "amx":  # the head streams its 8.5-bit blocks instead of its bf16 copy
+        assert weight_bytes(model) < dense_bytes - head.weight.numel()
 
 
 def passes(model, ids, sizes):
@@ -136,7 +153,7 @@ def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
             layer.__class__ = LlamaDecoderLayer  # the int4 projections in transformers' layer
         projections_only = passes(model, ids, sizes)
         with stock_layers(model):
-            assert not any(isinstance(m, (Int4Linear, LeanLlamaLayer)) for m in model.modules())
+            assert not any(isinstance(m, (GgufLinear, LeanLlamaLayer)) for m in model.modules())
             stock = passes(model, ids, sizes)
     for (a, a_aux), (b, b_aux), (c, c_aux) in zip(ours, projections_only, stock, strict=True):
         torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
@@ -194,7 +211,7 @@ def test_weight_bytes_count_the_4bit_weights_a_pass_streams(tmp_path):
     model, path = tiny_int4_model(tmp_path)
     dense = weight_bytes(model)
     use_gguf_int4(model, path)
-    projections = sum(m.weight.numel() for m in model.modules() if isinstance(m, Int4Linear))
+    projections = sum(m.weight.numel() for m in model.modules() if isinstance(m, GgufLinear))
     # 16-bit weights become 4 bits plus a 16-bit scale and zero per 32
     assert weight_bytes(model) == dense - projections * 2 + projections // 2 + projections // 32 * 4
 

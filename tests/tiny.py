@@ -116,17 +116,26 @@ Q4_NAMES = {
 }
 
 
-def tiny_q4_model(path, seed: int = 0, qtype: str = "Q4_1", layers: int = 2):
+def tiny_q4_model(path, seed: int = 0, qtype: str = "Q4_1", layers: int = 2, q8_head: bool = False):
     """A tiny Llama (sizes the 4-bit kernel takes: multiples of 64) whose projections hold exactly the
     weights of the Q4 GGUF it writes to `path`, laid out as llama.cpp writes them (q/k rows permuted for its
-    rotary embedding). Returns the model in float32."""
+    rotary embedding); with `q8_head`, its tied embedding and LM head those of the GGUF's Q8_0 token
+    embedding (64 tokens), as SmolLM2's. Returns the model in float32."""
     import gguf
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(layers, hidden=128)).eval()
+    config = tiny_config(layers, hidden=128, vocab_size=64 if q8_head else None)
+    config.tie_word_embeddings = q8_head
+    model = LlamaForCausalLM(config).eval()
     quant = getattr(gguf.GGMLQuantizationType, qtype)
     writer = gguf.GGUFWriter(str(path), "llama")
+    if q8_head:
+        embedding = model.get_input_embeddings().weight
+        blocks = gguf.quants.quantize(embedding.detach().numpy() * 4, gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor("token_embd.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        stored = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)
+        embedding.data.copy_(torch.from_numpy(stored))
     for i, layer in enumerate(model.model.layers):
         for name, gguf_name in Q4_NAMES.items():
             module = layer.get_submodule(name)

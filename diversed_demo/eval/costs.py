@@ -11,7 +11,7 @@ import torch
 from ..core.cache import CachedLM
 from ..core.generate import generate
 from ..core.stats import Counts
-from ..models.gguf_int4 import Int4Linear
+from ..models.gguf_int4 import GgufLinear
 from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 
@@ -125,9 +125,9 @@ def weight_bytes(model) -> int:
     projection on its 4-bit GGUF weights counts those, not the dense copy it keeps for prompts)."""
     tensors = {id(p): p for p in model.parameters()}
     for module in model.modules():
-        if isinstance(module, Int4Linear):
+        if isinstance(module, GgufLinear):
             tensors.pop(id(module.weight), None)
-            tensors.update({id(t): t for t in module.int4})
+            tensors.update({id(t): t for t in module.operands})
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from . import amx_int4
+from . import amx_gguf
 from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path, uses_int8
 from .compiled_pass import SWITCH, attach, build_package, int4_operand_count, package_path
 from .int8_draft import use_int8_draft
@@ -32,7 +32,7 @@ def prepare(pair, wait: bool = False, log=print) -> None:
     background process (or, with wait, before returning)."""
     if os.environ.get(SWITCH, "auto") == "off" or pair.target.device.type != "cpu":
         return
-    if amx_int4.pending():  # first the 4-bit kernel (seconds), so that the pass compiles over it
+    if amx_gguf.pending():  # first the 4-bit kernel (seconds), so that the pass compiles over it
         log("building the AMX 4-bit kernel in the background (about 10 s), then the compiled pass")
         work = functools.partial(upgrade_then_prepare, pair, log)
         if wait:
@@ -43,7 +43,7 @@ def prepare(pair, wait: bool = False, log=print) -> None:
 
 
 def upgrade_then_prepare(pair, log) -> None:
-    if amx_int4.upgrade():
+    if amx_gguf.upgrade():
         use_4bit_products(pair.target)
         log("the 4-bit products run on the AMX kernel")
     attach_or_build(pair, True, log)
@@ -93,7 +93,7 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     thread count, as they will run."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), TORCHINDUCTOR_COMPILE_THREADS="1")
-    env[amx_int4.SWITCH] = "1" if int4_operand_count(pair.target) == 1 else "0"  # the app's kernel, untimed
+    env[amx_gguf.SWITCH] = "1" if int4_operand_count(pair.target) == 1 else "0"  # the app's kernel, untimed
     aux = ",".join(map(str, getattr(pair.draft, "aux_layer_ids", None) or []))
     draft_dir = str(getattr(pair.draft, "directory", "-"))
     int8 = str(int(draft_compilable(pair.draft) and uses_int8(pair.draft)))

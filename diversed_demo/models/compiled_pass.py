@@ -91,8 +91,8 @@ class CompiledPass:
 PASS_SOURCES = (
     "static_pass.py",
     "gguf_int4.py",
-    "amx_int4.py",
-    "amx_int4.cpp",
+    "amx_gguf.py",
+    "amx_gguf.cpp",
     "lean_layer.py",
     "compiled_pass.py",
 )

@@ -5,7 +5,8 @@ computes (q − 8)·scale + zero per block of 32, so scale = d and zero = m + 8d
 the scales rounded to the activations' dtype. A one-token pass then streams about 4.5 bits a weight
 instead of 16. The products of a few rows (decoding, verification) use it; longer ones (prompts) keep the
 dense weight, which the kernel's per-4-row dequantisation would make slower. Where the CPU has AMX, the
-project's own kernel (amx_int4.py) takes PyTorch's place: its cost hardly grows with the rows.
+project's own kernel (amx_gguf.py) takes PyTorch's place: its cost hardly grows with the rows; and a Q8_0 LM
+head (SmolLM2's tied embedding) is multiplied as stored too, at 8.5 bits a weight instead of 16.
 
 A projection's operands are PyTorch's (packed codes, scales and zeros) or AMX's (records,): `int4_product`
 tells them apart by their number.
@@ -23,13 +24,14 @@ from safetensors.torch import load_file, save_file
 
 from ..common.files import atomic_write, cache_dir
 from ..common.timing import runs_faster
-from . import amx_int4
+from . import amx_gguf
 from .gguf_cache import gguf_key
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use the int4 product, more the dense weight: every verification pass; int4 stays
 # the faster to ~16 rows here (docs/measurements/speed.md).
 INT4_ROWS = 8
+OPERANDS = 2  # the cached operands' format: 2 adds the AMX kernel's 8-bit LM head
 LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module names in a Llama layer
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -44,7 +46,7 @@ LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module n
 def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
     """rows [M, K] · (the packed 4-bit weight [N, K])ᵀ -> [M, N], on the kernel its operands are for."""
     if len(operands) == 1:
-        return amx_int4.amx_product(rows, *operands)
+        return amx_gguf.amx_product(rows, *operands)
     packed, scales_zeros = operands
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
 
@@ -57,17 +59,18 @@ def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, .
     return torch.cat([packed for packed, _ in operands]), torch.cat([scales for _, scales in operands], 1)
 
 
-class Int4Linear(torch.nn.Linear):
-    """nn.Linear whose products of at most INT4_ROWS rows use its GGUF 4-bit weight (`int4`: packed
-    codes, scales and zeros); the dense weight stays for longer products and for stock comparisons."""
+class GgufLinear(torch.nn.Linear):
+    """nn.Linear whose products of at most INT4_ROWS rows use its GGUF's quantised weight (`operands`: a
+    4-bit kernel's, or the AMX records of an 8-bit LM head); the dense weight stays for longer products and
+    for stock comparisons."""
 
-    int4: tuple[torch.Tensor, ...]
+    operands: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
         if len(rows) > INT4_ROWS or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
-        out = int4_product(rows, *self.int4)
+        out = int4_product(rows, *self.operands)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*input.shape[:-1], self.out_features)
@@ -115,6 +118,22 @@ def read_q4_layers(gguf_path: Path, config) -> dict[str, tuple]:
     return layers
 
 
+def read_q8_head(gguf_path: Path, config) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes [V, H] int8, d [V, H/32]) of the GGUF's output matrix where it is stored as Q8_0 blocks (d in
+    fp16, then 32 signed codes): `output.weight`, or the token embedding for a model that ties them."""
+    import gguf
+
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(gguf_path)).tensors}
+    tied = getattr(config, "tie_word_embeddings", False)
+    tensor = tensors.get("output.weight") or (tensors.get("token_embd.weight") if tied else None)
+    if tensor is None or tensor.tensor_type.name != "Q8_0":
+        return None
+    raw = torch.from_numpy(tensor.data.copy())
+    blocks = raw.view(raw.shape[0], -1, 34)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
+    return blocks[..., 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1), d
+
+
 def dequantised(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """The float32 weights a Q4 block stores, computed as gguf-py's dequantisation computes them."""
     n_rows = len(codes)
@@ -132,9 +151,9 @@ def int4_kernel(dtype: torch.dtype) -> str:
     """Which kernel the products take: "amx" where the AMX one serves activations of `dtype` and is the
     faster here (or DIVERSED_AMX=1 says to take it untimed, as the compiled pass's build does to follow its
     app), else "aten"."""
-    if dtype != torch.bfloat16 or not amx_int4.available():
+    if dtype != torch.bfloat16 or not amx_gguf.available():
         return "aten"
-    return "amx" if os.environ.get(amx_int4.SWITCH) == "1" or amx_pays() else "aten"
+    return "amx" if os.environ.get(amx_gguf.SWITCH) == "1" or amx_pays() else "aten"
 
 
 def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:
@@ -146,7 +165,7 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
     fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
     kernel = int4_kernel(dtype) if fits_amx else "aten"
-    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}"
+    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}:{OPERANDS}"
     key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
     path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
     if path.exists():
@@ -158,7 +177,8 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     if not layers or any(not torch.equal(dequantised(*layers[n]).to(dtype), w) for n, w in weights.items()):
         return None
     if kernel == "amx":
-        operands = {name: (amx_int4.pack(*blocks),) for name, blocks in layers.items()}
+        operands = {name: (amx_gguf.pack_q4(*blocks),) for name, blocks in layers.items()}
+        operands |= q8_head_operands(gguf_path, model)
     else:
         operands = {name: pack(*blocks, dtype) for name, blocks in layers.items()}
     flat = {f"{name}.{j}": t for name, tensors in operands.items() for j, t in enumerate(tensors)}
@@ -166,8 +186,22 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     return operands
 
 
+def q8_head_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple]:
+    """{the LM head's module name: its AMX records} where the GGUF stores it as Q8_0 blocks that give exactly
+    the model's head: half the bytes of the dense bf16 head, streamed once per decoding pass."""
+    head = model.get_output_embeddings()
+    blocks = read_q8_head(gguf_path, model.config.get_text_config())
+    if blocks is None or head.out_features % 32 or getattr(head, "bias", None) is not None:
+        return {}
+    codes, d = blocks
+    if not torch.equal(dequantised(codes, d, 0 * d).to(head.weight.dtype), head.weight):
+        return {}
+    name = next(name for name, module in model.named_modules() if module is head)
+    return {name: (amx_gguf.pack_q8(codes, d),)}
+
+
 def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
-    """Switch the model's projections stored as Q4 blocks in its GGUF to Int4Linear, where the model runs in
+    """Switch the model's projections stored as Q4 blocks in its GGUF to GgufLinear, where the model runs in
     bf16 or fp16 on the CPU and the int4 product is the faster here (`int4_pays`); returns how many were
     switched."""
     weight = next(model.parameters())
@@ -178,8 +212,8 @@ def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
     operands = int4_operands(gguf_path, model) or {}
     for name, ops in operands.items():
         module = model.get_submodule(name)
-        module.int4 = ops
-        module.__class__ = Int4Linear
+        module.operands = ops
+        module.__class__ = GgufLinear
     return len(operands)
 
 
@@ -209,7 +243,7 @@ def amx_pays() -> bool:
     generator = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (8192, 1536), dtype=torch.uint8, generator=generator).int()
     scales = (torch.rand(8192, 1536 // Q4_BLOCK, generator=generator) / 100).half().float()
-    records = amx_int4.pack(codes, scales, -8 * scales)
+    records = amx_gguf.pack_q4(codes, scales, -8 * scales)
     packed = pack(codes, scales, -8 * scales, torch.bfloat16)
     hidden = torch.randn(3, 1536, generator=generator).bfloat16()
     return runs_faster(lambda: int4_product(hidden, records), lambda: int4_product(hidden, *packed), 6, 2)

@@ -13,7 +13,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
 
-from .gguf_int4 import INT4_ROWS, Int4Linear, int4_product, stack_operands
+from .gguf_int4 import INT4_ROWS, GgufLinear, int4_product, stack_operands
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -30,14 +30,14 @@ CACHE_ARGUMENT = "cache" if "cache" in LAYER_ARGUMENTS else "past_key_values"
 PACKED_ROWS = 64
 
 
-def fused_int4(*linears: Int4Linear) -> tuple[torch.Tensor, ...]:
+def fused_int4(*linears: GgufLinear) -> tuple[torch.Tensor, ...]:
     """The int4 operands of several projections of the same input, stacked: one product computes them all."""
-    return stack_operands(*(m.int4 for m in linears))
+    return stack_operands(*(m.operands for m in linears))
 
 
 def fusable(projections) -> bool:
     return all(
-        type(p) is Int4Linear and p.bias is None and p.out_features % PACKED_ROWS == 0 for p in projections
+        type(p) is GgufLinear and p.bias is None and p.out_features % PACKED_ROWS == 0 for p in projections
     )
 
 
@@ -77,16 +77,16 @@ class LeanLlamaLayer(LlamaDecoderLayer):
         functions, name = ALL_ATTENTION_FUNCTIONS, config._attn_implementation
         interface = functions.get_interface(name, eager_attention_forward)
         out, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)
-        return int4_product(out.reshape(len(rows), -1), *attn.o_proj.int4)
+        return int4_product(out.reshape(len(rows), -1), *attn.o_proj.operands)
 
     def _mlp(self, rows):
         mlp = self.mlp
         gate, up = int4_product(rows, *self.gate_up).chunk(2, -1)
-        return int4_product(mlp.act_fn(gate) * up, *mlp.down_proj.int4)
+        return int4_product(mlp.act_fn(gate) * up, *mlp.down_proj.operands)
 
 
 def use_lean_layers(model: torch.nn.Module) -> int:
-    """Switch every Llama layer whose seven projections are bias-free Int4Linear (row counts stacking whole
+    """Switch every Llama layer whose seven projections are bias-free GgufLinear (row counts stacking whole
     packed blocks) to LeanLlamaLayer, or fuse a lean layer's operands anew (after its projections moved to
     another kernel); returns how many were switched or fused."""
     switched = 0

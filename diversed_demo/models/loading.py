@@ -179,7 +179,7 @@ def load_target(target: str, device: torch.device, dtype: torch.dtype):
 def use_4bit_products(model, gguf: Path | None = None) -> None:
     """The model's decoding products on its GGUF's own 4-bit weights, where that pays here, on the 4-bit
     kernel that serves now, with lean layers over them; again (without `gguf`: the one it was loaded from)
-    to move them to a kernel that became available (models/amx_int4.py)."""
+    to move them to a kernel that became available (models/amx_gguf.py)."""
     gguf = gguf or getattr(model, "gguf_path", None)
     if gguf is not None and use_gguf_int4(model, gguf):
         model.gguf_path = gguf

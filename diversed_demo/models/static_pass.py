@@ -44,7 +44,12 @@ class StaticPass(nn.Module):
         self.aux_layer_ids = tuple(aux_layer_ids)
         dtype = decoder.embed_tokens.weight.dtype
         self.register_buffer("embed", decoder.embed_tokens.weight.detach(), persistent=False)
-        self.register_buffer("lm_head", model.get_output_embeddings().weight.detach(), persistent=False)
+        head = model.get_output_embeddings()
+        self.head_operands = len(getattr(head, "operands", ()))  # an 8-bit head on the AMX kernel: 1
+        for j, operand in enumerate(getattr(head, "operands", ())):
+            self.register_buffer(f"lm_head_{j}", operand, persistent=False)
+        if not self.head_operands:
+            self.register_buffer("lm_head", head.weight.detach(), persistent=False)
         self.register_buffer("final_norm", decoder.norm.weight.detach(), persistent=False)
         cos, sin = self._rotary_tables(decoder.rotary_emb, max_len, dtype)
         self.register_buffer("cos", cos, persistent=False)
@@ -52,9 +57,9 @@ class StaticPass(nn.Module):
         for i, layer in enumerate(decoder.layers):
             tensors = {
                 "qkv": layer.qkv,
-                "o": layer.self_attn.o_proj.int4,
+                "o": layer.self_attn.o_proj.operands,
                 "gate_up": layer.gate_up,
-                "down": layer.mlp.down_proj.int4,
+                "down": layer.mlp.down_proj.operands,
             }
             for name, operands in tensors.items():
                 for j, operand in enumerate(operands):
@@ -95,7 +100,12 @@ class StaticPass(nn.Module):
             hidden = hidden + self._mlp(i, hidden)
         last = rms_norm(hidden, self.final_norm, self.eps)
         aux_states = torch.cat(aux, -1) if aux else hidden.new_zeros(k, 0)
-        return F.linear(last, self.lm_head), last, aux_states
+        return self._head(last), last, aux_states
+
+    def _head(self, last: torch.Tensor) -> torch.Tensor:
+        if self.head_operands:
+            return int4_product(last, *(getattr(self, f"lm_head_{j}") for j in range(self.head_operands)))
+        return F.linear(last, self.lm_head)
 
     def _product(self, i: int, name: str, rows: torch.Tensor) -> torch.Tensor:
         return int4_product(rows, *(getattr(self, f"l{i}_{name}_{j}") for j in range(self.n_operands)))

@@ -9,11 +9,11 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from .attention import stock_attention
-from .gguf_int4 import Int4Linear
+from .gguf_int4 import GgufLinear
 from .lean_layer import LeanLlamaLayer
 from .linear import FastLinear
 
-STOCK_CLASS = {FastLinear: torch.nn.Linear, Int4Linear: torch.nn.Linear, LeanLlamaLayer: LlamaDecoderLayer}
+STOCK_CLASS = {FastLinear: torch.nn.Linear, GgufLinear: torch.nn.Linear, LeanLlamaLayer: LlamaDecoderLayer}
 
 
 @contextlib.contextmanager

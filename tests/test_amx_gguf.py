@@ -1,4 +1,4 @@
-"""The AMX 4-bit product (models/amx_int4.py): the dense bf16 weights' product, a row's result independent of
+"""The AMX 4-bit product (models/amx_gguf.py): the dense bf16 weights' product, a row's result independent of
 the rows beside it, and PyTorch's kernel wherever AMX cannot serve."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import subprocess
 import pytest
 import torch
 
-from diversed_demo.models import amx_int4, gguf_int4
+from diversed_demo.models import amx_gguf, gguf_int4
 from diversed_demo.models.gguf_int4 import dequantised, int4_kernel
 
 needs_amx = pytest.mark.skipif(
-    not amx_int4.available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
+    not amx_gguf.available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
 )
 
 
@@ -31,10 +31,23 @@ def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
     weights = dequantised(codes, d, m).bfloat16()  # what the dense bf16 model holds
     hidden = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
     expected = hidden.double() @ weights.double().T
-    out = amx_int4.amx_product(hidden, amx_int4.pack(codes, d, m))
+    out = amx_gguf.amx_product(hidden, amx_gguf.pack_q4(codes, d, m))
     assert out.dtype == torch.bfloat16 and out.shape == (rows, codes.shape[0])
     # float32 accumulation, then one rounding to bf16 (half a unit in the last place: 2⁻⁹ relative)
     torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-4)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_the_8bit_product_is_the_dense_bf16_weights_product(rows):
+    """A Q8_0 LM head: 32 signed codes and one fp16 scale a block."""
+    generator = torch.Generator().manual_seed(rows)
+    codes = torch.randint(-128, 128, (96, 192), generator=generator)
+    d = (torch.rand(96, 6, generator=generator) / 100).half().float()
+    weights = dequantised(codes, d, 0 * d).bfloat16()
+    hidden = torch.randn(rows, 192, generator=generator).bfloat16()
+    out = amx_gguf.amx_product(hidden, amx_gguf.pack_q8(codes, d))
+    torch.testing.assert_close(out.double(), hidden.double() @ weights.double().T, rtol=2**-8, atol=1e-4)
 
 
 @needs_amx
@@ -42,36 +55,36 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     """Greedy speculative decoding repeats target-only exactly only if a verification pass computes each
     token as a one-token pass does."""
     codes, d, m = q4_blocks(seed=1)
-    records = amx_int4.pack(codes, d, m)
+    records = amx_gguf.pack_q4(codes, d, m)
     hidden = torch.randn(16, codes.shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
-    alone = torch.cat([amx_int4.amx_product(row[None], records) for row in hidden])
+    alone = torch.cat([amx_gguf.amx_product(row[None], records) for row in hidden])
     for rows in (2, 5, 8, 16):
-        assert torch.equal(amx_int4.amx_product(hidden[:rows], records), alone[:rows])
+        assert torch.equal(amx_gguf.amx_product(hidden[:rows], records), alone[:rows])
 
 
 @pytest.fixture
 def fresh_choice(monkeypatch, tmp_path):
     """The process's decision taken anew (and put back after)."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
-    monkeypatch.setattr(amx_int4, "_decision", None)
-    monkeypatch.setattr(amx_int4, "loaded", lambda: False)
+    monkeypatch.setattr(amx_gguf, "_decision", None)
+    monkeypatch.setattr(amx_gguf, "loaded", lambda: False)
 
 
 def test_packing_refuses_scales_that_are_not_a_ggufs_fp16():
     codes, d, m = q4_blocks()
     with pytest.raises(ValueError, match="fp16"):
-        amx_int4.pack(codes, d / 3, m)
+        amx_gguf.pack_q4(codes, d / 3, m)
 
 
 def test_switched_off_the_pytorch_kernel_serves(fresh_choice, monkeypatch):
-    monkeypatch.setenv(amx_int4.SWITCH, "0")
-    assert not amx_int4.available()
+    monkeypatch.setenv(amx_gguf.SWITCH, "0")
+    assert not amx_gguf.available()
     assert int4_kernel(torch.bfloat16) == "aten"
 
 
 def test_a_cpu_without_amx_gets_the_pytorch_kernel(fresh_choice, monkeypatch):
-    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: {"avx512f", "avx512bw"})
-    assert not amx_int4.available()
+    monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    assert not amx_gguf.available()
     assert int4_kernel(torch.bfloat16) == "aten"
 
 
@@ -79,22 +92,22 @@ def test_a_failed_build_says_why_and_the_pytorch_kernel_serves(fresh_choice, mon
     def no_compiler(path):
         raise subprocess.CalledProcessError(1, ["g++"], stderr="g++: fatal error: no input files")
 
-    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: amx_int4.CPU_FLAGS)
-    monkeypatch.setattr(amx_int4, "build", no_compiler)
-    assert not amx_int4.available(wait=True)
+    monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: amx_gguf.CPU_FLAGS)
+    monkeypatch.setattr(amx_gguf, "build", no_compiler)
+    assert not amx_gguf.available(wait=True)
     assert "no input files" in capsys.readouterr().err
 
 
 def test_a_first_start_goes_on_without_it_and_builds_it_in_the_background(fresh_choice, monkeypatch):
     builds = []
-    monkeypatch.setattr(amx_int4, "cpu_flags", lambda: amx_int4.CPU_FLAGS)
-    monkeypatch.setattr(amx_int4, "build", lambda path, background=False: builds.append(background))
-    assert not amx_int4.available() and amx_int4.pending() and not builds  # nothing built at the start
-    assert not amx_int4.upgrade()  # this fake build made no library: it says so and stays without
-    assert builds[0] is True and not amx_int4.pending()
+    monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: amx_gguf.CPU_FLAGS)
+    monkeypatch.setattr(amx_gguf, "build", lambda path, background=False: builds.append(background))
+    assert not amx_gguf.available() and amx_gguf.pending() and not builds  # nothing built at the start
+    assert not amx_gguf.upgrade()  # this fake build made no library: it says so and stays without
+    assert builds[0] is True and not amx_gguf.pending()
 
 
 def test_float32_models_never_take_it(monkeypatch):
-    monkeypatch.setattr(amx_int4, "available", lambda: True)
+    monkeypatch.setattr(amx_gguf, "available", lambda: True)
     monkeypatch.setattr(gguf_int4, "amx_pays", lambda: True)
     assert int4_kernel(torch.float32) == "aten" and int4_kernel(torch.bfloat16) == "amx"

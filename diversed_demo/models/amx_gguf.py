@@ -1,9 +1,11 @@
-"""The 4-bit product on Intel AMX (amx_int4.cpp): a pass over up to 16 tokens costs about what one token's
-does, where PyTorch's int4 kernel pays again for every 4 rows (docs/measurements/speed.md).
+"""Products on a GGUF's quantised weights on Intel AMX (amx_gguf.cpp): the 4-bit projections, where a pass
+over up to 16 tokens costs about what one token's does (PyTorch's int4 kernel pays again for every 4 rows),
+and the 8-bit (Q8_0) LM head, which streams half the bytes of its dense bf16 copy
+(docs/measurements/speed.md).
 
 The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
 first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
-models/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_int4_mm`, so the compiled pass
+models/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_mm`, so the compiled pass
 can call it too. It serves only where the CPU has AMX
 (Sapphire Rapids and later Xeons), Linux lends the process its tiles, the build succeeds and the product is
 the faster here; everywhere else PyTorch's int4 kernel does.
@@ -28,7 +30,9 @@ SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would 
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
 FLAGS = ["-O3", "-fPIC", "-std=c++20", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 FLAGS += ["-mf16c", "-mamx-tile", "-mamx-bf16"]
-RECORD = 320  # bytes a block of 16 rows × 32 inputs takes: 256 of codes, 16 fp16 scales, 16 fp16 minima
+# bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
+# 8-bit, 512 of codes and 16 fp16 scales
+Q4_RECORD, Q8_RECORD = 320, 544
 
 
 def cpu_flags() -> set[str]:
@@ -41,7 +45,7 @@ def cpu_flags() -> set[str]:
 
 def library_path() -> Path:
     tag = SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()
-    return cache_dir() / "kernels" / f"amx_int4-{hashlib.sha256(tag).hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"amx_gguf-{hashlib.sha256(tag).hexdigest()[:16]}.so"
 
 
 def build(path: Path, background: bool = False) -> None:
@@ -102,7 +106,7 @@ def decide(wait: bool) -> bool:
 
 def loaded() -> bool:
     try:
-        return torch.ops.diversed.amx_int4_mm is not None
+        return torch.ops.diversed.amx_mm is not None
     except (AttributeError, RuntimeError):
         return False
 
@@ -140,38 +144,64 @@ def register_fake() -> None:
         return
     _fake_registered = True
 
-    @torch.library.register_fake("diversed::amx_int4_mm")
+    @torch.library.register_fake("diversed::amx_mm")
     def _(rows, records):
-        return rows.new_empty(rows.shape[0], records.shape[0] * 32)
+        return rows.new_empty(rows.shape[0], records.shape[0] * 32)  # [M, N]
 
 
 def computes_right() -> bool:
-    """A product of random blocks against the same weights dense, to output rounding."""
+    """Products of random 4-bit and 8-bit blocks against the same weights dense, to output rounding."""
     generator = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 16, (64, 64), generator=generator)
+    rows = torch.randn(3, 64, generator=generator).bfloat16()
     d = (torch.rand(64, 2, generator=generator) / 50).half().float()
     m = (-torch.rand(64, 2, generator=generator) / 10).half().float()
-    rows = torch.randn(3, 64, generator=generator).bfloat16()
-    dense = (codes.view(64, 2, 32) * d[..., None] + m[..., None]).view(64, 64).bfloat16()
-    expected = rows.float() @ dense.float().T
-    return torch.allclose(amx_product(rows, pack(codes, d, m)).float(), expected, rtol=1e-2, atol=1e-2)
+    q4 = torch.randint(0, 16, (64, 64), generator=generator)
+    q8 = torch.randint(-127, 128, (64, 64), generator=generator)
+    for records, codes, minima in ((pack_q4(q4, d, m), q4, m), (pack_q8(q8, d), q8, 0 * m)):
+        dense = (codes.view(64, 2, 32) * d[..., None] + minima[..., None]).view(64, 64).bfloat16()
+        expected = rows.float() @ dense.float().T
+        if not torch.allclose(amx_product(rows, records).float(), expected, rtol=1e-2, atol=1e-2):
+            return False
+    return True
 
 
-def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The kernel's records [N/32, K/32, 2, RECORD] of codes [N, K] (0..15), d and m [N, K/32] (a GGUF's fp16
-    values: the records hold them as fp16)."""
-    if not all(torch.equal(t.half().float(), t.float()) for t in (d, m)):
+def check_fp16(*tensors: torch.Tensor) -> None:
+    if not all(torch.equal(t.half().float(), t.float()) for t in tensors):
         raise ValueError("the scales and minima must be fp16 values, as a GGUF stores them")
+
+
+def records(blocks: torch.Tensor, scales: list[torch.Tensor]) -> torch.Tensor:
+    """[groups of 16 rows, K/32, bytes of codes] and fp16 [N, K/32] tensors as the kernel's records
+    [N/32, K/32, 2, record bytes]: a block's codes, then its fp16 values per row."""
+    groups, n_blocks = blocks.shape[:2]
+    per_block = [
+        t.view(groups, 16, n_blocks).transpose(1, 2).half().contiguous().view(torch.uint8) for t in scales
+    ]
+    joined = torch.cat([blocks, *per_block], -1)
+    return joined.view(groups // 2, 2, n_blocks, joined.shape[-1]).transpose(1, 2).contiguous()
+
+
+def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The kernel's 4-bit records of codes [N, K] (0..15), d and m [N, K/32] (a GGUF's fp16 values)."""
+    check_fp16(d, m)
     n_rows, width = codes.shape
-    groups, blocks = n_rows // 16, width // 32
-    pairs = codes.view(groups, 8, 2, blocks, 32).permute(0, 3, 1, 2, 4)  # group, block, pair, row of pair, k
-    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(groups, blocks, 256).to(torch.uint8)
-    scales = [t.view(groups, 16, blocks).transpose(1, 2).half().contiguous() for t in (d, m)]
-    scales = [t.view(torch.uint8) for t in scales]  # fp16 bytes
-    records = torch.cat([nibbles, *scales], -1)  # [groups, blocks, RECORD]
-    return records.view(groups // 2, 2, blocks, RECORD).transpose(1, 2).contiguous()
+    groups, n_blocks = n_rows // 16, width // 32
+    pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(0, 3, 1, 2, 4)  # group, block, pair, row, input
+    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(groups, n_blocks, 256).to(torch.uint8)
+    return records(nibbles, [d, m])
+
+
+def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The kernel's 8-bit records of codes [N, K] (−128..127) and d [N, K/32] (a GGUF's fp16 values)."""
+    check_fp16(d)
+    n_rows, width = codes.shape
+    groups, n_blocks = n_rows // 16, width // 32
+    blocks = (
+        codes.to(torch.int8).view(groups, 16, n_blocks, 32).transpose(1, 2).reshape(groups, n_blocks, 512)
+    )
+    return records(blocks.view(torch.uint8), [d])
 
 
 def amx_product(rows: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
-    """rows [M ≤ 16, K] bf16 · (the packed weight [N, K])ᵀ -> [M, N] bf16."""
-    return torch.ops.diversed.amx_int4_mm(rows, records)
+    """rows [M ≤ 16, K] bf16 · (the packed 4- or 8-bit weight [N, K])ᵀ -> [M, N] bf16."""
+    return torch.ops.diversed.amx_mm(rows, records)

@@ -1,14 +1,16 @@
-// diversed::amx_int4_mm: rows [M, K] bf16 times a GGUF Q4 weight [N, K] -> [M, N] bf16, with Intel AMX.
+// diversed::amx_mm: rows [M, K] bf16 times a GGUF-quantised weight [N, K] -> [M, N] bf16, with Intel AMX.
 //
-// The weight streams as 4-bit codes. Per block of 16 output rows x 32 inputs the codes become the exact bf16
-// weights (d·q + m rounded once, as the dense bf16 model holds them) through a 16-entry table per row, and
-// one AMX tile product multiplies them by all M rows at once. The codes are unpacked once whatever M is, so
-// a pass over 8 tokens costs about what a pass over one does; every output element is computed the same way
-// whatever M is, so a row's result does not depend on the rows beside it.
+// The weight streams as stored: 4-bit codes (Q4_0/Q4_1 projections) or 8-bit ones (a Q8_0 LM head). Per
+// block of 16 output rows x 32 inputs the codes become the exact bf16 weights (d·q + m rounded once, as the
+// dense bf16 model holds them), and one AMX tile product multiplies them by all M rows at once. The codes
+// are unpacked once whatever M is, so a pass over 8 tokens costs about what a pass over one does; every
+// output element is computed the same way whatever M is, so a row's result does not depend on the rows
+// beside it.
 //
-// Layout (amx_int4.py packs it): records [N/32, K/32, 2, 320] bytes, one per block of 16 rows (two row
-// groups side by side, so a thread streams one array): 256 bytes of codes (byte 32i + k holds row 2i's code
-// for input k in its low nibble, row 2i+1's in its high nibble), then 16 fp16 scales d and 16 fp16 minima m.
+// Layout (amx_gguf.py packs it): records [N/32, K/32, 2, size] bytes, one per block of 16 rows (two row
+// groups side by side, so a thread streams one array). 4-bit, 320 bytes: 256 of codes (byte 32i + k holds
+// row 2i's code for input k in its low nibble, row 2i+1's in its high nibble), 16 fp16 scales d, 16 fp16
+// minima m. 8-bit, 544 bytes: 512 signed codes (row-major), 16 fp16 scales d.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -21,7 +23,7 @@
 
 namespace {
 
-constexpr int RECORD = 320;
+constexpr int Q4_RECORD = 320, Q8_RECORD = 544;
 constexpr int AHEAD = 4;  // blocks prefetched ahead
 
 struct TileConfig {
@@ -39,8 +41,8 @@ void configure(int64_t M) {
   _tile_loadconfig(&cfg);
 }
 
-// One record's 16 x 32 codes as bf16 weights, row-major, into `a`.
-inline void dequantise(const uint8_t* record, uint16_t* a) {
+// One 4-bit record's 16 x 32 codes as bf16 weights, row-major, into `a`: a 16-entry table per row.
+inline void dequantise_q4(const uint8_t* record, uint16_t* a) {
   alignas(64) float d[16], m[16];
   _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 256))));
   _mm512_store_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 288))));
@@ -58,7 +60,22 @@ inline void dequantise(const uint8_t* record, uint16_t* a) {
   }
 }
 
+// One 8-bit record's 16 x 32 codes as bf16 weights, row-major, into `a`.
+inline void dequantise_q8(const uint8_t* record, uint16_t* a) {
+  alignas(64) float d[16];
+  _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 512))));
+  for (int row = 0; row < 16; ++row) {
+    const __m512 scale = _mm512_set1_ps(d[row]);
+    const uint8_t* codes = record + 32 * row;
+    __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)codes)));
+    __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + 16))));
+    __m512i weights = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(high, scale), _mm512_mul_ps(low, scale));
+    _mm512_store_si512((__m512i*)(a + 32 * row), weights);
+  }
+}
+
 // Output columns [32 p0, 32 p1) for all M rows.
+template <int RECORD, void (*dequantise)(const uint8_t*, uint16_t*)>
 void row_pairs(const uint32_t* inputs, int64_t M, int64_t K, const uint8_t* records, c10::BFloat16* out,
                int64_t N, int64_t p0, int64_t p1) {
   configure(M);
@@ -101,10 +118,12 @@ bool amx_permitted() {  // Linux lends a process the tile registers only on requ
   return permitted;
 }
 
-at::Tensor amx_int4_mm(const at::Tensor& rows, const at::Tensor& records) {
+at::Tensor amx_mm(const at::Tensor& rows, const at::Tensor& records) {
   TORCH_CHECK(amx_permitted(), "the kernel cannot use AMX here");
   TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kBFloat16, "rows must be [M, K] bf16");
-  TORCH_CHECK(records.dim() == 4 && records.size(2) == 2 && records.size(3) == RECORD, "not packed records");
+  const int64_t size = records.size(-1);
+  TORCH_CHECK(records.dim() == 4 && records.size(2) == 2 && (size == Q4_RECORD || size == Q8_RECORD),
+              "not packed records");
   const int64_t M = rows.size(0), K = rows.size(1), N = records.size(0) * 32;
   TORCH_CHECK(M >= 1 && M <= 16 && K == records.size(1) * 32, "1..16 rows of the weight's input width");
   at::Tensor x = rows.contiguous();
@@ -116,12 +135,13 @@ at::Tensor amx_int4_mm(const at::Tensor& rows, const at::Tensor& records) {
   at::Tensor out = at::empty({M, N}, x.options());
   auto weights = records.contiguous();
   at::parallel_for(0, N / 32, 2, [&](int64_t begin, int64_t end) {
-    row_pairs(pairs, M, K, weights.data_ptr<uint8_t>(), out.data_ptr<c10::BFloat16>(), N, begin, end);
+    auto run = size == Q4_RECORD ? row_pairs<Q4_RECORD, dequantise_q4> : row_pairs<Q8_RECORD, dequantise_q8>;
+    run(pairs, M, K, weights.data_ptr<uint8_t>(), out.data_ptr<c10::BFloat16>(), N, begin, end);
   });
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(diversed, m) { m.def("amx_int4_mm(Tensor rows, Tensor records) -> Tensor"); }
-TORCH_LIBRARY_IMPL(diversed, CPU, m) { m.impl("amx_int4_mm", &amx_int4_mm); }
+TORCH_LIBRARY(diversed, m) { m.def("amx_mm(Tensor rows, Tensor records) -> Tensor"); }
+TORCH_LIBRARY_IMPL(diversed, CPU, m) { m.impl("amx_mm", &amx_mm); }
