@@ -41,7 +41,7 @@ def command_line() -> str:
 def pair_from_args(args, compiled: str | None = None):
     """The pair the arguments name; compiled = "background" or "wait" also gives its target the compiled
     decoding pass where one applies (models/compiled_pass.py): built in the background, or before
-    returning (the bench times what decodes run on; so is the AMX 4-bit kernel, models/amx_gguf.py)."""
+    returning (the bench times what decodes run on; so is the AMX kernel, models/amx_gguf.py)."""
     from .eval.dtype_choice import choice_note, load_measured_pair
     from .models import amx_gguf
     from .models.compiled_build import prepare

@@ -6,9 +6,9 @@ and the 8-bit (Q8_0) LM head, which streams half the bytes of its dense bf16 cop
 The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
 first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
 models/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_mm`, so the compiled pass
-can call it too. It serves only where the CPU has AMX
-(Sapphire Rapids and later Xeons), Linux lends the process its tiles, the build succeeds and the product is
-the faster here; everywhere else PyTorch's int4 kernel does.
+can call it too. It serves only where the CPU has AMX (Sapphire Rapids and later Xeons), Linux lends the
+process its tiles, the build succeeds and the product is the faster here; everywhere else PyTorch's int4
+kernel and the dense LM head do.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def upgrade() -> bool:
 
 def say_why(err: Exception) -> None:
     detail = getattr(err, "stderr", "") or err
-    print(f"the AMX int4 kernel is not used ({str(detail).strip()[-300:]})", file=sys.stderr)
+    print(f"the AMX kernel for the GGUF weights is not used ({str(detail).strip()[-300:]})", file=sys.stderr)
 
 
 def register_fake() -> None:

@@ -32,8 +32,8 @@ def prepare(pair, wait: bool = False, log=print) -> None:
     background process (or, with wait, before returning)."""
     if os.environ.get(SWITCH, "auto") == "off" or pair.target.device.type != "cpu":
         return
-    if amx_gguf.pending():  # first the 4-bit kernel (seconds), so that the pass compiles over it
-        log("building the AMX 4-bit kernel in the background (about 10 s), then the compiled pass")
+    if amx_gguf.pending():  # first the AMX kernel (seconds), so that the pass compiles over it
+        log("building the AMX kernel in the background (about 10 s), then the compiled pass")
         work = functools.partial(upgrade_then_prepare, pair, log)
         if wait:
             return work()
