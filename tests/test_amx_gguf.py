@@ -51,11 +51,12 @@ def test_the_8bit_product_is_the_dense_bf16_weights_product(rows):
 
 
 @needs_amx
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
     """Greedy speculative decoding repeats target-only exactly only if a verification pass computes each
     token as a one-token pass does."""
     codes, d, m = q4_blocks(seed=1)
-    records = amx_gguf.pack_q4(codes, d, m)
+    records = amx_gguf.pack_q4(codes, d, m) if bits == 4 else amx_gguf.pack_q8(codes * 16 - 128, d)
     hidden = torch.randn(16, codes.shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
     alone = torch.cat([amx_gguf.amx_product(row[None], records) for row in hidden])
     for rows in (2, 5, 8, 16):
