@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from tiny import tiny_q4_model
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.models import compiled_pass, gguf_int4
 from diversed_demo.models.attention import use_grouped_attention
+from diversed_demo.models.compiled_build import prune
 from diversed_demo.models.compiled_pass import CompiledPass, agrees_with_eager, attach, build_package
 from diversed_demo.models.gguf_int4 import use_gguf_int4
 from diversed_demo.models.lean_layer import use_lean_layers
@@ -131,7 +134,9 @@ def test_one_decode_at_a_time_holds_the_compiled_pass(lean_model):
 @pytest.mark.slow
 def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path):
     path = build_package(lean_model, AUX, tmp_path / "pass.pt2")
+    os.utime(path, (0, 0))
     assert attach(lean_model, AUX, path) is lean_model.compiled_pass
+    assert path.stat().st_mtime > time.time() - 60  # loading marks it in use, against pruning
     feeds, rollbacks = random_feeds(2, lean_model.config.vocab_size, passes=8)
     compiled, held = decode_like(lean_model, feeds, rollbacks)
     assert held
@@ -140,6 +145,18 @@ def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path)
     for (a, _, a_aux), (b, _, b_aux) in zip(static, compiled, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # inductor fuses away some bf16 roundings
         torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05)
+
+
+def test_packages_no_start_loaded_for_a_month_are_removed(tmp_path):
+    old, fresh, wanted = (tmp_path / f"{name}.pt2" for name in ("old", "fresh", "wanted"))
+    for package in (old, fresh, wanted):
+        package.write_bytes(b"package")
+    old.with_suffix(".log").write_text("its build log")
+    month_ago = time.time() - 31 * 86400
+    for package in (old, wanted):
+        os.utime(package, (month_ago, month_ago))
+    assert prune(tmp_path, keep={wanted}) == [old]
+    assert fresh.exists() and wanted.exists() and not old.exists() and not old.with_suffix(".log").exists()
 
 
 def test_a_package_that_disagrees_is_not_attached(lean_model):

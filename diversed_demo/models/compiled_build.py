@@ -37,7 +37,7 @@ def prepare(pair, wait: bool = False, log=print) -> None:
         work = functools.partial(upgrade_then_prepare, pair, log)
         if wait:
             return work()
-        threading.Thread(target=work, daemon=True, name="amx-int4-build").start()
+        threading.Thread(target=work, daemon=True, name="amx-kernel-build").start()
         return
     attach_or_build(pair, wait, log)
 
@@ -53,6 +53,10 @@ def attach_or_build(pair, wait: bool, log) -> None:
     parts = compiled_parts(pair)
     for path in [path for path in parts if path.exists()]:
         parts.pop(path)(log)
+    if parts:
+        removed = prune(next(iter(parts)).parent, keep=set(parts))
+        if removed:
+            log(f"removed {len(removed)} compiled packages no start used for {UNUSED_DAYS} days")
     if not parts:
         return
     build_log = next(iter(parts)).with_suffix(".log")
@@ -71,6 +75,22 @@ def attach_or_build(pair, wait: bool, log) -> None:
         finish()
     else:
         threading.Thread(target=finish, daemon=True, name="compiled-pass").start()
+
+
+UNUSED_DAYS = 30
+
+
+def prune(folder: Path, keep: set[Path], days: int = UNUSED_DAYS) -> list[Path]:
+    """Delete the compiled packages in `folder` (and their build logs) that no start has loaded for `days`,
+    but those in `keep`: every version of the code builds its own, a few hundred MB each."""
+    cutoff = time.time() - days * 86400
+    removed = []
+    for package in sorted(folder.glob("*.pt2")):
+        if package not in keep and package.stat().st_mtime < cutoff:
+            package.unlink(missing_ok=True)
+            package.with_suffix(".log").unlink(missing_ok=True)
+            removed.append(package)
+    return removed
 
 
 def compiled_parts(pair) -> dict[Path, Callable]:

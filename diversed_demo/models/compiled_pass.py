@@ -14,6 +14,7 @@ template replaces keep a packed copy of their weights inside the package.)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -167,6 +168,8 @@ def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | N
 def load_runner(module, path: Path) -> CompiledPass:
     """A compiled package of `module`, run over the module's buffers (shared, not copied)."""
     runner = torch._inductor.aoti_load_package(str(path))
+    with contextlib.suppress(OSError):
+        os.utime(path)  # in use: pruning (compiled_build.prune) keeps it
     buffers = dict(module.named_buffers())
     names = runner.get_constant_fqns()
     runner.load_constants(
