@@ -122,7 +122,8 @@ def choose_n_draft(
 
 def weight_bytes(model) -> int:
     """The bytes of weights a one-token pass streams, each tensor once (tied embeddings are one tensor; a
-    projection on its 4-bit GGUF weights counts those, not the dense copy it keeps for prompts)."""
+    projection or LM head on its GGUF's quantised weights counts those, not the dense copy it keeps for
+    prompts)."""
     tensors = {id(p): p for p in model.parameters()}
     for module in model.modules():
         if isinstance(module, GgufLinear):

@@ -85,9 +85,9 @@ def available(wait: bool = False) -> bool:
 
 
 def decide(wait: bool) -> bool:
+    global _pending
     if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
         return False
-    global _pending
     path = library_path()
     try:
         if not loaded() and not path.exists() and not wait:
@@ -170,7 +170,7 @@ def check_fp16(*tensors: torch.Tensor) -> None:
         raise ValueError("the scales and minima must be fp16 values, as a GGUF stores them")
 
 
-def records(blocks: torch.Tensor, scales: list[torch.Tensor]) -> torch.Tensor:
+def to_records(blocks: torch.Tensor, scales: list[torch.Tensor]) -> torch.Tensor:
     """[groups of 16 rows, K/32, bytes of codes] and fp16 [N, K/32] tensors as the kernel's records
     [N/32, K/32, 2, record bytes]: a block's codes, then its fp16 values per row."""
     groups, n_blocks = blocks.shape[:2]
@@ -188,7 +188,7 @@ def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tens
     groups, n_blocks = n_rows // 16, width // 32
     pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(0, 3, 1, 2, 4)  # group, block, pair, row, input
     nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(groups, n_blocks, 256).to(torch.uint8)
-    return records(nibbles, [d, m])
+    return to_records(nibbles, [d, m])
 
 
 def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -199,7 +199,7 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     blocks = (
         codes.to(torch.int8).view(groups, 16, n_blocks, 32).transpose(1, 2).reshape(groups, n_blocks, 512)
     )
-    return records(blocks.view(torch.uint8), [d])
+    return to_records(blocks.view(torch.uint8), [d])
 
 
 def amx_product(rows: torch.Tensor, records: torch.Tensor) -> torch.Tensor:

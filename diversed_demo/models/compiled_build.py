@@ -51,10 +51,11 @@ def upgrade_then_prepare(pair, log) -> None:
 
 def attach_or_build(pair, wait: bool, log) -> None:
     parts = compiled_parts(pair)
+    wanted = set(parts)
     for path in [path for path in parts if path.exists()]:
         parts.pop(path)(log)
     if parts:
-        removed = prune(next(iter(parts)).parent, keep=set(parts))
+        removed = prune(next(iter(parts)).parent, keep=wanted)
         if removed:
             log(f"removed {len(removed)} compiled packages no start used for {UNUSED_DAYS} days")
     if not parts:

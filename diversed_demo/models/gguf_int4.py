@@ -157,8 +157,9 @@ def int4_kernel(dtype: torch.dtype) -> str:
 
 
 def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:
-    """{module name: the kernel's operands} for the model's projections stored as Q4 blocks in its GGUF, or
-    None where the GGUF's blocks do not give exactly the model's weights. Built once (seconds) and kept in
+    """{module name: the kernel's operands} for the model's projections stored as Q4 blocks in its GGUF (and,
+    on the AMX kernel, its Q8_0 LM head), or None where the GGUF's blocks do not give exactly the model's
+    weights. Built once (seconds) and kept in
     the user cache; the packing depends on the kernel, the CPU's vector width and PyTorch, so all are in
     the key."""
     dtype = next(model.parameters()).dtype
@@ -201,9 +202,9 @@ def q8_head_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple
 
 
 def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
-    """Switch the model's projections stored as Q4 blocks in its GGUF to GgufLinear, where the model runs in
-    bf16 or fp16 on the CPU and the int4 product is the faster here (`int4_pays`); returns how many were
-    switched."""
+    """Switch the model's projections stored as Q4 blocks in its GGUF (and, on the AMX kernel, its Q8_0 LM
+    head) to GgufLinear, where the model runs in bf16 or fp16 on the CPU and the int4 product is the faster
+    here (`int4_pays`); returns how many were switched."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
