@@ -25,7 +25,7 @@ def q4_blocks(n_rows=96, n_cols=192, seed=0):
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 17, 48, 83])  # beyond 16: chunks of 16, an odd last one
 def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
     codes, d, m = q4_blocks()
     weights = dequantised(codes, d, m).bfloat16()  # what the dense bf16 model holds
@@ -38,7 +38,7 @@ def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 5, 16, 40])
 def test_the_8bit_product_is_the_dense_bf16_weights_product(rows):
     """A Q8_0 LM head: 32 signed codes and one fp16 scale a block."""
     generator = torch.Generator().manual_seed(rows)
@@ -54,12 +54,12 @@ def test_the_8bit_product_is_the_dense_bf16_weights_product(rows):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
     """Greedy speculative decoding repeats target-only exactly only if a verification pass computes each
-    token as a one-token pass does."""
+    token as a one-token pass does (and a prompt's pass, beyond 16 rows, as those do)."""
     codes, d, m = q4_blocks(seed=1)
     records = amx_gguf.pack_q4(codes, d, m) if bits == 4 else amx_gguf.pack_q8(codes * 16 - 128, d)
-    hidden = torch.randn(16, codes.shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
+    hidden = torch.randn(50, codes.shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
     alone = torch.cat([amx_gguf.amx_product(row[None], records) for row in hidden])
-    for rows in (2, 5, 8, 16):
+    for rows in (2, 5, 8, 16, 17, 33, 50):
         assert torch.equal(amx_gguf.amx_product(hidden[:rows], records), alone[:rows])
 
 

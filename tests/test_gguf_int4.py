@@ -126,6 +126,20 @@ def test_a_q8_lm_head_is_multiplied_as_stored_on_the_amx_kernel(tmp_path, kernel
         assert weight_bytes(model) < dense_bytes - head.weight.numel()
 
 
+def test_a_prompts_products_take_the_blocks_on_amx_and_the_dense_weight_on_pytorchs_kernel(tmp_path, kernel):
+    """The AMX kernel converts a block once for any number of rows, so a prompt's products run on the 4-bit
+    blocks too; PyTorch's kernel would pay again for every 4 rows, so there they take the dense weight."""
+    model, path = tiny_int4_model(tmp_path)
+    use_gguf_int4(model, path)
+    projection = model.model.layers[0].mlp.down_proj
+    rows = torch.randn(40, projection.in_features, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.inference_mode():
+        out = projection(rows)
+        on_blocks = int4_product(rows, *projection.operands)
+        dense = torch.nn.functional.linear(rows, projection.weight)
+    assert torch.equal(out, on_blocks if kernel == "amx" else dense)
+
+
 def passes(model, ids, sizes):
     """Logits and aux hidden states of a prompt pass and then passes of `sizes` tokens, each rolled back."""
     lm = CachedLM(model, model.config.vocab_size, aux_layer_ids=[0, 1])

@@ -3,11 +3,18 @@ differ), and the feature draft's cached attention."""
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+
+def cache_keyword(forward) -> str:
+    """The argument under which a model's or layer's forward takes its KV cache: transformers 5.24 renamed
+    past_key_values (the old name then warns) to cache; earlier versions know only the old one."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 class CachedLM:
@@ -29,6 +36,7 @@ class CachedLM:
             aux_layer_ids
         )  # hidden_states to return besides the last, for a feature draft
         self.cache = DynamicCache(config=model.config)
+        self.cache_keyword = cache_keyword(self.decoder.forward)
         self.lengths = [0] * rows  # sequence tokens each row's cache holds
         self.slot_positions = None  # [rows, slots]: each slot's position in its row's sequence, −1 for a hole
         # The model's compiled pass (models/compiled_pass.py), while this one-row LM holds it: after the
@@ -60,8 +68,8 @@ class CachedLM:
                 )
         out = self.decoder(
             input_ids=tokens.view(1, -1),
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_keyword: self.cache},
             output_hidden_states=bool(self.aux_layer_ids),
         )
         self.lengths[0] += k
@@ -112,8 +120,8 @@ class CachedLM:
         self.slot_positions = torch.cat([self.slot_positions, positions], 1)
         out = self.decoder(
             input_ids=tokens,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_keyword: self.cache},
             attention_mask=(self.slot_positions >= 0).long(),
             position_ids=(starts + offsets),
             output_hidden_states=bool(self.aux_layer_ids),

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
+from ..core.cache import cache_keyword
 from ..core.sampling import sample
 
 
@@ -63,8 +64,8 @@ def generate_batch(
             input_ids=token[:, None],
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **{cache_keyword(target.forward): cache},
         ).logits[:, -1]
     return list(zip(responses, ended))
 
@@ -84,9 +85,9 @@ def prefill(target, prompts: list[list[int]], pad_id: int):
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_keyword(target.forward): cache},
         ).logits[:, -1]
     return logits, cache, mask, positions
 

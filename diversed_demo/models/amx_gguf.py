@@ -1,7 +1,7 @@
 """Products on a GGUF's quantised weights on Intel AMX (amx_gguf.cpp): the 4-bit projections, where a pass
-over up to 16 tokens costs about what one token's does (PyTorch's int4 kernel pays again for every 4 rows),
-and the 8-bit (Q8_0) LM head, which streams half the bytes of its dense bf16 copy
-(docs/measurements/speed.md).
+over up to 16 tokens costs about what one token's does (PyTorch's int4 kernel pays again for every 4 rows)
+and a prompt's pass runs faster than on the dense weights, and the 8-bit (Q8_0) LM head, which streams half
+the bytes of its dense bf16 copy (docs/measurements/speed.md).
 
 The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
 first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
@@ -203,5 +203,5 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def amx_product(rows: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
-    """rows [M ≤ 16, K] bf16 · (the packed 4- or 8-bit weight [N, K])ᵀ -> [M, N] bf16."""
+    """rows [M, K] bf16 · (the packed 4- or 8-bit weight [N, K])ᵀ -> [M, N] bf16."""
     return torch.ops.diversed.amx_mm(rows, records)

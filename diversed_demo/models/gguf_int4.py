@@ -5,8 +5,10 @@ computes (q − 8)·scale + zero per block of 32, so scale = d and zero = m + 8d
 the scales rounded to the activations' dtype. A one-token pass then streams about 4.5 bits a weight
 instead of 16. The products of a few rows (decoding, verification) use it; longer ones (prompts) keep the
 dense weight, which the kernel's per-4-row dequantisation would make slower. Where the CPU has AMX, the
-project's own kernel (amx_gguf.py) takes PyTorch's place: its cost hardly grows with the rows; and a Q8_0 LM
-head (SmolLM2's tied embedding) is multiplied as stored too, at 8.5 bits a weight instead of 16.
+project's own kernel (amx_gguf.py) takes PyTorch's place for products of any length: it converts each block
+once however many rows there are, so a pass over 16 tokens costs about what one token's does and a prompt
+runs faster than on the dense weight; and a Q8_0 LM head (SmolLM2's tied embedding) is multiplied as stored
+too, at 8.5 bits a weight instead of 16.
 
 A projection's operands are PyTorch's (packed codes, scales and zeros) or AMX's (records,): `int4_product`
 tells them apart by their number.
@@ -28,8 +30,8 @@ from . import amx_gguf
 from .gguf_cache import gguf_key
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
-# At most this many rows use the int4 product, more the dense weight: every verification pass; int4 stays
-# the faster to ~16 rows here (docs/measurements/speed.md).
+# At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass; int4
+# stays the faster to ~16 rows here (docs/measurements/speed.md). The AMX kernel takes any number.
 INT4_ROWS = 8
 OPERANDS = 2  # the cached operands' format: 2 adds the AMX kernel's 8-bit LM head
 LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module names in a Llama layer
@@ -51,6 +53,11 @@ def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
 
 
+def takes_rows(operands: tuple[torch.Tensor, ...], rows: int) -> bool:
+    """Whether a product of `rows` rows runs on these quantised operands rather than the dense weight."""
+    return len(operands) == 1 or rows <= INT4_ROWS
+
+
 def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """The operands of several projections of the same input as one: a product computes them all (their
     row counts must be multiples of the kernels' packing, 64 rows)."""
@@ -60,15 +67,15 @@ def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, .
 
 
 class GgufLinear(torch.nn.Linear):
-    """nn.Linear whose products of at most INT4_ROWS rows use its GGUF's quantised weight (`operands`: a
-    4-bit kernel's, or the AMX records of an 8-bit LM head); the dense weight stays for longer products and
-    for stock comparisons."""
+    """nn.Linear whose products use its GGUF's quantised weight (`operands`: a 4-bit kernel's, or the AMX
+    records of an 8-bit LM head) where `takes_rows`; the dense weight stays for longer products on PyTorch's
+    kernel and for stock comparisons."""
 
     operands: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if len(rows) > INT4_ROWS or input.dtype != self.weight.dtype:
+        if not takes_rows(self.operands, len(rows)) or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         out = int4_product(rows, *self.operands)
         if self.bias is not None:

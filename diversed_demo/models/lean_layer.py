@@ -7,13 +7,12 @@ layer cuts their number. Passes over more rows (prompts) run transformers' own l
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
 
-from .gguf_int4 import INT4_ROWS, GgufLinear, int4_product, stack_operands
+from ..core.cache import cache_keyword
+from .gguf_int4 import GgufLinear, int4_product, stack_operands, takes_rows
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -22,8 +21,7 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 
 # transformers 5.24 renamed a layer's past_key_values argument to cache: take either, hand on the one it has.
-LAYER_ARGUMENTS = inspect.signature(LlamaDecoderLayer.forward).parameters
-CACHE_ARGUMENT = "cache" if "cache" in LAYER_ARGUMENTS else "past_key_values"
+CACHE_ARGUMENT = cache_keyword(LlamaDecoderLayer.forward)
 
 # The kernels pack output rows in blocks of 64 (PyTorch's with AVX-512; 32 with AVX2 and in the AMX one):
 # projections whose row counts are multiples of it stack by concatenating their packed operands.
@@ -42,8 +40,9 @@ def fusable(projections) -> bool:
 
 
 class LeanLlamaLayer(LlamaDecoderLayer):
-    """LlamaDecoderLayer whose passes over at most INT4_ROWS tokens take the short path above (`qkv` and
-    `gate_up`: the fused int4 operands); same parameters and state dict."""
+    """LlamaDecoderLayer whose passes that the 4-bit kernel takes (`gguf_int4.takes_rows`: a few tokens on
+    PyTorch's, any number on the AMX one) take the short path above (`qkv` and `gate_up`: the fused 4-bit
+    operands); same parameters and state dict."""
 
     qkv: tuple[torch.Tensor, ...]
     gate_up: tuple[torch.Tensor, ...]
@@ -52,7 +51,7 @@ class LeanLlamaLayer(LlamaDecoderLayer):
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         batch, length, width = hidden_states.shape
-        if batch * length > INT4_ROWS or kwargs.get("output_attentions"):
+        if not takes_rows(self.qkv, batch * length) or kwargs.get("output_attentions"):
             kwargs[CACHE_ARGUMENT] = cache
             return super().forward(hidden_states, attention_mask, position_ids, **kwargs)
         norm = self.input_layernorm
