@@ -1,8 +1,9 @@
-"""A Llama decoder layer for few-token passes over 4-bit weights: one product for q, k and v, one for gate
-and up, the rotary embedding applied to q and k at once, and no submodule calls in between.
+"""A Llama decoder layer for passes over 4-bit weights: one product for q, k and v, one for gate and up, the
+rotary embedding applied to q and k at once, and no submodule calls in between.
 
 With the weights at 4 bits a decoding pass is mostly per-call overhead of small operations and modules; this
-layer cuts their number. Passes over more rows (prompts) run transformers' own layer.
+layer cuts their number. It takes every pass the 4-bit kernel takes (a few tokens on PyTorch's, a prompt too
+on the AMX one); longer passes run transformers' own layer on the dense weights.
 """
 
 from __future__ import annotations
