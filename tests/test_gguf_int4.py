@@ -138,6 +138,10 @@ def test_a_prompts_products_take_the_blocks_on_amx_and_the_dense_weight_on_pytor
         on_blocks = int4_product(rows, *projection.operands)
         dense = torch.nn.functional.linear(rows, projection.weight)
     assert torch.equal(out, on_blocks if kernel == "amx" else dense)
+    rows.requires_grad_(True)  # the kernels have no gradient: such products take the dense weight
+    projection(rows).float().sum().backward()
+    expected = (torch.ones(1, projection.out_features).bfloat16() @ projection.weight).expand_as(rows)
+    torch.testing.assert_close(rows.grad, expected)
 
 
 def passes(model, ids, sizes):

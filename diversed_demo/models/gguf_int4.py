@@ -53,9 +53,12 @@ def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
 
 
-def takes_rows(operands: tuple[torch.Tensor, ...], rows: int) -> bool:
-    """Whether a product of `rows` rows runs on these quantised operands rather than the dense weight."""
-    return len(operands) == 1 or rows <= INT4_ROWS
+def takes_rows(operands: tuple[torch.Tensor, ...], rows: torch.Tensor) -> bool:
+    """Whether a product of these rows [M, ·] runs on the quantised operands rather than the dense weight
+    (which also serves rows that need a gradient: the kernels have none)."""
+    if rows.requires_grad:
+        return False
+    return len(operands) == 1 or len(rows) <= INT4_ROWS
 
 
 def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -75,7 +78,7 @@ class GgufLinear(torch.nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if not takes_rows(self.operands, len(rows)) or input.dtype != self.weight.dtype:
+        if not takes_rows(self.operands, rows) or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         out = int4_product(rows, *self.operands)
         if self.bias is not None:

@@ -52,7 +52,7 @@ class LeanLlamaLayer(LlamaDecoderLayer):
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         batch, length, width = hidden_states.shape
-        if not takes_rows(self.qkv, batch * length) or kwargs.get("output_attentions"):
+        if not takes_rows(self.qkv, hidden_states.view(-1, width)) or kwargs.get("output_attentions"):
             kwargs[CACHE_ARGUMENT] = cache
             return super().forward(hidden_states, attention_mask, position_ids, **kwargs)
         norm = self.input_layernorm
