@@ -6,7 +6,7 @@ import pytest
 import torch
 from stats import chi_square_pvalue
 
-from diversed_demo.core.sampling import sample, sampling_probs
+from diversed_demo.core.sampling import greedy_tokens, sample, sampling_probs
 from diversed_demo.core.verify import (
     acceptance_prob,
     ensemble_probs,
@@ -90,6 +90,15 @@ def test_greedy_rule_accepts_while_draft_is_argmax_nu():
         drafts, q, p, 0.3
     )  # nu(1) = .3·.3 + .7·.7 > nu(0): accept, bonus argmax p
     assert (n_acc, int(nxt)) == (2, 2)
+
+
+def test_greedy_tokens_take_the_first_of_tied_maxima_as_argmax_does():
+    """Greedy decoding breaks ties as transformers' argmax does, so target-only repeats its text."""
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        probs = torch.randint(0, 3, (64, 49152), generator=generator).to(dtype)  # every row has many ties
+        assert torch.equal(greedy_tokens(probs), probs.argmax(-1))
+        assert torch.equal(greedy_tokens(probs[5]), probs[5].argmax(-1))
 
 
 def test_sample_draws_each_row_from_its_own_distribution_and_never_a_zero():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import sample
+from .sampling import greedy_tokens, sample
 
 
 def _weight_column(ensemble_weight, like: torch.Tensor) -> torch.Tensor:
@@ -75,8 +75,8 @@ def verify_block_greedy(draft_tokens, draft_probs, target_probs, ensemble_weight
     or argmax p at the bonus position. Returns (n_accepted, next_token, accept_probs) with accept_probs
     1 or 0, the greedy analogue."""
     n = draft_tokens.shape[0]
-    choice = ensemble_probs(target_probs[:n], draft_probs, ensemble_weight).argmax(dim=-1)
-    choice = torch.cat([choice, target_probs[n:].argmax(dim=-1)])
+    choice = greedy_tokens(ensemble_probs(target_probs[:n], draft_probs, ensemble_weight))
+    choice = torch.cat([choice, greedy_tokens(target_probs[n:])])
     matches = choice[:n].eq(draft_tokens)
     n_accepted = int(matches.int().cumprod(0).sum())
     return n_accepted, choice[n_accepted], matches.float()
