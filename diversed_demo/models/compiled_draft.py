@@ -74,7 +74,7 @@ def build_draft_package(draft, path: Path, inductor_configs: dict | None = None)
     """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute)."""
     module = StaticDraftStep(draft, MAX_LEN)
     return compile_module(
-        module, (torch.zeros(2, draft.hidden_size, dtype=torch.bfloat16),), path, inductor_configs
+        module, (torch.zeros(4, draft.hidden_size, dtype=torch.bfloat16),), path, inductor_configs
     )
 
 

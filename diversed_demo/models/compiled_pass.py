@@ -146,11 +146,13 @@ def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | Non
 
 def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | None = None) -> Path:
     """Export a static module for 1..K_MAX new rows and any used length (its arguments: tokens, positions
-    [k], mask [k, S], then `inputs` with k rows first, for two rows here) and compile it into `path`."""
+    [k], mask [k, S], then `inputs` with k rows first, for four rows here) and compile it into `path`."""
     new = torch.export.Dim("new", min=1, max=K_MAX)
     used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
-    tokens, positions = torch.tensor([1, 2]), torch.tensor([5, 6])
-    mask = torch.arange(7)[None, :] <= positions[:, None]
+    # Example sizes like a verification's over a few hundred positions: inductor sizes its loops from
+    # them (a tiny example left the attention's softmax on one thread).
+    tokens, positions = torch.tensor([1, 2, 3, 4]), torch.arange(252, 256)
+    mask = torch.arange(256)[None, :] <= positions[:, None]
     dynamic = ({0: new}, {0: new}, {0: new, 1: used}, *({0: new} for _ in inputs))
     with torch.no_grad():
         program = torch.export.export(module, (tokens, positions, mask, *inputs), dynamic_shapes=dynamic)
