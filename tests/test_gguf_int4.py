@@ -141,7 +141,10 @@ def test_a_prompts_products_take_the_blocks_on_amx_and_the_dense_weight_on_pytor
     rows.requires_grad_(True)  # the kernels have no gradient: such products take the dense weight
     projection(rows).float().sum().backward()
     expected = (torch.ones(1, projection.out_features).bfloat16() @ projection.weight).expand_as(rows)
-    torch.testing.assert_close(rows.grad, expected)
+    torch.testing.assert_close(rows.grad, expected.detach())
+    projection.weight.requires_grad_(True)  # and so do those whose weight is being trained
+    projection(rows.detach()).float().sum().backward()
+    assert projection.weight.grad is not None
 
 
 def passes(model, ids, sizes):
@@ -156,9 +159,9 @@ def passes(model, ids, sizes):
 
 
 def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
-    """One-token, verification-sized and longer passes (the dense path) through the lean layers and int4
-    products give transformers' logits and features to bf16's precision, and the lean layer the int4
-    projections' own results."""
+    """One-token, verification-sized and longer passes (on PyTorch's kernel the dense path, on AMX the 4-bit
+    blocks too) through the lean layers and 4-bit products give transformers' logits and features to bf16's
+    precision, and the lean layer the 4-bit projections' own results."""
     model, path = tiny_int4_model(tmp_path)
     assert model.config._attn_implementation == GROUPED_SDPA  # one-query passes take its float32 path
     use_gguf_int4(model, path)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import torch
 
 from ..core.cache import cache_keyword
-from ..core.sampling import sample
+from ..core.sampling import greedy_tokens, sample
 
 
 def padding_id(tokenizer) -> int:
@@ -37,13 +37,14 @@ def generate_batch(
     """
     device = target.device
     logits, cache, mask, positions = prefill(target, prompts, pad_id)
+    keyword = cache_keyword(target.forward)
     greedy_rows = torch.tensor(greedy, device=device)
     rows = torch.arange(len(prompts), device=device)  # which original row each live row is
     responses: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
     for step in range(max_new_tokens):
         probs = torch.softmax(logits.float() / temperature, dim=-1)
-        token = torch.where(greedy_rows, probs.argmax(-1), sample(probs, generator))
+        token = torch.where(greedy_rows, greedy_tokens(probs), sample(probs, generator))
         for row, t in zip(rows.tolist(), token.tolist()):
             if not ended[row]:
                 responses[row].append(t)
@@ -65,7 +66,7 @@ def generate_batch(
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            **{cache_keyword(target.forward): cache},
+            **{keyword: cache},
         ).logits[:, -1]
     return list(zip(responses, ended))
 

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <vector>
 
 #define FENCE asm volatile("" ::: "memory")  // GCC's tile intrinsics declare no memory operands
@@ -41,7 +42,7 @@ struct TileConfig {
 // tile 16 x 64 bytes (0-3 outputs, 4-5 weights, 6-7 inputs).
 void configure(int64_t M) {
   TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = M > 16 || t == 2 || t == 3 ? 64 : 4 * M;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = (M > 16 || t == 2 || t == 3) ? 64 : 4 * M;
   _tile_loadconfig(&cfg);
 }
 
@@ -51,7 +52,10 @@ struct Aligned {  // a cache-line-aligned allocator: the kernel's stores of weig
   Aligned() = default;
   template <typename U>
   Aligned(const Aligned<U>&) {}
-  T* allocate(size_t n) { return (T*)std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64); }
+  T* allocate(size_t n) {
+    if (void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)) return (T*)p;
+    throw std::bad_alloc();
+  }
   void deallocate(T* p, size_t) { std::free(p); }
   bool operator==(const Aligned&) const { return true; }
 };
@@ -140,7 +144,7 @@ void few_rows(const uint32_t* inputs, int64_t M, int64_t K, const uint8_t* recor
   _tile_release();
 }
 
-// The same for M > 16 rows (inputs [M/16 chunks][K/2][16], zero-padded). A row pair's blocks become weights
+// The same for M > 16 rows (inputs [ceil(M/16) chunks][K/2][16], zero-padded). A row pair's blocks become weights
 // once, as the first two chunks are multiplied, into a buffer the caches keep for the later chunks. Each
 // block's two weight tiles multiply two chunks at a time: four accumulators amortise the tile loads and
 // hide the products' latency.
@@ -154,15 +158,15 @@ void many_rows(const uint32_t* inputs, int64_t M, int64_t K, const uint8_t* reco
   uint16_t* weights = buffer.data();
   alignas(64) float results[16 * 16];
   for (int64_t p = p0; p < p1; ++p) {
-    for (int64_t h = 0; h < chunks; h += 2) {
-      const uint32_t* first = inputs + h * stride;
-      const uint32_t* second = h + 1 < chunks ? first + stride : first;  // an odd last chunk: twice
+    for (int64_t chunk = 0; chunk < chunks; chunk += 2) {
+      const uint32_t* first = inputs + chunk * stride;
+      const uint32_t* second = chunk + 1 < chunks ? first + stride : first;  // an odd last chunk: twice
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t b = 0; b < blocks; ++b) {
-        if (h == 0) {  // the first chunks convert the blocks as they go, so conversions and products overlap
+        if (chunk == 0) {  // the first chunks convert the blocks as they go, so conversions and products overlap
           const uint8_t* record = records + (p * blocks + b) * 2 * RECORD;
           prefetch_ahead(record, RECORD);
           dequantise(record, weights + 2 * b * 512);
@@ -178,12 +182,12 @@ void many_rows(const uint32_t* inputs, int64_t M, int64_t K, const uint8_t* reco
         _tile_dpbf16ps(2, 4, 7);
         _tile_dpbf16ps(3, 5, 7);
       }
-      c10::BFloat16* rows = out + 16 * h * N + 2 * p * 16;
-      const int64_t count = std::min<int64_t>(16, M - 16 * h);
+      c10::BFloat16* rows = out + 16 * chunk * N + 2 * p * 16;
+      const int64_t count = std::min<int64_t>(16, M - 16 * chunk);
       write_outputs<0>(results, 16, count, rows, N);
       write_outputs<1>(results, 16, count, rows + 16, N);
-      if (h + 1 < chunks) {
-        const int64_t rest = std::min<int64_t>(16, M - 16 * (h + 1));
+      if (chunk + 1 < chunks) {
+        const int64_t rest = std::min<int64_t>(16, M - 16 * (chunk + 1));
         write_outputs<2>(results, 16, rest, rows + 16 * N, N);
         write_outputs<3>(results, 16, rest, rows + 16 * N + 16, N);
       }

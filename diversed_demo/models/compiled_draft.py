@@ -25,6 +25,7 @@ from .static_draft import StaticDraftStep
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
 STEP_SOURCES = (
+    "compiled_draft.py",
     "static_draft.py",
     "static_pass.py",
     "int8_draft.py",

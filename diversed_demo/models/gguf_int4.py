@@ -53,10 +53,10 @@ def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, Q4_BLOCK, scales_zeros)
 
 
-def takes_rows(operands: tuple[torch.Tensor, ...], rows: torch.Tensor) -> bool:
-    """Whether a product of these rows [M, ·] runs on the quantised operands rather than the dense weight
-    (which also serves rows that need a gradient: the kernels have none)."""
-    if rows.requires_grad:
+def uses_quantised(operands: tuple[torch.Tensor, ...], rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a product of these rows [M, ·] runs on the quantised operands rather than the dense weight,
+    which also serves products that need a gradient (the kernels have none)."""
+    if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
         return False
     return len(operands) == 1 or len(rows) <= INT4_ROWS
 
@@ -71,14 +71,14 @@ def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, .
 
 class GgufLinear(torch.nn.Linear):
     """nn.Linear whose products use its GGUF's quantised weight (`operands`: a 4-bit kernel's, or the AMX
-    records of an 8-bit LM head) where `takes_rows`; the dense weight stays for longer products on PyTorch's
-    kernel and for stock comparisons."""
+    records of an 8-bit LM head) where `uses_quantised`; the dense weight stays for longer products on
+    PyTorch's kernel, for gradients and for stock comparisons."""
 
     operands: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if not takes_rows(self.operands, rows) or input.dtype != self.weight.dtype:
+        if not uses_quantised(self.operands, rows, self.weight) or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         out = int4_product(rows, *self.operands)
         if self.bias is not None:

@@ -13,7 +13,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
 
 from ..core.cache import cache_keyword
-from .gguf_int4 import GgufLinear, int4_product, stack_operands, takes_rows
+from .gguf_int4 import GgufLinear, int4_product, stack_operands, uses_quantised
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,7 +41,7 @@ def fusable(projections) -> bool:
 
 
 class LeanLlamaLayer(LlamaDecoderLayer):
-    """LlamaDecoderLayer whose passes that the 4-bit kernel takes (`gguf_int4.takes_rows`: a few tokens on
+    """LlamaDecoderLayer whose passes that the 4-bit kernel takes (`gguf_int4.uses_quantised`: a few tokens on
     PyTorch's, any number on the AMX one) take the short path above (`qkv` and `gate_up`: the fused 4-bit
     operands); same parameters and state dict."""
 
@@ -52,7 +52,8 @@ class LeanLlamaLayer(LlamaDecoderLayer):
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         batch, length, width = hidden_states.shape
-        if not takes_rows(self.qkv, hidden_states.view(-1, width)) or kwargs.get("output_attentions"):
+        on_blocks = uses_quantised(self.qkv, hidden_states.reshape(-1, width), self.self_attn.q_proj.weight)
+        if not on_blocks or kwargs.get("output_attentions"):
             kwargs[CACHE_ARGUMENT] = cache
             return super().forward(hidden_states, attention_mask, position_ids, **kwargs)
         norm = self.input_layernorm
