@@ -26,7 +26,9 @@ def test_mixture_and_acceptance_formulas():
     p, q = random_dists(3, 6, 0), random_dists(3, 6, 1)
     w = torch.tensor([0.0, 0.5, 1.0])
     nu = ensemble_probs(p, q, w)
-    assert torch.allclose(nu[0], q[0]) and torch.allclose(nu[2], p[2])
+    # The endpoints bit for bit (exact decoding's greedy choices are p's own), the mixture between them.
+    assert torch.equal(nu[0], q[0]) and torch.equal(nu[2], p[2])
+    assert torch.allclose(nu[1], 0.5 * p[1] + 0.5 * q[1], atol=1e-7)
     assert torch.allclose(nu.sum(-1), torch.ones(3))
     # E_{x~q}[min(1, nu/q)] = 1 − w·TV(p, q)
     expected = (q * acceptance_prob(nu, q)).sum(-1)

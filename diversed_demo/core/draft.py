@@ -78,19 +78,18 @@ class FeatureDraft:
         features = self.model.fuse(self.pending[: end - self.length])
         hidden, logits = self._step(features, sequence[self.length + 1 : end + 1], self.length)
         self.length, self.pending = end, None
-        tokens, probs, states = [], [], []
+        tokens, small_probs, states = [], [], []
         for step in range(n):
             # Sampled over the draft's own vocabulary (q is 0 elsewhere): the same law, a sixth of the cost.
             index, small_q = sampler(logits)
             token = self.token_ids[index]
             tokens.append(token.view(1))
-            probs.append(self.model.full_probs(small_q))
+            small_probs.append(small_q)
             states.append(hidden[0])
-            if (
-                step < n - 1
-            ):  # the draft's own output stands in for the target's features of the next position
+            if step < n - 1:  # the draft's own output stands in for the next position's target features
                 hidden, logits = self._step(hidden, token.view(1), end + step)
-        return torch.cat(tokens), torch.stack(probs), torch.stack(states)
+        probs = self.model.full_probs(torch.stack(small_probs))  # over the whole vocabulary, once a block
+        return torch.cat(tokens), probs, torch.stack(states)
 
     def _step(self, features, token_ids, start: int):
         """The draft's layer over rows at positions start, start + 1, …: (its last hidden state [1, H], its

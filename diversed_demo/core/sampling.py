@@ -12,10 +12,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float 
     temperature == 0 means greedy; callers use the greedy rule then, but we still return a softmax at
     temperature 1 so that p(x), q(x) and TV stay meaningful for display.
     """
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
-    probs = torch.softmax(logits, dim=-1)
+    if temperature > 0 and temperature != 1:
+        logits = logits.float() / temperature
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
