@@ -75,6 +75,11 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-chat", action="store_true", help="feed the prompt raw, without the chat template"
     )
     parser.add_argument(
+        "--no-lookup",
+        action="store_true",
+        help="greedy decoding: draft without prompt lookup (copies from the text in place of drafted tokens)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print one JSON object with text, summary and events"
     )
     add_pair_arguments(parser)
@@ -115,6 +120,7 @@ def run_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         chat=not args.no_chat,
+        prompt_lookup=not args.no_lookup,
     )
     events = []
     for item in stream:
@@ -800,7 +806,10 @@ def add_bench_arguments(parser) -> None:
     from .eval.bench import DEFAULT_MODES
 
     parser.add_argument(
-        "--modes", default=DEFAULT_MODES, help="comma-separated: ar, exact, static:<w>, dynamic:<head>"
+        "--modes",
+        default=DEFAULT_MODES,
+        help="comma-separated: ar, exact, static:<w>, dynamic:<head>; a name ending in /no-lookup drafts "
+        "without prompt lookup (greedy decoding's copies from the text), e.g. exact/no-lookup",
     )
     parser.add_argument(
         "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"

@@ -18,6 +18,7 @@ import torch
 from .cache import CachedLM
 from .draft import make_draft
 from .head import weight_rule
+from .lookup import PromptLookup
 from .prompt import eos_ids
 from .sampling import Sampler
 from .verify import verify_block, verify_block_greedy
@@ -96,6 +97,7 @@ class Row:
     mode: str = "static"
     ensemble_weight: float = 0.5
     head: object = None
+    prompt_lookup: bool = True  # in greedy decoding, copies from the text may stand in for drafts (lookup.py)
 
 
 def decode_steps(
@@ -109,11 +111,12 @@ def decode_steps(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
+    prompt_lookup: bool = True,
 ):
     """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
     for _, step in decode_rows(
         pair,
-        [Row(prompt_ids, seed, mode, ensemble_weight, head)],
+        [Row(prompt_ids, seed, mode, ensemble_weight, head, prompt_lookup)],
         n_draft,
         max_new_tokens,
         temperature,
@@ -129,12 +132,15 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int):
+def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None):
     """Up to n drafted tokens (none without a draft, or before a feature draft has the target's features of
-    the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None)."""
+    the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None). A PromptLookup, where
+    given, proposes the copies it finds in place of the draft's choices."""
     if draft is None or n <= 0 or not draft.ready(len(sequence)):
         return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
-    return draft.propose(sequence, n, sampler)
+    if lookup is not None:
+        lookup.start(sequence)
+    return draft.propose(sequence, n, sampler, lookup)
 
 
 def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
@@ -161,6 +167,11 @@ def decode_rows(
     samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(r.seed)) for r in rows]
     drafts = [make_draft(pair, row.mode) for row in rows]
     weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
+    # Copies from the text stand in for drafted tokens in greedy decoding only (lookup.py says why).
+    lookups = [
+        PromptLookup() if row.prompt_lookup and sampler.greedy and draft is not None else None
+        for row, sampler, draft in zip(rows, samplers, drafts)
+    ]
     aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
     target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows))
     sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]
@@ -171,7 +182,8 @@ def decode_rows(
         # Never draft past the budget: the step emits at most n + 1 tokens.
         budgets = [min(n_draft, max_new_tokens - emitted[r] - 1) for r in active]
         proposals = [
-            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size) for r, n in zip(active, budgets)
+            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size, lookups[r])
+            for r, n in zip(active, budgets)
         ]
         drafted = clock(device)
         feeds = [

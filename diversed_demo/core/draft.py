@@ -16,6 +16,7 @@ import weakref
 import torch
 
 from .cache import CachedLM, cached_attention
+from .lookup import PromptLookup
 from .sampling import Sampler
 
 
@@ -30,12 +31,15 @@ class StandaloneDraft:
     def ready(self, length: int) -> bool:
         return True
 
-    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
-        """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H]."""
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
+        """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H] (a token copied by `lookup`
+        where it has one)."""
         feed, tokens, probs, hidden = sequence[self.lm.length :], [], [], []
         for _ in range(n):
             logits, last, _ = self.lm.forward(feed, keep=1)
             token, q = sampler(logits[0])
+            if lookup is not None:
+                token = lookup.choose(token)
             tokens.append(token.view(1))
             probs.append(q)
             hidden.append(last[0])
@@ -73,7 +77,7 @@ class FeatureDraft:
         first pass)."""
         return self.pending is not None and self.length + len(self.pending) >= length - 1
 
-    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler):
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
         end = len(sequence) - 1
         features = self.model.fuse(self.pending[: end - self.length])
         hidden, logits = self._step(features, sequence[self.length + 1 : end + 1], self.length)
@@ -82,7 +86,7 @@ class FeatureDraft:
         for step in range(n):
             # Sampled over the draft's own vocabulary (q is 0 elsewhere): the same law, a sixth of the cost.
             index, small_q = sampler(logits)
-            token = self.token_ids[index]
+            token = self.token_ids[index] if lookup is None else lookup.choose(self.token_ids[index])
             tokens.append(token.view(1))
             small_probs.append(small_q)
             states.append(hidden[0])

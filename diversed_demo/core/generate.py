@@ -46,12 +46,14 @@ def speculative_generate(
     seed: int = 0,
     chat: bool = True,
     emit_events: bool = True,
+    prompt_lookup: bool = True,
 ):
     """Decode `prompt` and yield a TokenEvent per decided token, then one Summary.
 
     mode: "ar" (target only), "exact" (nu = p), "static" (nu = w·p + (1 − w)·q with w = ensemble_weight)
     or "dynamic" (w_t from `head`). temperature 0 is greedy. emit_events=False yields only the Summary
-    (the bare loop). Summary.events_s is the time the events took, which prices streaming.
+    (the bare loop). Summary.events_s is the time the events took, which prices streaming. In greedy
+    decoding, prompt_lookup lets copies from the text stand in for drafted tokens (core/lookup.py).
     """
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed)
     tokenizer = pair.tokenizer
@@ -59,9 +61,8 @@ def speculative_generate(
     check_context(pair, prompt_ids, max_new_tokens)
     tally = Tally()
     start = time.perf_counter()
-    for step in decode_steps(
-        pair, prompt_ids, mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed
-    ):
+    options = (ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed, prompt_lookup)
+    for step in decode_steps(pair, prompt_ids, mode, *options):
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()

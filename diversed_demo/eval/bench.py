@@ -31,10 +31,14 @@ DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
 
 def parse_modes(spec: str, pair=None) -> dict[str, dict]:
     """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}. Without a pair it only checks the
-    spec (weights in [0, 1], heads that exist), which needs no model, and leaves each head as its path."""
+    spec (weights in [0, 1], heads that exist), which needs no model, and leaves each head as its path.
+    A name ending in /no-lookup drafts without prompt lookup (core/lookup.py), to measure what it adds."""
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
-        kind, _, arg = name.partition(":")
+        base, _, option = name.partition("/")
+        if option not in ("", "no-lookup"):
+            raise ValueError(f"mode {name!r}: the only option after / is no-lookup")
+        kind, _, arg = base.partition(":")
         if kind in ("ar", "exact") and not arg:
             modes[name] = {"mode": kind}
         elif kind == "static" and arg:
@@ -52,6 +56,8 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
             }
         else:
             raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
+        if option:
+            modes[name]["prompt_lookup"] = False
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes

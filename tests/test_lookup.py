@@ -1,0 +1,94 @@
+"""Prompt lookup: copies from the text proposed in place of drafted tokens, in greedy decoding only."""
+
+import pytest
+import torch
+from conftest import PROMPTS
+from test_decode import reference_step
+
+from diversed_demo.core.decode import decode_steps
+from diversed_demo.core.generate import generate
+from diversed_demo.core.lookup import PromptLookup
+
+REPEATING = [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]  # the tiny models' own greedy texts loop as well
+
+
+def test_guess_follows_the_latest_occurrence_of_the_longest_match():
+    lookup = PromptLookup()
+    lookup.start(torch.tensor([3, 4, 5, 9, 4, 5, 7, 1, 4, 5]))
+    assert lookup.guess() == 7  # "4 5" last came before 7 (and before 9 earlier)
+    lookup.start(torch.tensor([3, 4, 5, 9, 4, 5, 7, 1, 4, 5, 9, 2, 6, 4, 5, 9]))
+    assert lookup.guess() == 2  # "6 4 5 9" never occurred; "4 5 9" did, last before 2
+    lookup.start(torch.tensor([3, 4, 5, 9, 4, 5, 7, 1, 4, 5, 9, 2, 6, 4, 5, 9, 8, 6, 4, 5, 9]))
+    assert lookup.guess() == 8  # now "6 4 5 9" did, before 8, though "4 5 9" came later before other tokens
+    lookup = PromptLookup()
+    lookup.start(torch.tensor([8, 2, 6, 2]))
+    assert lookup.guess() is None  # one matching token is not enough
+
+
+def test_choose_copies_on_a_drafted_tail_and_keeps_the_draft_elsewhere():
+    lookup = PromptLookup()
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2]))
+    drafted = torch.tensor(42)
+    assert int(lookup.choose(drafted)) == 3  # "1 2" -> 3
+    assert int(lookup.choose(drafted)) == 4  # the copy extends the tail: "1 2 3" -> 4
+    assert int(lookup.choose(torch.tensor(5))) == 9
+    assert lookup.choose(torch.tensor(11)).shape == drafted.shape
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2, 8]))  # verified: "2 8" never occurred
+    assert int(lookup.choose(torch.tensor(11))) == 11
+
+
+def proposals(pair, prompt, mode, lookup, **kwargs):
+    steps = decode_steps(pair, prompt, mode, n_draft=3, max_new_tokens=30, prompt_lookup=lookup, **kwargs)
+    texts, drafts = [], []
+    for step in steps:
+        texts += step.new_ids
+        drafts.append(step.verdict.draft_tokens.tolist())
+    return texts, drafts
+
+
+@pytest.mark.parametrize("prompt", [REPEATING, *PROMPTS])
+def test_greedy_exact_with_lookup_still_emits_the_targets_own_tokens(any_pair, prompt):
+    reference, _ = generate(any_pair, prompt, mode="ar", max_new_tokens=30, temperature=0)
+    texts, _ = proposals(any_pair, prompt, "exact", True, temperature=0)
+    assert texts == reference.token_ids
+
+
+def test_lookup_changes_greedy_proposals_and_raises_acceptance(any_pair):
+    with_lookup, drafts = proposals(any_pair, REPEATING, "exact", True, temperature=0)
+    without, plain_drafts = proposals(any_pair, REPEATING, "exact", False, temperature=0)
+    assert with_lookup == without and drafts != plain_drafts
+    kept = [
+        generate(
+            any_pair,
+            REPEATING,
+            mode="exact",
+            n_draft=3,
+            max_new_tokens=30,
+            temperature=0,
+            prompt_lookup=lookup,
+        )[0].acceptance_rate
+        for lookup in (False, True)
+    ]
+    assert kept[1] > kept[0]
+
+
+def test_the_draft_runs_on_the_copied_tokens(pair):
+    """Where a copy is proposed, q (and so nu) at the next positions is the draft's own for that prefix, as
+    from scratch: the rule's law is unchanged, only the proposals move."""
+    copied = 0
+    for step in decode_steps(
+        pair, REPEATING, "static", ensemble_weight=0.4, n_draft=3, max_new_tokens=30, temperature=0
+    ):
+        verdict = step.verdict
+        for j, token in enumerate(verdict.draft_tokens.tolist()):
+            _, q, _, _ = reference_step(pair, step.sequence.tolist() + verdict.draft_tokens[:j].tolist())
+            assert torch.allclose(verdict.draft_probs[j], q, atol=1e-5)
+            copied += token != int(q.argmax())
+    assert copied > 0
+
+
+def test_sampled_decoding_never_copies(any_pair):
+    options = dict(ensemble_weight=0.5, temperature=1.0, seed=3)
+    assert proposals(any_pair, REPEATING, "static", True, **options) == proposals(
+        any_pair, REPEATING, "static", False, **options
+    )
