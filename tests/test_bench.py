@@ -37,7 +37,17 @@ def test_parse_modes_rejects_unknown_and_requires_ar(pair):
         parse_modes("ar,turbo", pair)
     with pytest.raises(ValueError, match="must include ar"):
         parse_modes("exact", pair)
-    assert parse_modes("ar,static:0.25", pair)["static:0.25"] == {"mode": "static", "ensemble_weight": 0.25}
+    static = {"mode": "static", "ensemble_weight": 0.25, "prompt_lookup": True}
+    assert parse_modes("ar,static:0.25", pair)["static:0.25"] == static
+
+
+def test_modes_draft_with_prompt_lookup_unless_told_not_to(pair):
+    modes = parse_modes("ar,exact,exact/no-lookup,static:0.5/no-lookup", pair)
+    assert modes["ar"] == {"mode": "ar"}
+    assert modes["exact"]["prompt_lookup"] and not modes["exact/no-lookup"]["prompt_lookup"]
+    assert modes["static:0.5/no-lookup"] == {"mode": "static", "ensemble_weight": 0.5, "prompt_lookup": False}
+    with pytest.raises(ValueError, match="only option after / is no-lookup"):
+        parse_modes("ar,exact/turbo", pair)
 
 
 def test_bench_report_on_a_tiny_pair(pair):

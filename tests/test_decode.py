@@ -58,11 +58,10 @@ def test_greedy_exact_feature_draft_equals_greedy_target(feature_pair):
 @pytest.mark.parametrize("w", [0.3, 0.7])
 @pytest.mark.parametrize("n_draft", [1, 3, 5])
 def test_greedy_static_equals_transformers_ensemble(pair, w, n_draft):
-    # transformers drafts without prompt lookup, and a relaxed greedy text depends on where blocks end (the
-    # bonus token is argmax p, a drafted position's argmax nu), so ours drafts without it too
-    options = dict(ensemble_weight=w, n_draft=n_draft, max_new_tokens=20, temperature=0, prompt_lookup=False)
     for prompt in PROMPTS:
-        summary, _ = generate(pair, prompt, mode="static", **options)
+        summary, _ = generate(
+            pair, prompt, mode="static", ensemble_weight=w, n_draft=n_draft, max_new_tokens=20, temperature=0
+        )
         theirs = hf_generate(pair, prompt, n_draft, 20, assistant_ensemble_weight=w)
         assert summary.token_ids == theirs
 

@@ -77,7 +77,7 @@ def test_the_draft_runs_on_the_copied_tokens(pair):
     from scratch: the rule's law is unchanged, only the proposals move."""
     copied = 0
     for step in decode_steps(
-        pair, REPEATING, "static", ensemble_weight=0.4, n_draft=3, max_new_tokens=30, temperature=0
+        pair, REPEATING, "static", 0.4, n_draft=3, max_new_tokens=30, temperature=0, prompt_lookup=True
     ):
         verdict = step.verdict
         for j, token in enumerate(verdict.draft_tokens.tolist()):

@@ -97,7 +97,7 @@ class Row:
     mode: str = "static"
     ensemble_weight: float = 0.5
     head: object = None
-    prompt_lookup: bool = True  # in greedy decoding, copies from the text may stand in for drafts (lookup.py)
+    prompt_lookup: bool = False  # greedy decoding: copies from the text may stand in for drafts (lookup.py)
 
 
 def decode_steps(
@@ -111,7 +111,7 @@ def decode_steps(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
-    prompt_lookup: bool = True,
+    prompt_lookup: bool = False,
 ):
     """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
     for _, step in decode_rows(

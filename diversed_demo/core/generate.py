@@ -46,14 +46,16 @@ def speculative_generate(
     seed: int = 0,
     chat: bool = True,
     emit_events: bool = True,
-    prompt_lookup: bool = True,
+    prompt_lookup: bool = False,
 ):
     """Decode `prompt` and yield a TokenEvent per decided token, then one Summary.
 
     mode: "ar" (target only), "exact" (nu = p), "static" (nu = w·p + (1 − w)·q with w = ensemble_weight)
     or "dynamic" (w_t from `head`). temperature 0 is greedy. emit_events=False yields only the Summary
     (the bare loop). Summary.events_s is the time the events took, which prices streaming. In greedy
-    decoding, prompt_lookup lets copies from the text stand in for drafted tokens (core/lookup.py).
+    decoding, prompt_lookup lets copies from the text stand in for drafted tokens (core/lookup.py): the app,
+    `generate` and the bench turn it on; the frontier, head training and the draft's own figures measure
+    the draft's proposals alone.
     """
     check_args(mode, ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed)
     tokenizer = pair.tokenizer

@@ -56,8 +56,8 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
             }
         else:
             raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
-        if option:
-            modes[name]["prompt_lookup"] = False
+        if kind != "ar":
+            modes[name]["prompt_lookup"] = not option
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes

@@ -123,6 +123,8 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     opening = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
     modes = {MODE_LABELS[settings.mode]: opening}
     modes.setdefault(MODE_LABELS["exact"], {"mode": "exact", "ensemble_weight": 1.0, "head": None})
+    for mode in modes.values():
+        mode["prompt_lookup"] = True  # as the app's decodes draft (ui/runs.py)
     costs = chosen_dtype_costs(pair) or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )

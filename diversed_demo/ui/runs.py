@@ -156,6 +156,7 @@ def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
         max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
         seed=settings.seed,
+        prompt_lookup=True,  # greedy runs draft copies from the text too (core/lookup.py)
     )
     for item in stream:
         if isinstance(item, Summary):
