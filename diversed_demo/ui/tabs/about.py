@@ -34,6 +34,10 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
 * **Exact speculative decoding (exact SD)**: the draft proposes N tokens and the target checks them in
   one pass; the output follows the target's distribution exactly (w = 1).
 * **N (draft tokens per step)**: how many tokens the draft proposes before each check.
+* **Prompt lookup** (greedy decoding only): where the last few tokens occurred earlier in the prompt or
+  the answer, the token that followed them there is proposed instead of the draft's guess, since
+  summaries and extractions repeat their source. The target still checks every proposal, so exact SD's
+  text does not change; such a token's q(x) is the draft's own probability for it, sometimes near 0.
 * **w**: the dial. The check compares each draft token with ν = w·p + (1 − w)·q, a mix of the target's
   (p) and the draft's (q) distributions. w = 1 is exact; lower w keeps more guesses.
 * **Static ensemble**: one w for every token. **DIVERSED head**: a small trained network that picks
