@@ -48,6 +48,8 @@ def test_modes_draft_with_prompt_lookup_unless_told_not_to(pair):
     assert modes["static:0.5/no-lookup"] == {"mode": "static", "ensemble_weight": 0.5, "prompt_lookup": False}
     with pytest.raises(ValueError, match="only option after / is no-lookup"):
         parse_modes("ar,exact/turbo", pair)
+    with pytest.raises(ValueError, match="drafts nothing"):
+        parse_modes("ar,ar/no-lookup", pair)
 
 
 def test_bench_report_on_a_tiny_pair(pair):

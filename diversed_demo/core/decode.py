@@ -143,6 +143,12 @@ def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size:
     return draft.propose(sequence, n, sampler, lookup)
 
 
+def make_lookup(row: Row, sampler: Sampler, draft) -> PromptLookup | None:
+    """A row's prompt lookup, where it asks for one and decodes greedily with a draft (lookup.py says why
+    greedy only)."""
+    return PromptLookup() if row.prompt_lookup and sampler.greedy and draft is not None else None
+
+
 def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
     """The tokens a verdict emits, cut after the first EOS, and whether one ended the decode."""
     new_ids = torch.cat([verdict.draft_tokens[: verdict.n_accepted], verdict.next_token.view(1)]).tolist()
@@ -167,11 +173,7 @@ def decode_rows(
     samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(r.seed)) for r in rows]
     drafts = [make_draft(pair, row.mode) for row in rows]
     weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
-    # Copies from the text stand in for drafted tokens in greedy decoding only (lookup.py says why).
-    lookups = [
-        PromptLookup() if row.prompt_lookup and sampler.greedy and draft is not None else None
-        for row, sampler, draft in zip(rows, samplers, drafts)
-    ]
+    lookups = [make_lookup(row, sampler, draft) for row, sampler, draft in zip(rows, samplers, drafts)]
     aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
     target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows))
     sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]

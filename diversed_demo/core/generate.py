@@ -63,8 +63,9 @@ def speculative_generate(
     check_context(pair, prompt_ids, max_new_tokens)
     tally = Tally()
     start = time.perf_counter()
-    options = (ensemble_weight, head, n_draft, max_new_tokens, temperature, top_p, seed, prompt_lookup)
-    for step in decode_steps(pair, prompt_ids, mode, *options):
+    options = dict(ensemble_weight=ensemble_weight, head=head, n_draft=n_draft, max_new_tokens=max_new_tokens)
+    options.update(temperature=temperature, top_p=top_p, seed=seed, prompt_lookup=prompt_lookup)
+    for step in decode_steps(pair, prompt_ids, mode, **options):
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()

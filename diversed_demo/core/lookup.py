@@ -8,14 +8,15 @@ weight are what they would be for that prefix. Greedy verification keeps a draft
 argmax nu, whoever proposed it, so exact decoding still emits the target's own greedy tokens; only how many
 a pass keeps changes. A relaxed greedy text can move, as with another N: the bonus token after a block is
 argmax p, a drafted position's argmax nu, and copies move where blocks end. Sampled verification needs
-every drafted token drawn from q, so lookup is greedy's alone.
+every drafted token drawn from q, so lookup is greedy's alone. On a GPU each position reads its token on
+the host (a sync a drafted token), which the CUDA bench's exact/no-lookup mode prices.
 """
 
 from __future__ import annotations
 
 import torch
 
-MIN_MATCH, MAX_MATCH = 2, 4  # tokens that must match: one alone guesses worse than the draft
+MIN_MATCH, MAX_MATCH = 2, 4  # tokens that must match: one alone guesses worse than two (docs/results.md)
 
 
 class PromptLookup:
@@ -28,7 +29,8 @@ class PromptLookup:
         self.tail: list[int] = []  # the last tokens of the sequence being drafted on
 
     def start(self, sequence: torch.Tensor) -> None:
-        """Index the verified tokens not seen yet; drafting starts after the last of them."""
+        """Index the verified tokens not seen yet (the sequence only grows); drafting follows the last."""
+        assert len(sequence) >= len(self.indexed), "a verified sequence never shrinks"
         for token in sequence[len(self.indexed) :].tolist():
             for n, followers in self.followers.items():
                 if len(self.indexed) >= n:

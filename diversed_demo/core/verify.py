@@ -78,7 +78,7 @@ def verify_block_greedy(draft_tokens, draft_probs, target_probs, ensemble_weight
     or argmax p at the bonus position. Returns (n_accepted, next_token, accept_probs) with accept_probs
     1 or 0, the greedy analogue."""
     n = draft_tokens.shape[0]
-    scores = target_probs  # nu at the drafted positions, p at the bonus one: one sweep for the choices
+    scores = target_probs  # nu at the drafted positions, p at the bonus one: one max for all the choices
     if n:
         scores = torch.cat([ensemble_probs(target_probs[:n], draft_probs, ensemble_weight), target_probs[n:]])
     choice = greedy_tokens(scores)

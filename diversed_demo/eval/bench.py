@@ -39,6 +39,8 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
         if option not in ("", "no-lookup"):
             raise ValueError(f"mode {name!r}: the only option after / is no-lookup")
         kind, _, arg = base.partition(":")
+        if option and kind == "ar":
+            raise ValueError(f"mode {name!r}: target-only decoding drafts nothing, so has no lookup")
         if kind in ("ar", "exact") and not arg:
             modes[name] = {"mode": kind}
         elif kind == "static" and arg:
