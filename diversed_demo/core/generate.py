@@ -63,9 +63,19 @@ def speculative_generate(
     check_context(pair, prompt_ids, max_new_tokens)
     tally = Tally()
     start = time.perf_counter()
-    options = dict(ensemble_weight=ensemble_weight, head=head, n_draft=n_draft, max_new_tokens=max_new_tokens)
-    options.update(temperature=temperature, top_p=top_p, seed=seed, prompt_lookup=prompt_lookup)
-    for step in decode_steps(pair, prompt_ids, mode, **options):
+    for step in decode_steps(
+        pair,
+        prompt_ids,
+        mode,
+        ensemble_weight=ensemble_weight,
+        head=head,
+        n_draft=n_draft,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        prompt_lookup=prompt_lookup,
+    ):
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()

@@ -120,11 +120,11 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
         head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None
     except HeadError:
         return start
+    # Calibrated as the app's decodes draft: with prompt lookup (ui/runs.py).
     opening = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
-    modes = {MODE_LABELS[settings.mode]: opening}
-    modes.setdefault(MODE_LABELS["exact"], {"mode": "exact", "ensemble_weight": 1.0, "head": None})
-    for mode in modes.values():
-        mode["prompt_lookup"] = True  # as the app's decodes draft (ui/runs.py)
+    modes = {MODE_LABELS[settings.mode]: {**opening, "prompt_lookup": True}}
+    exact = {"mode": "exact", "ensemble_weight": 1.0, "head": None, "prompt_lookup": True}
+    modes.setdefault(MODE_LABELS["exact"], exact)
     costs = chosen_dtype_costs(pair) or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )
