@@ -95,19 +95,26 @@ def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_re
     def pair_in(dtype, device="cpu"):
         return SimpleNamespace(target=SimpleNamespace(dtype=dtype), device=torch.device(device))
 
-    report = tmp_path / "bench.json"
-    assert greedy_exactness(pair_in(torch.float32), report) == "at temperature 0 exact SD never departs"
-    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), report)  # no report: no figure
+    report, gpu_report = tmp_path / "bench.json", tmp_path / "bench_cuda.json"
+    assert greedy_exactness(pair_in(torch.float32), (report,)) == "at temperature 0 exact SD never departs"
+    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), (report,))  # no report: no figure
     settings = {"dtype": "bfloat16", "device": "cpu", "examples": 26}
     report.write_text(
         json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 10 / 26}})
     )
-    claim = greedy_exactness(pair_in(torch.bfloat16), report)
+    claim = greedy_exactness(pair_in(torch.bfloat16), (report,))
     assert "10 of 26 Spec-Bench prompts" in claim and "never departs" in claim.split(";")[-1]
-    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16, "cuda"), report)  # the CPU's figure
+    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16, "cuda"), (report,))  # the CPU's figure
+    gpu_settings = {**settings, "device": "cuda:0"}
+    gpu_report.write_text(
+        json.dumps({"settings": gpu_settings, "greedy_identical_to_target_only": {"exact": 11 / 26}})
+    )
+    on_gpu = greedy_exactness(pair_in(torch.bfloat16, "cuda"), (report, gpu_report))  # each device its own
+    assert "11 of 26" in on_gpu and "bench_cuda.json" in on_gpu
+    assert "10 of 26" in greedy_exactness(pair_in(torch.bfloat16), (report, gpu_report))
     report.write_text(
         json.dumps(
             {"settings": {**settings, "dtype": "float32"}, "greedy_identical_to_target_only": {"exact": 1.0}}
         )
     )
-    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), report)  # another dtype's figure
+    assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), (report,))  # another dtype's figure

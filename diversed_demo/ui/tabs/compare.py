@@ -18,7 +18,7 @@ from ..examples import example_choices, find_example, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
-from ..results_summary import BENCH_PATH
+from ..result_tables import BENCH_REPORTS
 from ..runs import Comparison, speed_sentence, speedup, stream_comparison, throttled
 from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
@@ -147,26 +147,30 @@ def on_compare(
         )
 
 
-def greedy_exactness(pair, report_path: Path = BENCH_PATH) -> str:
+BENCH_PATHS = tuple(path for path, _command in BENCH_REPORTS.values())
+
+
+def greedy_exactness(pair, report_paths: tuple[Path, ...] = BENCH_PATHS) -> str:
     """What exact SD does at temperature 0 in the pair's dtype: in fp32 it never departs from target-only;
     in bf16 a pass over several tokens rounds differently from one over a single token, so a near-tie can
-    flip, and the shipped bench report says how often it did."""
+    flip, and the shipped bench report measured in this dtype on this kind of device says how often it did."""
     dtype = str(pair.target.dtype).removeprefix("torch.")
     if dtype == "float32":
         return "at temperature 0 exact SD never departs"
-    report, _ = read_json(report_path)
-    share = dig(report, "greedy_identical_to_target_only", "exact")
-    examples = dig(report, "settings", "examples")
-    measured_in = (dig(report, "settings", "dtype"), str(dig(report, "settings", "device")).split(":")[0])
-    if measured_in != (dtype, pair.device.type) or share is None or not examples:
-        return (
-            f"at temperature 0 exact SD in {dtype} may depart where rounding flips a near-tie; "
-            "in float32 it never departs"
-        )
+    for path in report_paths:
+        report, _ = read_json(path)
+        share = dig(report, "greedy_identical_to_target_only", "exact")
+        examples = dig(report, "settings", "examples")
+        measured_in = (dig(report, "settings", "dtype"), str(dig(report, "settings", "device")).split(":")[0])
+        if measured_in == (dtype, pair.device.type) and share is not None and examples:
+            return (
+                f"at temperature 0 exact SD in {dtype} matched target-only token for token on "
+                f"{round(share * examples)} of {examples} Spec-Bench prompts ({shown_path(path)}): a pass "
+                "over several tokens rounds differently from one over a single token, so near-ties can flip; "
+                "in float32 it never departs"
+            )
     return (
-        f"at temperature 0 exact SD in {dtype} matched target-only token for token on "
-        f"{round(share * examples)} of {examples} Spec-Bench prompts ({shown_path(report_path)}): a pass "
-        "over several tokens rounds differently from one over a single token, so near-ties can flip; "
+        f"at temperature 0 exact SD in {dtype} may depart where rounding flips a near-tie; "
         "in float32 it never departs"
     )
 
