@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     pair = load_measured_pair("smollm2-135m", device=args.device)
-    prepare(pair, wait=True)  # the compiled CPU pass where one applies; nothing on a GPU
+    prepare(pair, wait=True)  # the compiled CPU pass where one applies; CUDA graphs on a GPU
     examples = load_examples()
     start = measured_opening(pair, examples)
     build_app(pair, examples, start=start)  # every tab builds on this device

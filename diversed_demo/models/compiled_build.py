@@ -1,6 +1,7 @@
-"""Where the compiled pieces come from: the target's pass (compiled_pass.py) and the EAGLE-3 draft's step
-(compiled_draft.py) built in one background process at low priority into the user cache while the eager
-path serves, and attached when ready and checked. Later starts attach them at once.
+"""Where the compiled pieces come from. On a CPU: the target's pass (compiled_pass.py) and the EAGLE-3
+draft's step (compiled_draft.py) built in one background process at low priority into the user cache while
+the eager path serves, and attached when ready and checked; later starts attach them at once. On a CUDA
+GPU: both passes as CUDA graphs (cuda_graphs.py), captured and checked at start.
 
 DIVERSED_COMPILED_PASS=off keeps everything eager.
 """
@@ -21,6 +22,7 @@ import torch
 from . import amx_gguf
 from .compiled_draft import attach_draft, build_draft_package, draft_compilable, draft_package_path, uses_int8
 from .compiled_pass import SWITCH, attach, build_package, int4_operand_count, package_path
+from .cuda_graphs import attach_graphs
 from .int8_draft import use_int8_draft
 from .loading import use_4bit_products
 from .static_pass import compilable
@@ -29,8 +31,12 @@ from .static_pass import compilable
 def prepare(pair, wait: bool = False, log=print) -> None:
     """Give the pair's target its compiled pass and its EAGLE-3 draft its compiled step, where they apply (a
     lean 4-bit target, a bf16 draft, on the CPU): at once where a package is built, else after a build in a
-    background process (or, with wait, before returning)."""
-    if os.environ.get(SWITCH, "auto") == "off" or pair.target.device.type != "cpu":
+    background process (or, with wait, before returning). On a CUDA GPU: both as CUDA graphs, at once."""
+    if os.environ.get(SWITCH, "auto") == "off":
+        return
+    if pair.target.device.type == "cuda":
+        return attach_graphs(pair, log)  # a second or two: every graph is captured now
+    if pair.target.device.type != "cpu":
         return
     if amx_gguf.pending():  # first the AMX kernel (seconds), so that the pass compiles over it
         log("building the AMX kernel in the background (about 10 s), then the compiled pass")

@@ -83,18 +83,20 @@ def step_agrees_with_eager(draft, compiled: CompiledPass) -> bool:
     """Whether the compiled step gives the eager step's logits, to bf16 rounding, after a check feed of
     twelve rows (run eagerly by both): on a restart of three rows and three one-row steps, as drafting
     feeds it (each on its own static cache)."""
+    device = draft.fc.weight.device
     eager = StaticDraftStep(draft, 64)
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(15, draft.hidden_size, generator=generator).to(torch.bfloat16)
-    tokens = torch.randint(0, draft.vocab_size, (18,), generator=generator)
+    features = torch.randn(15, draft.hidden_size, generator=generator).to(device, draft.fc.weight.dtype)
+    tokens = torch.randint(0, draft.vocab_size, (18,), generator=generator).to(device)
     feeds = [(0, 12), (12, 15), (15, 16), (16, 17), (17, 18)]  # (start, end) rows of each feed
     hidden_e = hidden_c = None
     with torch.inference_mode():
         for start, end in feeds:
             given_e = features[start:end] if hidden_e is None or end - start > 1 else hidden_e[-1:]
             given_c = features[start:end] if hidden_c is None or end - start > 1 else hidden_c[-1:]
-            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
-            hidden_e, logits_e = eager(tokens[start:end], torch.arange(start, end), mask, given_e)
+            positions = torch.arange(start, end, device=device)
+            mask = torch.arange(end, device=device)[None, :] <= positions[:, None]
+            hidden_e, logits_e = eager(tokens[start:end], positions, mask, given_e)
             hidden_c, logits_c = compiled.forward(tokens[start:end], start, given_c)
             if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
                 return False

@@ -82,8 +82,8 @@ class CompiledPass:
         outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds outside the graph's
         ranges (more than K_MAX rows, or a used length under 2) run the module eagerly, on the same cache."""
         k = tokens.numel()
-        positions = torch.arange(length, length + k)
-        mask = torch.arange(length + k)[None, :] <= positions[:, None]
+        positions = torch.arange(length, length + k, device=tokens.device)
+        mask = torch.arange(length + k, device=tokens.device)[None, :] <= positions[:, None]
         runner = self.runner if k <= K_MAX and length + k >= 2 else self.module  # the graph's ranges
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
@@ -186,7 +186,7 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
     from ..core.cache import CachedLM
 
     vocab = model.config.get_text_config().vocab_size
-    prompt = torch.arange(1, 33) % vocab
+    prompt = torch.arange(1, 33, device=model.device) % vocab
     eager = CachedLM(model, vocab, aux_layer_ids, use_compiled=False)
     with torch.inference_mode():
         eager.forward(prompt, keep=1)

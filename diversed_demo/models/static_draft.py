@@ -57,11 +57,12 @@ class StaticDraftStep(nn.Module):
         for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
             self.register_buffer(name, getattr(layer, name).weight.detach(), persistent=False)
         self.register_buffer("final_norm", draft.norm.weight.detach(), persistent=False)
-        cos, sin = draft.rotary(torch.arange(max_len))
+        device = draft.fc.weight.device
+        cos, sin = draft.rotary(torch.arange(max_len, device=device))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         for name in ("keys", "values"):
-            slots = torch.zeros(self.n_kv, max_len, self.head_dim, dtype=dtype)
+            slots = torch.zeros(self.n_kv, max_len, self.head_dim, dtype=dtype, device=device)
             self.register_buffer(name, slots, persistent=False)
 
     n_layers = 1  # its cache, as compiled_pass.CompiledPass reads a static cache

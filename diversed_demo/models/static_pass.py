@@ -138,7 +138,7 @@ def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
     """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
     head j of token t)."""
     k, used = mask.shape
-    bias = torch.zeros(k, used).masked_fill(~mask, float("-inf"))
+    bias = torch.zeros(k, used, device=mask.device).masked_fill(~mask, float("-inf"))
     return bias[:, None].expand(k, group, used).reshape(k * group, used)
 
 

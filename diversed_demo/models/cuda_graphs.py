@@ -1,0 +1,147 @@
+"""On a CUDA GPU: the target's pass and the draft's step replayed as CUDA graphs over static KV caches.
+
+Eager, a small model's pass on a GPU is bound by the host: each of its many small kernels is launched from
+Python, and the GPU waits (an H200 took 21 ms a pass of the 135M target, docs/results.md#on-a-gpu). A CUDA
+graph launches the whole pass at once. A graph replays fixed tensors, so each row count k ≤ K_MAX gets its
+own graph, captured at its first use, over static inputs and a mask as wide as the whole cache; the model's
+keys and values live in a static cache, written in place. Any transformers causal LM runs over transformers'
+own StaticCache (HFStaticPass); an EAGLE-3 draft over its StaticDraftStep. Both are lent to decodes through
+compiled_pass.CompiledPass, as the CPU's compiled pass is, and attached only where they agree with the eager
+pass on a check prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import StaticCache
+
+from ..core.cache import cache_keyword
+from .compiled_draft import step_agrees_with_eager
+from .compiled_pass import MAX_LEN, CompiledPass, agrees_with_eager
+from .static_draft import StaticDraftStep
+from .static_pass import K_MAX
+
+
+class HFStaticPass(nn.Module):
+    """A transformers causal LM's pass over transformers' StaticCache, as static_pass.StaticPass's: feed k
+    tokens at `positions`, get logits [k, V], last hidden [k, H] and aux hidden states [k, n_aux·H]. The
+    cache's write position is set from `positions` inside the pass, so a graph replays a rollback too."""
+
+    def __init__(self, model, aux_layer_ids=(), max_len: int = MAX_LEN):
+        super().__init__()
+        self.parts = (model.get_decoder(), model.get_output_embeddings())  # a tuple: not submodules
+        self.aux_layer_ids, self.max_len = tuple(aux_layer_ids), max_len
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.keyword = cache_keyword(self.parts[0].forward)
+        self.n_layers = model.config.get_text_config().num_hidden_layers
+        zero = torch.zeros(1, dtype=torch.long, device=model.device)
+        self(zero, zero, None)  # allocates the cache's tensors (transformers does so at the first write)
+        if not all(
+            isinstance(getattr(layer, "cumulative_length", None), torch.Tensor) for layer in self.cache.layers
+        ):
+            raise TypeError("this transformers' static cache keeps no write position as a tensor")
+
+    def buffers_of_layer(self, i: int):
+        layer = self.cache.layers[i]
+        return layer.keys[0], layer.values[0]  # [n_kv, max_len, D]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask=None):
+        """tokens, positions [k] (the mask: transformers' own, from the positions) -> (logits, last, aux)."""
+        decoder, lm_head = self.parts
+        for layer in self.cache.layers:
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.copy_(positions[0])
+        out = decoder(
+            input_ids=tokens[None],
+            position_ids=positions[None],
+            use_cache=True,
+            output_hidden_states=bool(self.aux_layer_ids),
+            **{self.keyword: self.cache},
+        )
+        last = out.last_hidden_state[0]
+        aux = [out.hidden_states[i][0] for i in self.aux_layer_ids]
+        return lm_head(last), last, torch.cat(aux, -1) if aux else last.new_zeros(len(tokens), 0)
+
+
+class GraphRunner:
+    """Runs a static module (HFStaticPass, StaticDraftStep) with its mask padded to the whole cache: on a GPU
+    as one CUDA graph per row count, captured at its first use; elsewhere (tests) eagerly."""
+
+    def __init__(self, module: nn.Module, graphs: bool = True):
+        self.module, self.use_graphs = module, graphs
+        self.graphs = {}  # rows -> (graph, its static inputs, its outputs)
+
+    @torch.inference_mode(False)
+    @torch.no_grad()
+    def __call__(self, tokens, positions, mask, *inputs):
+        full = torch.zeros(len(tokens), self.module.max_len, dtype=torch.bool, device=mask.device)
+        full[:, : mask.shape[1]] = mask
+        given = (tokens, positions, full, *inputs)
+        if not self.use_graphs:
+            return tuple(self.module(*given))
+        if len(tokens) not in self.graphs:
+            self.graphs[len(tokens)] = self._capture(given)
+        graph, static_inputs, outputs = self.graphs[len(tokens)]
+        for static, value in zip(static_inputs, given, strict=True):
+            static.copy_(value)
+        graph.replay()
+        return tuple(output.clone() for output in outputs)  # the next replay overwrites the graph's
+
+    def _capture(self, given: tuple) -> tuple:
+        static_inputs = tuple(value.clone() for value in given)
+        side = torch.cuda.Stream()  # warm-up off the main stream, as torch.cuda.graph asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.module(*static_inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = tuple(self.module(*static_inputs))
+        return graph, static_inputs, outputs
+
+
+def attach_graphs(pair, log=print, graphs: bool = True) -> None:
+    """Lend the pair's target (`compiled_pass`) and draft (`compiled_step` for an EAGLE-3 draft, else
+    `compiled_pass`) their graphed passes, each only if it agrees with its eager pass; else it stays eager.
+    Every row count's graph is captured here, before any decode runs beside a capture."""
+    target, draft = pair.target, pair.draft
+    aux = tuple(getattr(draft, "aux_layer_ids", None) or ())
+    parts = [("target's pass", target, "compiled_pass", lambda: HFStaticPass(target, aux))]
+    if hasattr(draft, "aux_layer_ids"):
+        parts.append(("draft's step", draft, "compiled_step", lambda: StaticDraftStep(draft, MAX_LEN)))
+    else:
+        parts.append(("draft's pass", draft, "compiled_pass", lambda: HFStaticPass(draft)))
+    for name, model, slot, build in parts:
+        if getattr(model, slot, None) is not None:
+            continue  # attached by an earlier start of this pair
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                graphed = graphed_pass(build(), pair.device, graphs)
+            if slot == "compiled_step":
+                agreed = step_agrees_with_eager(model, graphed)
+            else:
+                agreed = agrees_with_eager(model, graphed, graphed.module.aux_layer_ids)
+        except Exception as err:  # an architecture or version these graphs do not serve: eager
+            log(f"the {name} stays eager on this GPU ({type(err).__name__}: {err})")
+            continue
+        if not agreed:
+            log(f"the {name} as CUDA graphs disagrees with the eager one; it stays eager")
+            continue
+        setattr(model, slot, graphed)
+        log(f"the {name} runs as CUDA graphs")
+
+
+def graphed_pass(module: nn.Module, device: torch.device, graphs: bool = True) -> CompiledPass:
+    """The module lent as a CompiledPass whose runner replays its graphs, one per row count 1..K_MAX,
+    captured now on placeholder inputs (the slots they write are rewritten before they are read)."""
+    runner = GraphRunner(module, graphs)
+    for k in range(1, K_MAX + 1) if graphs else ():
+        tokens, positions = torch.zeros(k, dtype=torch.long, device=device), torch.arange(k, device=device)
+        mask = positions[None, :] <= positions[:, None]
+        if isinstance(module, StaticDraftStep):  # its further input: features [k, H]
+            runner(tokens, positions, mask, module.embed.new_zeros(k, module.embed.shape[1]))
+        else:
+            runner(tokens, positions, mask)
+    return CompiledPass(module, runner)

@@ -1,0 +1,94 @@
+"""The GPU's graphed passes (models/cuda_graphs.py) without the graphs, which need CUDA: a transformers
+model over transformers' static cache and the EAGLE-3 draft's step, each fed a mask as wide as its cache
+as a graph is, compute what the eager passes do, through rollbacks, restarts and a cache that runs out;
+decodes on them are the eager decodes."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from conftest import tiny_feature_pair
+from tiny import tiny_pair
+
+from diversed_demo.core.cache import CachedLM
+from diversed_demo.core.generate import generate
+from diversed_demo.models.cuda_graphs import HFStaticPass, attach_graphs, graphed_pass
+from diversed_demo.models.static_pass import K_MAX
+
+PROMPT = "Summarize: the village opened its first public swimming pool on Saturday."
+
+
+def decode_like(model, feeds, rollbacks, aux=()):
+    """Logits and aux of each feed (the first is the prompt), rolling back after each as listed."""
+    lm = CachedLM(model, model.config.vocab_size, aux)
+    out = []
+    with torch.inference_mode():
+        for feed, back in zip(feeds, rollbacks, strict=True):
+            logits, _, aux_states = lm.forward(torch.tensor(feed), keep=len(feed) if out else 1)
+            out.append((logits, aux_states))
+            lm.rollback(lm.length - back)
+        held = lm.compiled is not None
+    lm.close()
+    return out, held
+
+
+def random_feeds(seed: int, vocab: int, passes: int, prompt: int = 30):
+    rng = random.Random(seed)
+    feeds = [[rng.randrange(4, vocab) for _ in range(prompt)]]
+    feeds += [[rng.randrange(4, vocab) for _ in range(rng.randint(1, K_MAX))] for _ in range(passes)]
+    return feeds, [0] + [rng.randint(0, len(f) - 1) for f in feeds[1:]]
+
+
+@pytest.mark.parametrize("max_len", [128, 48])  # 48: the cache runs out and the decode goes on eagerly
+def test_a_decode_over_transformers_static_cache_computes_the_eager_one(max_len):
+    model = copy.deepcopy(tiny_pair().target)
+    aux = (0, 1)
+    feeds, rollbacks = random_feeds(0, model.config.vocab_size, passes=10)
+    eager, _ = decode_like(model, feeds, rollbacks, aux)
+    model.compiled_pass = graphed_pass(HFStaticPass(model, aux, max_len), torch.device("cpu"), graphs=False)
+    static, held = decode_like(model, feeds, rollbacks, aux)
+    assert held == (max_len == 128)
+    for (a, a_aux), (b, b_aux) in zip(eager, static, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_aux, a_aux, rtol=1e-4, atol=1e-4)
+
+
+ON_A_GPU = pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_A_GPU])  # on the CPU without the graphs; on a GPU with them
+@pytest.mark.parametrize("kind", ["standalone", "feature"])
+def test_decodes_on_the_attached_passes_are_the_eager_decodes(kind, device):
+    pair = copy.deepcopy(tiny_pair() if kind == "standalone" else tiny_feature_pair())
+    pair.target.to(device)
+    pair.draft.to(device)
+    pair.device = torch.device(device)
+    runs = {"exact": dict(mode="exact"), "static": dict(mode="static", ensemble_weight=0.5)}
+    settings = dict(n_draft=3, max_new_tokens=24, temperature=0.0)
+    eager = {name: generate(pair, PROMPT, **run, **settings)[0].token_ids for name, run in runs.items()}
+    target_only = generate(pair, PROMPT, mode="ar", **settings)[0].token_ids
+    lines = []
+    attach_graphs(pair, log=lines.append, graphs=device == "cuda")
+    slot = "compiled_step" if kind == "feature" else "compiled_pass"
+    assert pair.target.compiled_pass is not None and getattr(pair.draft, slot) is not None, lines
+    for name, run in runs.items():
+        assert generate(pair, PROMPT, **run, **settings)[0].token_ids == eager[name]
+    assert generate(pair, PROMPT, mode="ar", **settings)[0].token_ids == target_only
+    assert eager["exact"] == target_only  # greedy exact SD is the target's own text on them too
+
+
+def test_a_pass_that_disagrees_is_not_attached(monkeypatch):
+    from diversed_demo.models import cuda_graphs
+
+    pair = copy.deepcopy(tiny_feature_pair())
+    monkeypatch.setattr(cuda_graphs, "agrees_with_eager", lambda *args: False)
+    lines = []
+    attach_graphs(pair, log=lines.append, graphs=False)
+    assert getattr(pair.target, "compiled_pass", None) is None
+    assert any("target's pass" in line and "eager" in line for line in lines)
+    assert getattr(pair.draft, "compiled_step", None) is not None  # the draft's check is its own
