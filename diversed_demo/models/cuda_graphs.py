@@ -37,10 +37,9 @@ class HFStaticPass(nn.Module):
         self.n_layers = model.config.get_text_config().num_hidden_layers
         zero = torch.zeros(1, dtype=torch.long, device=model.device)
         self(zero, zero, None)  # allocates the cache's tensors (transformers does so at the first write)
-        if not all(
-            isinstance(getattr(layer, "cumulative_length", None), torch.Tensor) for layer in self.cache.layers
-        ):
-            raise TypeError("this transformers' static cache keeps no write position as a tensor")
+        for layer in self.cache.layers:  # full-attention layers that keep their write position as a tensor
+            if type(layer).__name__ != "StaticLayer" or not isinstance(layer.cumulative_length, torch.Tensor):
+                raise TypeError(f"a static cache layer of kind {type(layer).__name__} is not served")
 
     def buffers_of_layer(self, i: int):
         layer = self.cache.layers[i]
@@ -50,8 +49,7 @@ class HFStaticPass(nn.Module):
         """tokens, positions [k] (the mask: transformers' own, from the positions) -> (logits, last, aux)."""
         decoder, lm_head = self.parts
         for layer in self.cache.layers:
-            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                layer.cumulative_length.copy_(positions[0])
+            layer.cumulative_length.copy_(positions[0])
         out = decoder(
             input_ids=tokens[None],
             position_ids=positions[None],
