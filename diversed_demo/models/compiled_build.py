@@ -35,7 +35,7 @@ def prepare(pair, wait: bool = False, log=print) -> None:
     if os.environ.get(SWITCH, "auto") == "off":
         return
     if pair.target.device.type == "cuda":
-        return attach_graphs(pair, log)  # a second or two: every graph is captured now
+        return attach_graphs(pair, log)  # every row count's graph is captured now
     if pair.target.device.type != "cpu":
         return
     if amx_gguf.pending():  # first the AMX kernel (seconds), so that the pass compiles over it
