@@ -48,7 +48,9 @@ def test_a_decode_over_transformers_static_cache_computes_the_eager_one(max_len)
     aux = (0, 1)
     feeds, rollbacks = random_feeds(0, model.config.vocab_size, passes=10)
     eager, _ = decode_like(model, feeds, rollbacks, aux)
-    model.compiled_pass = graphed_pass(HFStaticPass(model, aux, max_len), torch.device("cpu"), graphs=False)
+    static_pass = HFStaticPass(model, aux, max_len)
+    assert not static_pass.buffers_of_layer(0)[0].requires_grad  # its allocating pass keeps no autograd graph
+    model.compiled_pass = graphed_pass(static_pass, torch.device("cpu"), graphs=False)
     static, held = decode_like(model, feeds, rollbacks, aux)
     assert held == (max_len == 128)
     for (a, a_aux), (b, b_aux) in zip(eager, static, strict=True):
@@ -92,3 +94,13 @@ def test_a_pass_that_disagrees_is_not_attached(monkeypatch):
     assert getattr(pair.target, "compiled_pass", None) is None
     assert any("target's pass" in line and "eager" in line for line in lines)
     assert getattr(pair.draft, "compiled_step", None) is not None  # the draft's check is its own
+
+
+def test_a_model_spread_over_several_devices_stays_eager():
+    pair = copy.deepcopy(tiny_feature_pair())
+    pair.target.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}  # as accelerate marks one
+    lines = []
+    attach_graphs(pair, log=lines.append, graphs=False)
+    assert getattr(pair.target, "compiled_pass", None) is None and lines == [
+        "a model spread over several devices stays eager"
+    ]

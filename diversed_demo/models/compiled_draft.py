@@ -5,6 +5,7 @@ time). `core.draft.FeatureDraft` drafts on it where the draft has one (`draft.co
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .compiled_pass import (
 )
 from .eagle import Eagle3Draft
 from .static_draft import StaticDraftStep
+from .static_pass import feed_rows
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
 STEP_SOURCES = (
@@ -79,24 +81,22 @@ def build_draft_package(draft, path: Path, inductor_configs: dict | None = None)
     )
 
 
-def step_agrees_with_eager(draft, compiled: CompiledPass) -> bool:
+def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) -> bool:
     """Whether the compiled step gives the eager step's logits, to bf16 rounding, after a check feed of
-    twelve rows (run eagerly by both): on a restart of three rows and three one-row steps, as drafting
-    feeds it (each on its own static cache)."""
+    twelve rows (run eagerly by both): on feeds of `sizes` rows after it, as drafting feeds it (a restart
+    of several rows, one-row steps on the draft's own hidden state; each on its own static cache)."""
     device = draft.fc.weight.device
     eager = StaticDraftStep(draft, 64)
+    ends = list(itertools.accumulate((12, *sizes)))
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(15, draft.hidden_size, generator=generator).to(device, draft.fc.weight.dtype)
-    tokens = torch.randint(0, draft.vocab_size, (18,), generator=generator).to(device)
-    feeds = [(0, 12), (12, 15), (15, 16), (16, 17), (17, 18)]  # (start, end) rows of each feed
+    features = torch.randn(ends[-1], draft.hidden_size, generator=generator).to(device, draft.fc.weight.dtype)
+    tokens = torch.randint(0, draft.vocab_size, (ends[-1],), generator=generator).to(device)
     hidden_e = hidden_c = None
     with torch.inference_mode():
-        for start, end in feeds:
+        for start, end in zip([0, *ends[:-1]], ends):
             given_e = features[start:end] if hidden_e is None or end - start > 1 else hidden_e[-1:]
             given_c = features[start:end] if hidden_c is None or end - start > 1 else hidden_c[-1:]
-            positions = torch.arange(start, end, device=device)
-            mask = torch.arange(end, device=device)[None, :] <= positions[:, None]
-            hidden_e, logits_e = eager(tokens[start:end], positions, mask, given_e)
+            hidden_e, logits_e = eager(tokens[start:end], *feed_rows(start, end, device), given_e)
             hidden_c, logits_c = compiled.forward(tokens[start:end], start, given_c)
             if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
                 return False

@@ -9,7 +9,8 @@ generated for the app's thread count, so the build runs at that count too, and t
 it. Later starts load it in a fraction of a second. The package's weights are the model's own tensors,
 shared, not copied (its constants are "user managed"), and so is the static KV cache, which
 `core.cache.CachedLM` fills from the prompt's cache and crops by setting its length. (Products that a
-template replaces keep a packed copy of their weights inside the package.)
+template replaces keep a packed copy of their weights inside the package.) On a CUDA GPU the same lending
+serves the passes replayed as CUDA graphs (cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir
-from .static_pass import K_MAX, StaticPass
+from .static_pass import K_MAX, StaticPass, feed_rows
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
 SWITCH = "DIVERSED_COMPILED_PASS"
@@ -33,7 +34,8 @@ SWITCH = "DIVERSED_COMPILED_PASS"
 
 class CompiledPass:
     """A runner of a static module (the target's StaticPass or a draft's StaticDraftStep: its AOTInductor
-    package, or the eager module itself) with the module's static cache, held by one decode at a time."""
+    package, its CUDA graphs, or the eager module itself) with the module's static cache, held by one
+    decode at a time."""
 
     def __init__(self, module: torch.nn.Module, runner=None):
         self.module, self.runner = module, runner or module
@@ -79,11 +81,11 @@ class CompiledPass:
 
     def forward(self, tokens: torch.Tensor, length: int, *inputs):
         """Feed tokens [k] (and the module's further `inputs`) after `length` cached ones: the module's
-        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds outside the graph's
-        ranges (more than K_MAX rows, or a used length under 2) run the module eagerly, on the same cache."""
+        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds outside the runner's
+        ranges (more than K_MAX rows, or a used length under 2, which the AOTInductor export excludes) run
+        the module eagerly, on the same cache."""
         k = tokens.numel()
-        positions = torch.arange(length, length + k, device=tokens.device)
-        mask = torch.arange(length + k, device=tokens.device)[None, :] <= positions[:, None]
+        positions, mask = feed_rows(length, length + k, tokens.device)
         runner = self.runner if k <= K_MAX and length + k >= 2 else self.module  # the graph's ranges
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
@@ -151,8 +153,7 @@ def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | N
     used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
     # Example sizes like a verification's over a few hundred positions: inductor sizes its loops from
     # them (a tiny example left the attention's softmax on one thread).
-    tokens, positions = torch.tensor([1, 2, 3, 4]), torch.arange(252, 256)
-    mask = torch.arange(256)[None, :] <= positions[:, None]
+    tokens, (positions, mask) = torch.tensor([1, 2, 3, 4]), feed_rows(252, 256)
     dynamic = ({0: new}, {0: new}, {0: new, 1: used}, *({0: new} for _ in inputs))
     with torch.no_grad():
         program = torch.export.export(module, (tokens, positions, mask, *inputs), dynamic_shapes=dynamic)
@@ -180,9 +181,9 @@ def load_runner(module, path: Path) -> CompiledPass:
     return CompiledPass(module, runner)
 
 
-def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
+def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids, sizes=(1, 3)) -> bool:
     """Whether the compiled pass gives the eager pass's logits, to bf16 rounding, on a check prompt and a
-    one- and a three-token pass after it."""
+    pass of each of `sizes` tokens after it."""
     from ..core.cache import CachedLM
 
     vocab = model.config.get_text_config().vocab_size
@@ -191,7 +192,7 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids) -> bool:
     with torch.inference_mode():
         eager.forward(prompt, keep=1)
         compiled.load(list(eager.cache), len(prompt))
-        for feed in (prompt[:1], prompt[1:4]):
+        for feed in (prompt[:size] for size in sizes):
             length = eager.length
             reference, _, _ = eager.forward(feed, keep=len(feed))
             logits, _, _ = compiled.forward(feed, length)

@@ -3,11 +3,11 @@
 Eager, a small model's pass on a GPU is bound by the host: each of its many small kernels is launched from
 Python, and the GPU waits (an H200 took 21 ms a pass of the 135M target, docs/results.md#on-a-gpu). A CUDA
 graph launches the whole pass at once. A graph replays fixed tensors, so each row count k ≤ K_MAX gets its
-own graph, captured at its first use, over static inputs and a mask as wide as the whole cache; the model's
-keys and values live in a static cache, written in place. Any transformers causal LM runs over transformers'
-own StaticCache (HFStaticPass); an EAGLE-3 draft over its StaticDraftStep. Both are lent to decodes through
-compiled_pass.CompiledPass, as the CPU's compiled pass is, and attached only where they agree with the eager
-pass on a check prompt.
+own graph, captured at start, over static inputs (and, for the draft's step, a mask as wide as its cache);
+the keys and values live in a static cache, written in place. Any transformers causal LM runs over
+transformers' own StaticCache (HFStaticPass), an EAGLE-3 draft over its StaticDraftStep; a standalone draft
+is graphed as the target is. Both are lent to decodes through compiled_pass.CompiledPass, as the CPU's
+compiled pass is, and attached only where every graph agrees with the eager pass on a check prompt.
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from ..core.cache import cache_keyword
 from .compiled_draft import step_agrees_with_eager
 from .compiled_pass import MAX_LEN, CompiledPass, agrees_with_eager
 from .static_draft import StaticDraftStep
-from .static_pass import K_MAX
+from .static_pass import K_MAX, feed_rows
+
+EVERY_ROW_COUNT = tuple(range(1, K_MAX + 1))  # a graph each, each checked against the eager pass
 
 
 class HFStaticPass(nn.Module):
     """A transformers causal LM's pass over transformers' StaticCache, as static_pass.StaticPass's: feed k
     tokens at `positions`, get logits [k, V], last hidden [k, H] and aux hidden states [k, n_aux·H]. The
     cache's write position is set from `positions` inside the pass, so a graph replays a rollback too."""
+
+    uses_mask = False  # transformers builds its own, from the positions
 
     def __init__(self, model, aux_layer_ids=(), max_len: int = MAX_LEN):
         super().__init__()
@@ -36,7 +40,8 @@ class HFStaticPass(nn.Module):
         self.keyword = cache_keyword(self.parts[0].forward)
         self.n_layers = model.config.get_text_config().num_hidden_layers
         zero = torch.zeros(1, dtype=torch.long, device=model.device)
-        self(zero, zero, None)  # allocates the cache's tensors (transformers does so at the first write)
+        with torch.no_grad():
+            self(zero, zero, None)  # allocates the cache's tensors (transformers does so at the first write)
         for layer in self.cache.layers:  # full-attention layers that keep their write position as a tensor
             if type(layer).__name__ != "StaticLayer" or not isinstance(layer.cumulative_length, torch.Tensor):
                 raise TypeError(f"a static cache layer of kind {type(layer).__name__} is not served")
@@ -63,31 +68,40 @@ class HFStaticPass(nn.Module):
 
 
 class GraphRunner:
-    """Runs a static module (HFStaticPass, StaticDraftStep) with its mask padded to the whole cache: on a GPU
-    as one CUDA graph per row count, captured at its first use; elsewhere (tests) eagerly."""
+    """Runs a static module (HFStaticPass, StaticDraftStep) on a GPU as one CUDA graph per row count, with a
+    mask padded to the whole cache where the module reads one; elsewhere (tests), and for a row count with
+    no graph, eagerly."""
 
     def __init__(self, module: nn.Module, graphs: bool = True):
         self.module, self.use_graphs = module, graphs
+        self.masked = getattr(module, "uses_mask", True)
         self.graphs = {}  # rows -> (graph, its static inputs, its outputs)
 
     @torch.inference_mode(False)
     @torch.no_grad()
     def __call__(self, tokens, positions, mask, *inputs):
-        full = torch.zeros(len(tokens), self.module.max_len, dtype=torch.bool, device=mask.device)
-        full[:, : mask.shape[1]] = mask
-        given = (tokens, positions, full, *inputs)
-        if not self.use_graphs:
+        given = (tokens, positions, self._full(mask) if self.masked else None, *inputs)
+        if not self.use_graphs or len(tokens) not in self.graphs:
             return tuple(self.module(*given))
-        if len(tokens) not in self.graphs:
-            self.graphs[len(tokens)] = self._capture(given)
         graph, static_inputs, outputs = self.graphs[len(tokens)]
         for static, value in zip(static_inputs, given, strict=True):
-            static.copy_(value)
+            if static is not None:
+                static.copy_(value)
         graph.replay()
         return tuple(output.clone() for output in outputs)  # the next replay overwrites the graph's
 
-    def _capture(self, given: tuple) -> tuple:
-        static_inputs = tuple(value.clone() for value in given)
+    def _full(self, mask: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(len(mask), self.module.max_len, dtype=torch.bool, device=mask.device)
+        full[:, : mask.shape[1]] = mask
+        return full
+
+    @torch.inference_mode(False)
+    @torch.no_grad()
+    def capture(self, tokens, positions, mask, *inputs) -> None:
+        """Capture the graph for this row count on these inputs (before any decode runs beside it: a capture
+        must not share the GPU with other work)."""
+        given = (tokens, positions, self._full(mask) if self.masked else None, *inputs)
+        static_inputs = tuple(None if value is None else value.clone() for value in given)
         side = torch.cuda.Stream()  # warm-up off the main stream, as torch.cuda.graph asks
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -97,7 +111,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = tuple(self.module(*static_inputs))
-        return graph, static_inputs, outputs
+        self.graphs[len(tokens)] = graph, static_inputs, outputs
 
 
 def attach_graphs(pair, log=print, graphs: bool = True) -> None:
@@ -105,6 +119,8 @@ def attach_graphs(pair, log=print, graphs: bool = True) -> None:
     `compiled_pass`) their graphed passes, each only if it agrees with its eager pass; else it stays eager.
     Every row count's graph is captured here, before any decode runs beside a capture."""
     target, draft = pair.target, pair.draft
+    if any(len(set(getattr(model, "hf_device_map", {}).values())) > 1 for model in (target, draft)):
+        return log("a model spread over several devices stays eager")
     aux = tuple(getattr(draft, "aux_layer_ids", None) or ())
     parts = [("target's pass", target, "compiled_pass", lambda: HFStaticPass(target, aux))]
     if hasattr(draft, "aux_layer_ids"):
@@ -118,9 +134,9 @@ def attach_graphs(pair, log=print, graphs: bool = True) -> None:
             with torch.inference_mode(False), torch.no_grad():
                 graphed = graphed_pass(build(), pair.device, graphs)
             if slot == "compiled_step":
-                agreed = step_agrees_with_eager(model, graphed)
+                agreed = step_agrees_with_eager(model, graphed, sizes=EVERY_ROW_COUNT)
             else:
-                agreed = agrees_with_eager(model, graphed, graphed.module.aux_layer_ids)
+                agreed = agrees_with_eager(model, graphed, graphed.module.aux_layer_ids, EVERY_ROW_COUNT)
         except Exception as err:  # an architecture or version these graphs do not serve: eager
             log(f"the {name} stays eager on this GPU ({type(err).__name__}: {err})")
             continue
@@ -135,11 +151,10 @@ def graphed_pass(module: nn.Module, device: torch.device, graphs: bool = True) -
     """The module lent as a CompiledPass whose runner replays its graphs, one per row count 1..K_MAX,
     captured now on placeholder inputs (the slots they write are rewritten before they are read)."""
     runner = GraphRunner(module, graphs)
-    for k in range(1, K_MAX + 1) if graphs else ():
-        tokens, positions = torch.zeros(k, dtype=torch.long, device=device), torch.arange(k, device=device)
-        mask = positions[None, :] <= positions[:, None]
+    for k in EVERY_ROW_COUNT if graphs else ():
+        tokens = torch.zeros(k, dtype=torch.long, device=device)
         if isinstance(module, StaticDraftStep):  # its further input: features [k, H]
-            runner(tokens, positions, mask, module.embed.new_zeros(k, module.embed.shape[1]))
+            runner.capture(tokens, *feed_rows(0, k, device), module.embed.new_zeros(k, module.embed.shape[1]))
         else:
-            runner(tokens, positions, mask)
+            runner.capture(tokens, *feed_rows(0, k, device))
     return CompiledPass(module, runner)

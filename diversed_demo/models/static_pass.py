@@ -134,6 +134,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotate_half(x) * sin
 
 
+def feed_rows(start: int, end: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions [k] of a feed of sequence positions start..end − 1 and its mask [k, end] (each sees
+    itself and every earlier slot)."""
+    positions = torch.arange(start, end, device=device)
+    return positions, torch.arange(end, device=device)[None, :] <= positions[:, None]
+
+
 def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
     """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
     head j of token t)."""
