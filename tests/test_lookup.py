@@ -37,6 +37,16 @@ def test_choose_copies_on_a_drafted_tail_and_keeps_the_draft_elsewhere():
     assert int(lookup.choose(torch.tensor(11))) == 11
 
 
+def test_copies_go_on_while_the_text_has_a_follower_and_the_room_lasts():
+    lookup = PromptLookup(copy_blocks=True)
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2]))
+    assert lookup.copies(2) == [3, 4]  # "1 2" -> 3, "1 2 3" -> 4, then the room is spent
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2]))
+    assert lookup.copies(7) == [3, 4, 9, 1, 2, 3, 4]  # the copies loop through the text
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2, 8]))
+    assert lookup.copies(7) == []  # "2 8" never occurred
+
+
 def proposals(pair, prompt, mode, lookup, **kwargs):
     steps = decode_steps(pair, prompt, mode, n_draft=3, max_new_tokens=30, prompt_lookup=lookup, **kwargs)
     texts, drafts = [], []
@@ -92,3 +102,32 @@ def test_sampled_decoding_never_copies(any_pair):
     assert proposals(any_pair, REPEATING, "static", True, **options) == proposals(
         any_pair, REPEATING, "static", False, **options
     )
+
+
+def test_exact_greedy_proposes_blocks_of_copies_without_the_draft(feature_pair, monkeypatch):
+    """Exact decoding's blocks of copies: longer than N where the text goes on, q a point mass on each copy,
+    no draft step (no hidden state), and the positions the draft skipped fed at its next proposal in one
+    pass the compiled step takes."""
+    from diversed_demo.core.cache import MAX_FEED
+    from diversed_demo.core.draft import FeatureDraft
+
+    feeds = []
+    step_rows = FeatureDraft._step
+    monkeypatch.setattr(
+        FeatureDraft,
+        "_step",
+        lambda self, f, ids, start: feeds.append(len(ids)) or step_rows(self, f, ids, start),
+    )
+    reference, _ = generate(feature_pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
+    texts, blocks = [], []
+    for step in decode_steps(
+        feature_pair, REPEATING, "exact", n_draft=1, max_new_tokens=30, temperature=0, prompt_lookup=True
+    ):
+        texts += step.new_ids
+        blocks.append(step.verdict)
+    assert texts == reference.token_ids
+    copied = [v for v in blocks if v.draft_hidden is None and len(v.draft_tokens)]
+    assert copied and max(len(v.draft_tokens) for v in copied) > 1
+    for v in copied:
+        assert torch.equal(v.draft_probs.argmax(-1), v.draft_tokens) and torch.all(v.draft_probs.sum(-1) == 1)
+    assert max(feeds[1:]) <= MAX_FEED  # after the prompt's

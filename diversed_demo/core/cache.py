@@ -17,6 +17,9 @@ def cache_keyword(forward) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+MAX_FEED = 8  # new tokens a pass after the prompt may feed on the compiled pass (models/static_pass.py)
+
+
 class CachedLM:
     """A causal LM with its KV cache and the number of sequence tokens the cache holds, for one sequence or
     a batch of rows.

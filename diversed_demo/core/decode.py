@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .cache import CachedLM
+from .cache import MAX_FEED, CachedLM
 from .draft import make_draft
 from .head import weight_rule
 from .lookup import PromptLookup
@@ -132,21 +133,31 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None):
+def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None, room=0):
     """Up to n drafted tokens (none without a draft, or before a feature draft has the target's features of
     the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None). A PromptLookup, where
-    given, proposes the copies it finds in place of the draft's choices."""
+    given, proposes the copies it finds in place of the draft's choices; one that copies whole blocks
+    proposes up to `room` copies alone where the text has them (lookup.py)."""
     if draft is None or n <= 0 or not draft.ready(len(sequence)):
         return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
     if lookup is not None:
         lookup.start(sequence)
+        # The draft feeds the positions it skips at its next proposal: in one pass of at most MAX_FEED.
+        copied = (
+            lookup.copies(min(room, MAX_FEED - 1 - draft.lag(len(sequence)))) if lookup.copy_blocks else []
+        )
+        if copied:
+            tokens = sequence.new_tensor(copied)
+            return tokens, F.one_hot(tokens, vocab_size).float(), None  # q: a point mass on each copy
     return draft.propose(sequence, n, sampler, lookup)
 
 
 def make_lookup(row: Row, sampler: Sampler, draft) -> PromptLookup | None:
     """A row's prompt lookup, where it asks for one and decodes greedily with a draft (lookup.py says why
-    greedy only)."""
-    return PromptLookup() if row.prompt_lookup and sampler.greedy and draft is not None else None
+    greedy only); in exact decoding it copies whole blocks."""
+    if not (row.prompt_lookup and sampler.greedy and draft is not None):
+        return None
+    return PromptLookup(copy_blocks=row.mode == "exact")
 
 
 def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
@@ -183,9 +194,10 @@ def decode_rows(
         start = clock(device)
         # Never draft past the budget: the step emits at most n + 1 tokens.
         budgets = [min(n_draft, max_new_tokens - emitted[r] - 1) for r in active]
+        rooms = [min(MAX_FEED - 1, max_new_tokens - emitted[r] - 1) for r in active]
         proposals = [
-            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size, lookups[r])
-            for r, n in zip(active, budgets)
+            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size, lookups[r], room)
+            for r, n, room in zip(active, budgets, rooms)
         ]
         drafted = clock(device)
         feeds = [

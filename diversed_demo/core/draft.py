@@ -31,6 +31,10 @@ class StandaloneDraft:
     def ready(self, length: int) -> bool:
         return True
 
+    def lag(self, length: int) -> int:
+        """Tokens of a `length`-token sequence the next proposal would feed first."""
+        return length - self.lm.length
+
     def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
         """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H] (a token copied by `lookup`
         where it has one)."""
@@ -76,6 +80,10 @@ class FeatureDraft:
         """Whether the features of every verified position but the last are known (not before the target's
         first pass)."""
         return self.pending is not None and self.length + len(self.pending) >= length - 1
+
+    def lag(self, length: int) -> int:
+        """Verified positions of a `length`-token sequence the next proposal would feed first."""
+        return length - 1 - self.length
 
     def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
         end = len(sequence) - 1

@@ -10,6 +10,12 @@ a pass keeps changes. A relaxed greedy text can move, as with another N: the bon
 argmax p, a drafted position's argmax nu, and copies move where blocks end. Sampled verification needs
 every drafted token drawn from q, so lookup is greedy's alone. On a GPU each position reads its token on
 the host (a sync a drafted token), which the CUDA bench's exact/no-lookup mode prices.
+
+In exact decoding (nu = p, whatever q is) a block may be copies alone: where the text has a follower for
+the tail, the copies go on while it has one, up to the room of one compiled pass, and the draft does not
+run. Its q is then a point mass on each copy, which the verification takes as any proposal. The draft
+feeds the positions it skipped at its next proposal. Longer blocks pay only so: with the draft running at
+each copy they raised tau but not tokens/s (docs/measurements/speed.md).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ class PromptLookup:
     """The verified sequence's n-grams (n = MIN_MATCH..MAX_MATCH), each with the token that followed its
     latest occurrence; `start` then `choose` over one block of drafts."""
 
-    def __init__(self):
+    def __init__(self, copy_blocks: bool = False):
+        self.copy_blocks = copy_blocks  # exact decoding: a block may be copies alone, without the draft
         self.followers = {n: {} for n in range(MIN_MATCH, MAX_MATCH + 1)}
         self.indexed: list[int] = []  # the verified tokens seen so far
         self.tail: list[int] = []  # the last tokens of the sequence being drafted on
@@ -53,3 +60,11 @@ class PromptLookup:
         token = drafted if copied is None else drafted.new_tensor(copied).view_as(drafted)
         self.tail = (self.tail + [copied if copied is not None else int(drafted)])[-MAX_MATCH:]
         return token
+
+    def copies(self, room: int) -> list[int]:
+        """Up to `room` tokens copied one after another while the text has a follower for the tail."""
+        copied = []
+        while len(copied) < room and (token := self.guess()) is not None:
+            copied.append(token)
+            self.tail = (self.tail + [token])[-MAX_MATCH:]
+        return copied

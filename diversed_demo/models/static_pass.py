@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
+from ..core.cache import MAX_FEED
 from .gguf_int4 import int4_product
 from .lean_layer import LeanLlamaLayer, rms_norm
 
-K_MAX = 8  # new tokens a compiled pass takes: the verification of up to 7 drafts
+K_MAX = MAX_FEED  # new tokens a compiled pass takes: the verification of up to 7 drafts
 
 
 def compilable(model) -> bool:
