@@ -38,7 +38,7 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
   the answer, the token that followed them there is proposed instead of the draft's guess, since
   summaries and extractions repeat their source. The target still checks every proposal, so exact SD's
   text does not change; such a token's q(x) is the draft's own probability for it, sometimes 0. Exact SD
-  may also propose a run of copies alone, longer than N, without asking the draft: its q(x) is then 1.
+  may also propose a run of up to 7 copies alone, without asking the draft: its q(x) is then 1.
 * **w**: the dial. The check compares each draft token with ν = w·p + (1 − w)·q, a mix of the target's
   (p) and the draft's (q) distributions. w = 1 is exact; lower w keeps more guesses.
 * **Static ensemble**: one w for every token. **DIVERSED head**: a small trained network that picks
