@@ -36,9 +36,9 @@ def lean_model(tmp_path, monkeypatch):
     return model
 
 
-def decode_like(model, feeds, rollbacks):
+def decode_like(model, feeds, rollbacks, aux=AUX):
     """Logits, hidden and aux of each feed (the first is the prompt), rolling back after each as listed."""
-    lm = CachedLM(model, model.config.vocab_size, AUX)
+    lm = CachedLM(model, model.config.vocab_size, aux)
     out = []
     with torch.inference_mode():
         for feed, back in zip(feeds, rollbacks, strict=True):

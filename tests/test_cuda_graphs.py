@@ -6,54 +6,31 @@ decodes on them are the eager decodes."""
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
 from conftest import tiny_feature_pair
+from test_compiled_pass import decode_like, random_feeds
 from tiny import tiny_pair
 
-from diversed_demo.core.cache import CachedLM
 from diversed_demo.core.generate import generate
 from diversed_demo.models.cuda_graphs import HFStaticPass, attach_graphs, graphed_pass
-from diversed_demo.models.static_pass import K_MAX
 
 PROMPT = "Summarize: the village opened its first public swimming pool on Saturday."
-
-
-def decode_like(model, feeds, rollbacks, aux=()):
-    """Logits and aux of each feed (the first is the prompt), rolling back after each as listed."""
-    lm = CachedLM(model, model.config.vocab_size, aux)
-    out = []
-    with torch.inference_mode():
-        for feed, back in zip(feeds, rollbacks, strict=True):
-            logits, _, aux_states = lm.forward(torch.tensor(feed), keep=len(feed) if out else 1)
-            out.append((logits, aux_states))
-            lm.rollback(lm.length - back)
-        held = lm.compiled is not None
-    lm.close()
-    return out, held
-
-
-def random_feeds(seed: int, vocab: int, passes: int, prompt: int = 30):
-    rng = random.Random(seed)
-    feeds = [[rng.randrange(4, vocab) for _ in range(prompt)]]
-    feeds += [[rng.randrange(4, vocab) for _ in range(rng.randint(1, K_MAX))] for _ in range(passes)]
-    return feeds, [0] + [rng.randint(0, len(f) - 1) for f in feeds[1:]]
 
 
 @pytest.mark.parametrize("max_len", [128, 48])  # 48: the cache runs out and the decode goes on eagerly
 def test_a_decode_over_transformers_static_cache_computes_the_eager_one(max_len):
     model = copy.deepcopy(tiny_pair().target)
     aux = (0, 1)
-    feeds, rollbacks = random_feeds(0, model.config.vocab_size, passes=10)
+    feeds, rollbacks = random_feeds(0, model.config.vocab_size, passes=10, prompt=30)
     eager, _ = decode_like(model, feeds, rollbacks, aux)
     static_pass = HFStaticPass(model, aux, max_len)
     assert not static_pass.buffers_of_layer(0)[0].requires_grad  # its allocating pass keeps no autograd graph
     model.compiled_pass = graphed_pass(static_pass, torch.device("cpu"), graphs=False)
     static, held = decode_like(model, feeds, rollbacks, aux)
     assert held == (max_len == 128)
-    for (a, a_aux), (b, b_aux) in zip(eager, static, strict=True):
+    for (a, _, a_aux), (b, _, b_aux) in zip(eager, static, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b_aux, a_aux, rtol=1e-4, atol=1e-4)
 

@@ -80,7 +80,7 @@ class GraphRunner:
     @torch.inference_mode(False)
     @torch.no_grad()
     def __call__(self, tokens, positions, mask, *inputs):
-        given = (tokens, positions, self._full(mask) if self.masked else None, *inputs)
+        given = self._given(tokens, positions, mask, *inputs)
         if not self.use_graphs or len(tokens) not in self.graphs:
             return tuple(self.module(*given))
         graph, static_inputs, outputs = self.graphs[len(tokens)]
@@ -90,18 +90,23 @@ class GraphRunner:
         graph.replay()
         return tuple(output.clone() for output in outputs)  # the next replay overwrites the graph's
 
-    def _full(self, mask: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros(len(mask), self.module.max_len, dtype=torch.bool, device=mask.device)
-        full[:, : mask.shape[1]] = mask
-        return full
+    def _given(self, tokens, positions, mask, *inputs) -> tuple:
+        """The module's inputs: the mask padded to the whole cache (a graph's fixed width), or None where
+        the module builds its own."""
+        full = None
+        if self.masked:
+            full = torch.zeros(len(mask), self.module.max_len, dtype=torch.bool, device=mask.device)
+            full[:, : mask.shape[1]] = mask
+        return tokens, positions, full, *inputs
 
     @torch.inference_mode(False)
     @torch.no_grad()
     def capture(self, tokens, positions, mask, *inputs) -> None:
         """Capture the graph for this row count on these inputs (before any decode runs beside it: a capture
         must not share the GPU with other work)."""
-        given = (tokens, positions, self._full(mask) if self.masked else None, *inputs)
-        static_inputs = tuple(None if value is None else value.clone() for value in given)
+        static_inputs = tuple(
+            None if v is None else v.clone() for v in self._given(tokens, positions, mask, *inputs)
+        )
         side = torch.cuda.Stream()  # warm-up off the main stream, as torch.cuda.graph asks
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
