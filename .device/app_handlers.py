@@ -12,8 +12,7 @@ import time
 
 START = time.perf_counter()
 
-from diversed_demo.eval.dtype_choice import choice_note, load_measured_pair  # noqa: E402
-from diversed_demo.models.compiled_build import prepare  # noqa: E402
+from diversed_demo.runtime.plan import load_pair  # noqa: E402
 from diversed_demo.ui.app import build_app  # noqa: E402
 from diversed_demo.ui.examples import load_examples  # noqa: E402
 from diversed_demo.ui.opening import measured_opening  # noqa: E402
@@ -30,15 +29,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    pair = load_measured_pair("smollm2-135m", device=args.device)
-    prepare(pair, wait=True)  # the compiled CPU pass where one applies; CUDA graphs on a GPU
+    pair = load_pair("smollm2-135m", device=args.device, compiled="wait")  # CUDA graphs on a GPU
     examples = load_examples()
     start = measured_opening(pair, examples)
     build_app(pair, examples, start=start)  # every tab builds on this device
     s, prompt = start.settings, examples[start.example_index].prompt
-    dtype = next(pair.target.parameters()).dtype
-    note = f" ({choice_note(pair.dtype_choice)})" if pair.dtype_choice else ""
-    print(f"device {pair.device}, dtype {dtype}{note}")
+    print(f"runtime: {pair.runtime}")
     print(f"opened in {time.perf_counter() - START:.1f} s: {s}")
     values = (s.ensemble_weight, s.head_name, s.n_draft, s.max_new_tokens, s.temperature, s.seed)
 

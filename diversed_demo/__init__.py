@@ -11,7 +11,7 @@ import importlib
 
 # The public names, imported on first use so that `import diversed_demo.cli` stays light.
 PUBLIC = {
-    "load_pair": "models.loading",
+    "load_pair": "runtime.plan",
     "ModelPair": "models.pair",
     "PairError": "models.pair",
     "generate": "core.generate",

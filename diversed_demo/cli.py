@@ -38,22 +38,14 @@ def command_line() -> str:
     return " ".join(["diversed-demo"] + sys.argv[1:])
 
 
-def pair_from_args(args, compiled: str | None = None):
-    """The pair the arguments name; compiled = "background" or "wait" also gives its target the compiled
-    decoding pass where one applies (models/compiled_pass.py): built in the background, or before
-    returning (the bench times what decodes run on; so is the AMX kernel, models/amx_gguf.py)."""
-    from .eval.dtype_choice import choice_note, load_measured_pair
-    from .models import amx_gguf
-    from .models.compiled_build import prepare
+def pair_from_args(args, compiled: str = "off"):
+    """The pair the arguments name, as the runtime runs it here (runtime/plan.py); compiled: when its
+    compiled passes are built ("background", "wait": before returning, as the bench times, or "off")."""
     from .models.embedded import EMBEDDED
+    from .runtime.plan import load_pair
 
-    if compiled == "wait":
-        amx_gguf.available(wait=True)
-    pair = load_measured_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype)
-    if pair.dtype_choice is not None:
-        print(f"dtype {choice_note(pair.dtype_choice)}", file=sys.stderr)
-    if compiled is not None:
-        prepare(pair, wait=compiled == "wait", log=lambda line: print(line, file=sys.stderr))
+    pair = load_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype, compiled=compiled)
+    print(f"runtime: {pair.runtime}", file=sys.stderr)
     return pair
 
 
@@ -292,7 +284,8 @@ def run_distill_train(args) -> int:
     from .distill.config import DraftTrainConfig
     from .distill.train import train_draft
     from .models.embedded import EMBEDDED
-    from .models.loading import is_eagle3_dir, load_pair
+    from .models.loading import is_eagle3_dir
+    from .runtime.plan import load_pair
 
     config = DraftTrainConfig(
         epochs=args.epochs,
@@ -329,7 +322,7 @@ def run_distill_train(args) -> int:
             f"no generated data in {args.data or data.SHARDS_DIR}: run `diversed-demo distill data` first"
         )
     data.check_prompt_files_unchanged(args.data or data.SHARDS_DIR, records)  # the held-out groups index them
-    pair = load_pair(EMBEDDED, None, args.device, args.dtype)
+    pair = load_pair(EMBEDDED, None, args.device, args.dtype, compiled="off")
     state = train_draft(
         pair,
         records,
@@ -354,9 +347,9 @@ def run_distill_export(args) -> int:
 def run_distill_measure(args) -> int:
     from .distill import card
     from .models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
-    from .models.loading import load_pair
+    from .runtime.plan import load_pair
 
-    pair = load_pair(EMBEDDED, args.draft)
+    pair = load_pair(EMBEDDED, args.draft, "auto", "float32", compiled="off")
     draft_dir = args.draft or EMBEDDED_DRAFT_DIR
     figures = card.measure(
         pair, args.per_category, args.max_new_tokens, args.n_draft, draft_dir, command_line()
@@ -368,13 +361,14 @@ def run_distill_measure(args) -> int:
 def run_distill_transfer(args) -> int:
     from .distill.transfer import paired_difference, spec_bench_responses, transfer_figures
     from .models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
-    from .models.loading import is_eagle3_dir, load_eagle3, load_pair
+    from .models.loading import is_eagle3_dir, load_eagle3
+    from .runtime.plan import load_pair
 
     drafts = [d.strip() for d in (args.drafts or str(EMBEDDED_DRAFT_DIR)).split(",") if d.strip()]
     missing = [d for d in drafts if not is_eagle3_dir(Path(d))]
     if missing:
         raise ValueError(f"not saved EAGLE-3 drafts (no speculators config.json): {', '.join(missing)}")
-    generating = load_pair(EMBEDDED, None, "auto", "bfloat16")
+    generating = load_pair(EMBEDDED, None, "auto", "bfloat16", compiled="off")
     use_eager_attention_on_cpu(generating.target)
     records, pad_id = spec_bench_responses(
         generating, args.per_category, args.max_new_tokens, args.seed, args.batch_size
@@ -384,7 +378,9 @@ def run_distill_transfer(args) -> int:
         "prompts": len(records),
         "response_tokens": sum(len(r["response_ids"]) for r in records),
     }
-    scoring = load_pair(EMBEDDED, None, "auto", "float32").target  # as `distill train` loads it
+    scoring = load_pair(
+        EMBEDDED, None, "auto", "float32", compiled="off"
+    ).target  # as `distill train` loads it
     report["drafts"] = {
         draft: transfer_figures(load_eagle3(Path(draft), scoring), scoring, records, pad_id, args.bf16)
         for draft in drafts
@@ -407,9 +403,9 @@ def run_distill_prompts(args) -> int:
 
     from .distill import prompts
     from .models.embedded import EMBEDDED
-    from .models.loading import load_pair
+    from .runtime.plan import load_pair
 
-    pair = load_pair(EMBEDDED, None, "auto", "bfloat16")
+    pair = load_pair(EMBEDDED, None, "auto", "bfloat16", compiled="off")
     use_eager_attention_on_cpu(pair.target)
     bars = {}
 
@@ -468,10 +464,10 @@ def run_distill_data(args) -> int:
 
     from .distill import data
     from .models.embedded import EMBEDDED
-    from .models.loading import load_pair
+    from .runtime.plan import load_pair
 
     sources = source_list(args.sources)
-    pair = load_pair(EMBEDDED, None, "auto", args.gen_dtype)
+    pair = load_pair(EMBEDDED, None, "auto", args.gen_dtype, compiled="off")
     use_eager_attention_on_cpu(pair.target)
     bar = tqdm(total=args.tokens, desc="response tokens", unit="tok", dynamic_ncols=True)
 

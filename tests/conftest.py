@@ -41,11 +41,14 @@ def pair():
 def tiny_feature_pair():
     """The tiny target with a tiny EAGLE-3 draft reading its features."""
     from diversed_demo.models.pair import ModelPair
+    from diversed_demo.runtime.plan import speed_up
 
     base = tiny_pair()
-    return ModelPair(
+    pair = ModelPair(
         base.target, tiny_eagle3(base.target), base.tokenizer, "tiny-target", "tiny-eagle3", base.device
     )
+    speed_up(pair)
+    return pair
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +65,7 @@ def any_pair(request, pair, feature_pair):
 @pytest.fixture(scope="session")
 def restricted_pair():
     """A tiny pair whose draft proposes only 20 of the 45 tokens (logits −inf elsewhere)."""
-    from diversed_demo.models.vocab import restrict_draft_vocab
+    from diversed_demo.runtime.vocab import restrict_draft_vocab
 
     pair = tiny_pair()
     restrict_draft_vocab(pair.draft, list(range(0, 40, 2)))

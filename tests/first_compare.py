@@ -8,16 +8,14 @@ import time
 
 START = time.perf_counter()
 
-from diversed_demo.eval.dtype_choice import load_measured_pair  # noqa: E402
-from diversed_demo.models.compiled_build import prepare  # noqa: E402
+from diversed_demo.runtime.plan import load_pair  # noqa: E402
 from diversed_demo.ui.examples import load_examples  # noqa: E402
 from diversed_demo.ui.opening import measured_opening  # noqa: E402
 from diversed_demo.ui.runs import speed_sentence, stream_comparison  # noqa: E402
 
 
 def main() -> None:
-    pair = load_measured_pair("smollm2-135m")
-    prepare(pair, wait=True)  # as a start after the first on this machine finds it
+    pair = load_pair("smollm2-135m", compiled="wait")  # as a start after the first on this machine finds it
     examples = load_examples()
     start = measured_opening(pair, examples)
     settings, example = start.settings, examples[start.example_index]

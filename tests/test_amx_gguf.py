@@ -1,4 +1,4 @@
-"""The AMX 4-bit product (models/amx_gguf.py): the dense bf16 weights' product, a row's result independent of
+"""The AMX 4-bit product (runtime/amx_gguf.py): the dense bf16 weights' product, a row's result independent of
 the rows beside it, and PyTorch's kernel wherever AMX cannot serve."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import torch
 
-from diversed_demo.models import amx_gguf, gguf_int4
-from diversed_demo.models.gguf_int4 import dequantised, int4_kernel
+from diversed_demo.runtime import amx_gguf, gguf_int4
+from diversed_demo.runtime.gguf_int4 import dequantised, int4_kernel
 
 needs_amx = pytest.mark.skipif(
     not amx_gguf.available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"

@@ -7,7 +7,7 @@ import pytest
 from diversed_demo.eval.bench import parse_modes, run_batch_bench, run_bench
 from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.tasks import Example
-from diversed_demo.eval.theory import alpha_from_acceptance, analytic_speedup
+from diversed_demo.runtime.theory import alpha_from_acceptance, analytic_speedup
 
 
 def test_analytic_bound_limits():
@@ -105,7 +105,7 @@ def test_a_gpu_report_names_the_accelerator_not_the_host_threads():
 def test_weight_bytes_count_a_tied_embedding_once():
     from tiny import tiny_model
 
-    from diversed_demo.eval.costs import weight_bytes
+    from diversed_demo.runtime.costs import weight_bytes
 
     model = tiny_model(0)
     untied = weight_bytes(model)

@@ -104,9 +104,9 @@ def carded_head(target: str, draft: str, heads: Path) -> None:
     """A fresh head of the tiny pair in the server's heads folder, with the shipped general head's card
     (its frontier figures) bound to it: what the dial and the header draw on arrival."""
     from diversed_demo.models.heads import HEADS_DIR, new_head, pair_identity, save_head
-    from diversed_demo.models.loading import load_pair
+    from diversed_demo.runtime.plan import load_pair
 
-    pair = load_pair(target, draft, "cpu")
+    pair = load_pair(target, draft, "cpu", "float32")
     save_head(new_head(pair), heads / f"{CARDED_HEAD}.safetensors")
     card = json.loads((HEADS_DIR / "general.json").read_text())
     card.update(head=CARDED_HEAD, pair=pair_identity(pair))

@@ -1,5 +1,5 @@
-"""The EAGLE-3 draft's step over a static cache (models/static_draft.py) and its compiled runner
-(models/compiled_draft.py): drafting on it proposes what the eager draft does, through restarts, rollbacks,
+"""The EAGLE-3 draft's step over a static cache (runtime/static_draft.py) and its compiled runner
+(runtime/compiled_draft.py): drafting on it proposes what the eager draft does, through restarts, rollbacks,
 lending and a cache that runs out."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from conftest import PROMPTS, tiny_feature_pair
 
 from diversed_demo.core.draft import FeatureDraft
 from diversed_demo.core.sampling import Sampler
-from diversed_demo.models import int8_draft
-from diversed_demo.models.compiled_draft import attach_draft, build_draft_package, step_agrees_with_eager
-from diversed_demo.models.compiled_pass import CompiledPass
-from diversed_demo.models.int8_draft import use_int8_draft
-from diversed_demo.models.static_draft import StaticDraftStep
+from diversed_demo.runtime import int8_draft
+from diversed_demo.runtime.compiled_draft import attach_draft, build_draft_package, step_agrees_with_eager
+from diversed_demo.runtime.compiled_pass import CompiledPass
+from diversed_demo.runtime.int8_draft import use_int8_draft
+from diversed_demo.runtime.static_draft import StaticDraftStep
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def scripted_proposals(pair, sequence: list[int], start: int, advances: list[int
     with torch.no_grad():
         out = pair.target.model(torch.tensor([sequence]), output_hidden_states=True)
         features = torch.cat([out.hidden_states[i] for i in pair.draft.aux_layer_ids], -1)[0]
-    draft, length, proposals = FeatureDraft(pair.draft), start, []
+    draft, length, proposals = FeatureDraft(pair.draft, pair.draft_pass), start, []
     draft.observe(length, features[: length - 1])
     for advance in advances:
         sampler = Sampler(1.0, 1.0, torch.Generator().manual_seed(length))
@@ -68,16 +68,16 @@ ADVANCES = [1, 3, 2, 4, 1, 1, 2, 3, 4, 2]
 
 def test_drafting_on_the_static_step_proposes_what_the_eager_draft_does(bf16_pair):
     eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
-    bf16_pair.draft.compiled_step = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
+    bf16_pair.draft_pass = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
     assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
 
 
 def test_drafting_past_the_static_cache_goes_on_eagerly(bf16_pair):
     eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
     short = START + 12  # runs out mid-way
-    bf16_pair.draft.compiled_step = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=short))
+    bf16_pair.draft_pass = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=short))
     assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
-    assert bf16_pair.draft.compiled_step.acquire(object())  # given back when it ran out
+    assert bf16_pair.draft_pass.acquire(object())  # given back when it ran out
 
 
 def test_a_step_that_fails_mid_decode_drafts_on_eagerly(bf16_pair):
@@ -92,7 +92,7 @@ def test_a_step_that_fails_mid_decode_drafts_on_eagerly(bf16_pair):
         return failing.module(*inputs)
 
     failing = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256), runner=flaky)
-    bf16_pair.draft.compiled_step = failing
+    bf16_pair.draft_pass = failing
     with pytest.warns(RuntimeWarning, match="goes on eagerly"):
         assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
     assert calls == 5 and not failing.acquire(object())
@@ -100,8 +100,7 @@ def test_a_step_that_fails_mid_decode_drafts_on_eagerly(bf16_pair):
 
 def test_one_draft_at_a_time_holds_the_compiled_step(bf16_pair):
     compiled = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
-    bf16_pair.draft.compiled_step = compiled
-    first, second = FeatureDraft(bf16_pair.draft), FeatureDraft(bf16_pair.draft)
+    first, second = FeatureDraft(bf16_pair.draft, compiled), FeatureDraft(bf16_pair.draft, compiled)
     features = torch.zeros(len(PROMPTS[0]) - 1, 3 * bf16_pair.draft.hidden_size, dtype=torch.bfloat16)
     sampler = lambda logits: (logits.argmax(), torch.softmax(logits.float(), -1))  # noqa: E731
     for draft in (first, second):
@@ -128,12 +127,13 @@ def test_a_step_that_disagrees_is_not_lent(bf16_pair):
 def test_the_aot_compiled_draft_step_drafts_what_the_eager_draft_does(bf16_pair, tmp_path):
     eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
     path = build_draft_package(bf16_pair.draft, tmp_path / "step.pt2")
-    assert attach_draft(bf16_pair.draft, path) is bf16_pair.draft.compiled_step
+    bf16_pair.draft_pass = attach_draft(bf16_pair.draft, path)
+    assert bf16_pair.draft_pass is not None
     assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
 
 
 def test_a_change_to_the_steps_code_builds_a_new_package(bf16_pair, monkeypatch):
-    from diversed_demo.models import compiled_draft
+    from diversed_demo.runtime import compiled_draft
 
     path = compiled_draft.draft_package_path(bf16_pair.draft)
     assert compiled_draft.draft_package_path(bf16_pair.draft) == path  # the same draft, the same package

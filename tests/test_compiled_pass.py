@@ -1,5 +1,5 @@
-"""The target's whole pass over a static cache (models/static_pass.py) and its compiled runner
-(models/compiled_pass.py): what the eager pass computes, through CachedLM's rollbacks and fallbacks."""
+"""The target's whole pass over a static cache (runtime/static_pass.py) and its compiled runner
+(runtime/compiled_pass.py): what the eager pass computes, through CachedLM's rollbacks and fallbacks."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import torch
 from tiny import tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
-from diversed_demo.models import compiled_pass, gguf_int4
-from diversed_demo.models.attention import use_grouped_attention
-from diversed_demo.models.compiled_build import prune
-from diversed_demo.models.compiled_pass import CompiledPass, agrees_with_eager, attach, build_package
-from diversed_demo.models.gguf_int4 import use_gguf_int4
-from diversed_demo.models.lean_layer import use_lean_layers
-from diversed_demo.models.static_pass import K_MAX, StaticPass, compilable
+from diversed_demo.runtime import compiled_pass, gguf_int4
+from diversed_demo.runtime.attention import use_grouped_attention
+from diversed_demo.runtime.compiled_build import prune
+from diversed_demo.runtime.compiled_pass import CompiledPass, agrees_with_eager, attach, build_package
+from diversed_demo.runtime.gguf_int4 import use_gguf_int4
+from diversed_demo.runtime.lean_layer import use_lean_layers
+from diversed_demo.runtime.static_pass import K_MAX, StaticPass, compilable
 
 AUX = [0, 1]
 
@@ -36,9 +36,10 @@ def lean_model(tmp_path, monkeypatch):
     return model
 
 
-def decode_like(model, feeds, rollbacks, aux=AUX):
-    """Logits, hidden and aux of each feed (the first is the prompt), rolling back after each as listed."""
-    lm = CachedLM(model, model.config.vocab_size, aux)
+def decode_like(model, feeds, rollbacks, aux=AUX, runner=None):
+    """Logits, hidden and aux of each feed (the first is the prompt), rolling back after each as listed,
+    on `runner` where given (and free)."""
+    lm = CachedLM(model, model.config.vocab_size, aux, runner=runner)
     out = []
     with torch.inference_mode():
         for feed, back in zip(feeds, rollbacks, strict=True):
@@ -62,8 +63,8 @@ def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model):
     feeds, rollbacks = random_feeds(0, lean_model.config.vocab_size, passes=12)
     eager, held = decode_like(lean_model, feeds, rollbacks)
     assert not held
-    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
-    static, held = decode_like(lean_model, feeds, rollbacks)
+    runner = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    static, held = decode_like(lean_model, feeds, rollbacks, runner=runner)
     assert held  # the passes after the prompt ran on the static cache
     for (a, a_hidden, a_aux), (b, b_hidden, b_aux) in zip(eager, static, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # bf16, float32 attention on both sides
@@ -77,17 +78,16 @@ def test_long_passes_and_a_full_cache_go_on_eagerly_from_the_static_cache(lean_m
     feeds.insert(3, list(range(4, 4 + K_MAX + 3)))  # longer than a compiled pass takes
     rollbacks.insert(3, 2)
     eager, _ = decode_like(lean_model, feeds, rollbacks)
-    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
-    static, held = decode_like(lean_model, feeds, rollbacks)
+    runner = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    static, held = decode_like(lean_model, feeds, rollbacks, runner=runner)
     assert not held  # it left the compiled pass at the long feed, and stayed eager
     for (a, _, _), (b, _, _) in zip(eager, static, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
     feeds, rollbacks = random_feeds(2, vocab, passes=8, prompt=30)
-    lean_model.compiled_pass = None
     eager, _ = decode_like(lean_model, feeds, rollbacks)
     # a cache full within a few passes
-    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=40))
-    near_full, held = decode_like(lean_model, feeds, rollbacks)
+    runner = CompiledPass(StaticPass(lean_model, AUX, max_len=40))
+    near_full, held = decode_like(lean_model, feeds, rollbacks, runner=runner)
     assert not held
     for (a, _, _), (b, _, _) in zip(eager, near_full, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
@@ -105,9 +105,9 @@ def test_a_pass_that_fails_mid_decode_hands_the_decode_over_to_eager(lean_model)
             raise RuntimeError("out of memory")
         return failing.module(*inputs)
 
-    failing = lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128), runner=flaky)
+    failing = CompiledPass(StaticPass(lean_model, AUX, max_len=128), runner=flaky)
     with pytest.warns(RuntimeWarning, match="goes on eagerly"):
-        handed_over, held = decode_like(lean_model, feeds, rollbacks)
+        handed_over, held = decode_like(lean_model, feeds, rollbacks, runner=failing)
     assert calls == 4 and not held  # eager from the failed pass on
     for (a, a_hidden, _), (b, b_hidden, _) in zip(eager, handed_over, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
@@ -116,14 +116,15 @@ def test_a_pass_that_fails_mid_decode_hands_the_decode_over_to_eager(lean_model)
 
 
 def test_one_decode_at_a_time_holds_the_compiled_pass(lean_model):
-    compiled = lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
-    first, second = (CachedLM(lean_model, lean_model.config.vocab_size, AUX) for _ in range(2))
+    compiled = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    vocab = lean_model.config.vocab_size
+    first, second = (CachedLM(lean_model, vocab, AUX, runner=compiled) for _ in range(2))
     with torch.inference_mode():
         first.forward(torch.arange(4, 20), keep=1)
         second.forward(torch.arange(4, 20), keep=1)
     assert first.compiled is compiled and second.compiled is None  # the second decodes eagerly
     first.close()
-    third = CachedLM(lean_model, lean_model.config.vocab_size, AUX)
+    third = CachedLM(lean_model, vocab, AUX, runner=compiled)
     with torch.inference_mode():
         third.forward(torch.arange(4, 20), keep=1)
     assert third.compiled is compiled
@@ -135,13 +136,14 @@ def test_one_decode_at_a_time_holds_the_compiled_pass(lean_model):
 def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path):
     path = build_package(lean_model, AUX, tmp_path / "pass.pt2")
     os.utime(path, (0, 0))
-    assert attach(lean_model, AUX, path) is lean_model.compiled_pass
+    runner = attach(lean_model, AUX, path)
+    assert runner is not None
     assert path.stat().st_mtime > time.time() - 60  # loading marks it in use, against pruning
     feeds, rollbacks = random_feeds(2, lean_model.config.vocab_size, passes=8)
-    compiled, held = decode_like(lean_model, feeds, rollbacks)
+    compiled, held = decode_like(lean_model, feeds, rollbacks, runner=runner)
     assert held
-    lean_model.compiled_pass = CompiledPass(StaticPass(lean_model, AUX, compiled_pass.MAX_LEN))
-    static, _ = decode_like(lean_model, feeds, rollbacks)
+    static_runner = CompiledPass(StaticPass(lean_model, AUX, compiled_pass.MAX_LEN))
+    static, _ = decode_like(lean_model, feeds, rollbacks, runner=static_runner)
     for (a, _, a_aux), (b, _, b_aux) in zip(static, compiled, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # inductor fuses away some bf16 roundings
         torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05)

@@ -1,4 +1,4 @@
-"""The GPU's graphed passes (models/cuda_graphs.py) without the graphs, which need CUDA: a transformers
+"""The GPU's graphed passes (runtime/cuda_graphs.py) without the graphs, which need CUDA: a transformers
 model over transformers' static cache and the EAGLE-3 draft's step, each fed a mask as wide as its cache
 as a graph is, compute what the eager passes do, through rollbacks, restarts and a cache that runs out;
 decodes on them are the eager decodes."""
@@ -14,7 +14,7 @@ from test_compiled_pass import decode_like, random_feeds
 from tiny import tiny_pair
 
 from diversed_demo.core.generate import generate
-from diversed_demo.models.cuda_graphs import HFStaticPass, attach_graphs, graphed_pass
+from diversed_demo.runtime.cuda_graphs import HFStaticPass, attach_graphs, graphed_pass
 
 PROMPT = "Summarize: the village opened its first public swimming pool on Saturday."
 
@@ -27,8 +27,8 @@ def test_a_decode_over_transformers_static_cache_computes_the_eager_one(max_len)
     eager, _ = decode_like(model, feeds, rollbacks, aux)
     static_pass = HFStaticPass(model, aux, max_len)
     assert not static_pass.buffers_of_layer(0)[0].requires_grad  # its allocating pass keeps no autograd graph
-    model.compiled_pass = graphed_pass(static_pass, torch.device("cpu"), graphs=False)
-    static, held = decode_like(model, feeds, rollbacks, aux)
+    runner = graphed_pass(static_pass, torch.device("cpu"), graphs=False)
+    static, held = decode_like(model, feeds, rollbacks, aux, runner=runner)
     assert held == (max_len == 128)
     for (a, _, a_aux), (b, _, b_aux) in zip(eager, static, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
@@ -53,8 +53,7 @@ def test_decodes_on_the_attached_passes_are_the_eager_decodes(kind, device):
     target_only = generate(pair, PROMPT, mode="ar", **settings)[0].token_ids
     lines = []
     attach_graphs(pair, log=lines.append, graphs=device == "cuda")
-    slot = "compiled_step" if kind == "feature" else "compiled_pass"
-    assert pair.target.compiled_pass is not None and getattr(pair.draft, slot) is not None, lines
+    assert pair.target_pass is not None and pair.draft_pass is not None, lines
     for name, run in runs.items():
         assert generate(pair, PROMPT, **run, **settings)[0].token_ids == eager[name]
     assert generate(pair, PROMPT, mode="ar", **settings)[0].token_ids == target_only
@@ -62,15 +61,15 @@ def test_decodes_on_the_attached_passes_are_the_eager_decodes(kind, device):
 
 
 def test_a_pass_that_disagrees_is_not_attached(monkeypatch):
-    from diversed_demo.models import cuda_graphs
+    from diversed_demo.runtime import cuda_graphs
 
     pair = copy.deepcopy(tiny_feature_pair())
     monkeypatch.setattr(cuda_graphs, "agrees_with_eager", lambda *args: False)
     lines = []
     attach_graphs(pair, log=lines.append, graphs=False)
-    assert getattr(pair.target, "compiled_pass", None) is None
+    assert pair.target_pass is None
     assert any("target's pass" in line and "eager" in line for line in lines)
-    assert getattr(pair.draft, "compiled_step", None) is not None  # the draft's check is its own
+    assert pair.draft_pass is not None  # the draft's check is its own
 
 
 def test_a_model_spread_over_several_devices_stays_eager():
@@ -78,6 +77,4 @@ def test_a_model_spread_over_several_devices_stays_eager():
     pair.target.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}  # as accelerate marks one
     lines = []
     attach_graphs(pair, log=lines.append, graphs=False)
-    assert getattr(pair.target, "compiled_pass", None) is None and lines == [
-        "a model spread over several devices stays eager"
-    ]
+    assert pair.target_pass is None and lines == ["a model spread over several devices stays eager"]

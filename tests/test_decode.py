@@ -15,7 +15,7 @@ from diversed_demo.core.head import ConstantHead
 from diversed_demo.core.verify import ensemble_probs, total_variation
 from diversed_demo.distill.ttt import ttt_forward
 from diversed_demo.models.eagle import Eagle3Draft, target_features
-from diversed_demo.models.loading import check_tokenizers, load_pair
+from diversed_demo.models.loading import check_tokenizers, load_models
 from diversed_demo.models.pair import PairError
 
 
@@ -213,7 +213,7 @@ def test_restricted_draft_greedy_matches_target_and_transformers(restricted_pair
 class RecomputingLM(decode.CachedLM):
     """No KV cache at all: every forward recomputes the whole prefix."""
 
-    def __init__(self, model, vocab_size, aux_layer_ids=(), rows=1):
+    def __init__(self, model, vocab_size, aux_layer_ids=(), rows=1, runner=None):
         super().__init__(model, vocab_size, aux_layer_ids, rows)
         self.tokens = torch.empty(0, dtype=torch.long)
 
@@ -234,7 +234,7 @@ class RecomputingLM(decode.CachedLM):
 class RecomputingFeatureDraft(draft.FeatureDraft):
     """A feature draft without a cache: each proposal recomputes every entry from the verified features."""
 
-    def __init__(self, model):
+    def __init__(self, model, step=None):
         super().__init__(model)
         self.all_features = None
 
@@ -282,7 +282,7 @@ def test_kv_rollback_matches_full_recomputation(any_pair, monkeypatch, mode, kwa
 
 
 class RecomputingStandaloneDraft(draft.StandaloneDraft):
-    def __init__(self, model, vocab_size):
+    def __init__(self, model, vocab_size, runner=None):
         self.lm = RecomputingLM(model, vocab_size)
 
 
@@ -371,7 +371,7 @@ def test_pair_with_different_tokenizers_is_refused(tmp_path):
     other.add_tokens(["zebra"])
     other.save_pretrained(draft_dir)
     with pytest.raises(PairError, match="vocabulary size"):
-        load_pair(target_dir, draft_dir, "cpu")
+        load_models(target_dir, draft_dir, "cpu")
     swapped_eos = tiny_tokenizer()
     swapped_eos.eos_token = "<pad>"
     with pytest.raises(PairError, match="eos_token_id"):
@@ -388,12 +388,12 @@ def test_pair_with_different_tokenizers_is_refused(tmp_path):
 
 def test_local_directories_load_as_a_pair(tmp_path):
     target_dir, draft_dir = save_tiny_pair(tmp_path)
-    pair = load_pair(target_dir, draft_dir, "cpu")
+    pair = load_models(target_dir, draft_dir, "cpu")
     assert pair.target.config.num_hidden_layers == 2 and pair.draft.config.num_hidden_layers == 1
     summary, _ = generate(pair, "the cat sat", mode="exact", max_new_tokens=5, temperature=0)
     assert summary.new_tokens >= 1
     with pytest.raises(PairError, match="not a model directory"):
-        load_pair(str(tmp_path), draft_dir, "cpu")
+        load_models(str(tmp_path), draft_dir, "cpu")
 
 
 def run_rows(pair, prompts, seeds, mode, ensemble_weight=0.5, head=None, **kwargs):

@@ -67,12 +67,12 @@ def test_saved_draft_reloads_identically(feature_pair, tmp_path):
 def test_feature_draft_loads_through_load_pair(tmp_path):
     from tiny import save_tiny_pair
 
-    from diversed_demo.models.loading import load_pair
+    from diversed_demo.runtime.plan import load_pair
 
     target_dir, _ = save_tiny_pair(tmp_path)  # the same tiny target as tiny_feature_pair's
     base = tiny_feature_pair()
     base.draft.save(tmp_path / "eagle", dtype=torch.float32)
-    loaded = load_pair(target_dir, str(tmp_path / "eagle"), "cpu")
+    loaded = load_pair(target_dir, str(tmp_path / "eagle"), "cpu", "float32")
     summary, _ = generate(loaded, PROMPTS[1], mode="exact", n_draft=3, max_new_tokens=12, temperature=0)
     reference, _ = generate(loaded, PROMPTS[1], mode="ar", max_new_tokens=12, temperature=0)
     assert loaded.draft_name == str(tmp_path / "eagle") and summary.drafted > 0

@@ -10,14 +10,14 @@ import torch
 from diversed_demo.core.generate import generate
 from diversed_demo.models.eagle import Eagle3Draft
 from diversed_demo.models.heads import load_head
-from diversed_demo.models.loading import load_pair
+from diversed_demo.runtime.plan import load_pair
 
 pytestmark = pytest.mark.embedded
 
 
 @pytest.fixture(scope="module")
 def embedded():
-    return load_pair()
+    return load_pair(dtype="float32")
 
 
 def test_embedded_draft_is_a_feature_draft_on_the_target_embedding(embedded):
@@ -186,10 +186,10 @@ def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     weights when first packed) through lean layers; its logits stay within bf16's own noise of transformers'
     bf16 layers: one-token, verification-sized and prompt passes."""
     from diversed_demo.core.cache import CachedLM
-    from diversed_demo.models import gguf_int4
-    from diversed_demo.models.gguf_int4 import GgufLinear
-    from diversed_demo.models.lean_layer import LeanLlamaLayer
-    from diversed_demo.models.stock import stock_layers
+    from diversed_demo.runtime import gguf_int4
+    from diversed_demo.runtime.gguf_int4 import GgufLinear
+    from diversed_demo.runtime.lean_layer import LeanLlamaLayer
+    from diversed_demo.runtime.stock import stock_layers
 
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # what is tested is the computation
     pair = load_pair.__wrapped__(dtype="bfloat16")

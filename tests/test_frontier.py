@@ -273,7 +273,7 @@ def test_a_decode_log_is_of_one_dtype(tmp_path):
 
     from diversed_demo.eval.decode_log import DecodeLog
     from diversed_demo.eval.frontier import log_settings
-    from diversed_demo.models.loading import load_pair
+    from diversed_demo.runtime.plan import load_pair
 
     target, draft = save_tiny_pair(tmp_path)
     fp32, bf16 = (load_pair(target, draft, "cpu", dtype) for dtype in ("float32", "bfloat16"))

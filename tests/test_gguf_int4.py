@@ -9,14 +9,14 @@ from tiny import tiny_q4_model, tiny_tokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from diversed_demo.core.cache import CachedLM
-from diversed_demo.eval.costs import weight_bytes
-from diversed_demo.models import amx_gguf, gguf_int4
-from diversed_demo.models.attention import GROUPED_SDPA, use_grouped_attention
-from diversed_demo.models.gguf_int4 import GgufLinear, dequantised, int4_product, pack, use_gguf_int4
-from diversed_demo.models.lean_layer import LeanLlamaLayer, use_lean_layers
-from diversed_demo.models.loading import use_4bit_products
 from diversed_demo.models.pair import ModelPair
-from diversed_demo.models.stock import stock_layers
+from diversed_demo.runtime import amx_gguf, gguf_int4
+from diversed_demo.runtime.attention import GROUPED_SDPA, use_grouped_attention
+from diversed_demo.runtime.costs import weight_bytes
+from diversed_demo.runtime.gguf_int4 import GgufLinear, dequantised, int4_product, pack, use_gguf_int4
+from diversed_demo.runtime.lean_layer import LeanLlamaLayer, use_lean_layers
+from diversed_demo.runtime.plan import fast_target
+from diversed_demo.runtime.stock import stock_layers
 
 
 @pytest.fixture(autouse=True, params=["aten", "amx"])
@@ -94,13 +94,13 @@ def test_a_loaded_model_moves_to_a_kernel_that_became_available(tmp_path, monkey
         pytest.skip("moves to the AMX kernel")
     model, path = tiny_int4_model(tmp_path)
     monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "aten")
-    use_4bit_products(model, path)
+    fast_target(model, path)
     ids = torch.arange(4, 20)[None]
     with torch.inference_mode():
         before = model(ids[:, :-3], use_cache=True)
         on_aten = model(ids[:, -3:], past_key_values=before.past_key_values).logits.float()
     monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "amx")
-    use_4bit_products(model)  # the GGUF it was loaded from
+    fast_target(model, model.gguf_path)  # the GGUF it was loaded from
     layer = model.model.layers[0]
     assert type(layer) is LeanLlamaLayer and len(layer.qkv) == 1 and len(layer.self_attn.o_proj.operands) == 1
     with torch.inference_mode():

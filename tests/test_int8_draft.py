@@ -10,8 +10,8 @@ from conftest import PROMPTS, tiny_feature_pair
 
 from diversed_demo.core.draft import FeatureDraft
 from diversed_demo.core.sampling import Sampler
-from diversed_demo.models import int8_draft
-from diversed_demo.models.int8_draft import INT8_ROWS, Int8Linear, quantise_rows, use_int8_draft
+from diversed_demo.runtime import int8_draft
+from diversed_demo.runtime.int8_draft import INT8_ROWS, Int8Linear, quantise_rows, use_int8_draft
 
 
 @pytest.mark.parametrize("rows", [1, INT8_ROWS, INT8_ROWS + 3])

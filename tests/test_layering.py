@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "diversed_demo"
 # Bottom to top: core is the decoding algorithm over any models; models loads and runs them; eval and
 # training measure and fit heads; distill makes the draft; ui and cli face the user.
-LAYERS = ["common", "core", "models", "eval", "training", "distill", "ui", "cli", "vllm"]
+LAYERS = ["common", "core", "models", "runtime", "eval", "training", "distill", "ui", "cli", "vllm"]
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +85,15 @@ def test_test_helpers_do_not_ship_in_the_package():
 def test_the_plain_functions_beneath_the_app_run_without_gradio():
     """What the app's handlers call (a run, a comparison, the opening, the examples) and the CLI import
     no Gradio, so scripts and a machine without it (a GPU box with only torch) can run them headless."""
-    headless = ["ui.runs", "ui.opening", "ui.examples", "ui.render", "ui.trace", "eval.dtype_choice", "cli"]
+    headless = [
+        "ui.runs",
+        "ui.opening",
+        "ui.examples",
+        "ui.render",
+        "ui.trace",
+        "runtime.plan",
+        "cli",
+    ]
     code = "; ".join(f"import diversed_demo.{m}" for m in headless)
     code += "; import sys; assert 'gradio' not in sys.modules, 'gradio imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,7 +11,7 @@ from conftest import free_port
 from tiny import save_tiny_pair
 
 from diversed_demo import ui
-from diversed_demo.models.loading import load_pair
+from diversed_demo.runtime.plan import load_pair
 from diversed_demo.ui.runs import TrainingJob
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ PROMPTS = ["the cat sat on", "a dog ran under the", "one plus two is", "def x re
 def served(tmp_path_factory):
     """The app on a tiny pair loaded like a real one, served in this process: (url, its training job)."""
     root = tmp_path_factory.mktemp("load")
-    pair = load_pair(*save_tiny_pair(root), "cpu")
+    pair = load_pair(*save_tiny_pair(root), "cpu", "float32")
     job = TrainingJob()
     app = ui.build_app(pair, job=job)
     port = free_port()
@@ -85,7 +85,7 @@ def storm_app(tmp_path_factory):
     from diversed_demo.ui.trace import trace_files
 
     root = tmp_path_factory.mktemp("storm")
-    pair = load_pair(*save_tiny_pair(root), "cpu")
+    pair = load_pair(*save_tiny_pair(root), "cpu", "float32")
     *_, run = stream_decode(pair, PROMPTS[0], DecodeSettings(mode="static", max_new_tokens=24, seed=1))
     trace_json = trace_files({"Static ensemble": run}, pair, "decode")[0]
     with pytest.MonkeyPatch.context() as mp:

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tiny import tiny_pair
 
-from diversed_demo.models import linear
-from diversed_demo.models.linear import FastLinear, linear_product, stock_linear
+from diversed_demo.runtime import linear
+from diversed_demo.runtime.linear import FastLinear, linear_product, stock_linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 65, 200])
@@ -101,7 +101,7 @@ def test_grouped_attention_computes_transformers_sdpa():
     one sequence (prefill, a one-token pass, a 3-token verification block) and a batch of two rows with a
     rolled-back row's holes masked out."""
     from diversed_demo.core.cache import CachedLM
-    from diversed_demo.models.attention import GROUPED_SDPA, stock_attention
+    from diversed_demo.runtime.attention import GROUPED_SDPA, stock_attention
 
     pair = tiny_pair()
     assert (
@@ -132,7 +132,7 @@ def test_grouped_attention_computes_transformers_sdpa():
 def test_ungrouped_heads_keep_transformers_sdpa():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from diversed_demo.models.attention import use_grouped_attention
+    from diversed_demo.runtime.attention import use_grouped_attention
 
     config = LlamaConfig(
         vocab_size=40,
@@ -151,8 +151,8 @@ def test_one_query_attention_in_bf16_computes_transformers_sdpa(monkeypatch):
     """In bf16 a one-token pass may take the float32 one-query path (where it pays here): it gives
     transformers' SDPA results to bf16's precision. Float32 never takes it."""
     from diversed_demo.core.cache import CachedLM
-    from diversed_demo.models import attention
-    from diversed_demo.models.attention import single_query_pays, stock_attention
+    from diversed_demo.runtime import attention
+    from diversed_demo.runtime.attention import single_query_pays, stock_attention
 
     assert not single_query_pays(torch.float32)
     monkeypatch.setattr(attention, "single_query_pays", lambda dtype: dtype != torch.float32)

@@ -8,8 +8,8 @@ import json
 import pytest
 from conftest import CPU_COSTS, shipped_heads, ui_examples
 
-from diversed_demo.eval import theory
 from diversed_demo.models.heads import HEADS_DIR
+from diversed_demo.runtime import theory
 from diversed_demo.ui import opening, runs
 
 FREE_COSTS = {"c": 0.0, "v": {n: 1.0 for n in range(1, 7)}}  # drafting and extra tokens free

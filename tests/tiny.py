@@ -76,12 +76,15 @@ def save_tiny_pair(directory, target_seed: int = 0, draft_seed: int = 1) -> tupl
 
 
 def tiny_pair(target_seed: int = 0, draft_seed: int = 1, draft=None):
-    """An in-memory ModelPair of tiny random models (no disk)."""
+    """An in-memory ModelPair of tiny random models (no disk), run as the runtime runs a loaded pair."""
     from diversed_demo.models.pair import ModelPair
+    from diversed_demo.runtime.plan import speed_up
 
     target = tiny_model(target_seed, 2)
     draft = draft if draft is not None else tiny_model(draft_seed, 1)
-    return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))
+    pair = ModelPair(target, draft, tiny_tokenizer(), "tiny-target", "tiny-draft", torch.device("cpu"))
+    speed_up(pair)
+    return pair
 
 
 def tiny_eagle3(

@@ -17,7 +17,7 @@ def cache_keyword(forward) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
-MAX_FEED = 8  # new tokens a pass after the prompt may feed on the compiled pass (models/static_pass.py)
+MAX_FEED = 8  # new tokens a pass after the prompt may feed on the compiled pass (runtime/static_pass.py)
 
 
 class CachedLM:
@@ -30,7 +30,7 @@ class CachedLM:
     slot keeps its row's position for the rotary embedding. Trailing slots no row needs are cropped.
     """
 
-    def __init__(self, model, vocab_size: int, aux_layer_ids=(), rows: int = 1, use_compiled: bool = True):
+    def __init__(self, model, vocab_size: int, aux_layer_ids=(), rows: int = 1, runner=None):
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
@@ -42,9 +42,10 @@ class CachedLM:
         self.cache_keyword = cache_keyword(self.decoder.forward)
         self.lengths = [0] * rows  # sequence tokens each row's cache holds
         self.slot_positions = None  # [rows, slots]: each slot's position in its row's sequence, −1 for a hole
-        # The model's compiled pass (models/compiled_pass.py), while this one-row LM holds it: after the
-        # prompt, passes of a few tokens run there over its static cache instead of `cache`.
-        self.use_compiled, self.compiled = use_compiled and rows == 1, None
+        # `runner`: a compiled or graphed pass of the model (runtime/compiled_pass.py), lent to one decode
+        # at a time. While this one-row LM holds it, passes of a few tokens after the prompt run there, over
+        # its static cache instead of `cache`.
+        self.runner, self.compiled = (runner if rows == 1 else None), None
 
     @property
     def length(self) -> int:
@@ -82,7 +83,7 @@ class CachedLM:
 
     def _enter_compiled(self) -> None:
         """Move the cache into the model's compiled pass, if it has one for these aux layers and is free."""
-        compiled = getattr(self.model, "compiled_pass", None) if self.use_compiled else None
+        compiled = self.runner
         if compiled is None or self.slot_positions is not None or not compiled.fits(self.length, 1):
             return
         if self.aux_layer_ids and list(self.aux_layer_ids) != list(compiled.module.aux_layer_ids):
@@ -103,7 +104,7 @@ class CachedLM:
         """Give the compiled pass back to other decodes (also done when this LM is garbage)."""
         if self.compiled is not None:
             self.compiled.release(id(self))
-        self.compiled, self.use_compiled = None, False
+        self.compiled, self.runner = None, None
 
     def forward_rows(self, feeds: list[torch.Tensor], keeps: list[int]) -> list[tuple]:
         """`forward` for every row of the batch in one pass: feeds[r] [k_r] and keeps[r] as there."""
@@ -141,7 +142,7 @@ class CachedLM:
         for feed, keep in zip(feeds, keeps):
             key = (tuple(feed.tolist()), keep)
             if key not in alone:
-                single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids, use_compiled=False)
+                single = CachedLM(self.model, self.vocab_size, self.aux_layer_ids)
                 outputs = single.forward(feed, keep)
                 alone[key] = (list(single.cache), outputs)
             runs.append(alone[key])

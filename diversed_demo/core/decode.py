@@ -186,7 +186,7 @@ def decode_rows(
     weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
     lookups = [make_lookup(row, sampler, draft) for row, sampler, draft in zip(rows, samplers, drafts)]
     aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
-    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows))
+    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass)
     sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]
     stop_ids, emitted, active, index = eos_ids(pair), [0] * len(rows), list(range(len(rows))), 0
     while active:

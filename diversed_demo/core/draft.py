@@ -25,8 +25,8 @@ class StandaloneDraft:
 
     aux_layer_ids: list[int] = []
 
-    def __init__(self, model, vocab_size: int):
-        self.lm = CachedLM(model, vocab_size)
+    def __init__(self, model, vocab_size: int, runner=None):
+        self.lm = CachedLM(model, vocab_size, runner=runner)
 
     def ready(self, length: int) -> bool:
         return True
@@ -65,16 +65,16 @@ class FeatureDraft:
     has not seen (true features, from `observe`) in one pass, then drafts on its own outputs.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, step=None):
         self.model = model
         self.token_ids = model.draft_token_ids
         self.aux_layer_ids = model.aux_layer_ids
         self.cache: list = []
         self.length = 0  # cache entries that are verified
         self.pending = None  # true features [P, n_aux·H] of positions length .. length + P − 1
-        # The draft's compiled step (models/compiled_draft.py), while this draft holds it: its static
-        # cache then stands in for `cache`.
-        self.compiled = None
+        # `step`: the draft's compiled or graphed step (runtime/compiled_draft.py), lent to one decode at a
+        # time; while this draft holds it (`compiled`), its static cache stands in for `cache`.
+        self.step, self.compiled = step, None
 
     def ready(self, length: int) -> bool:
         """Whether the features of every verified position but the last are known (not before the target's
@@ -122,7 +122,7 @@ class FeatureDraft:
         return hidden, self.model.draft_logits(hidden)[0]
 
     def _enter_compiled(self) -> None:
-        compiled = getattr(self.model, "compiled_step", None)
+        compiled, self.step = self.step, None  # asked for once, at a decode's first proposal
         if compiled is not None and compiled.acquire(self):
             weakref.finalize(self, compiled.release, id(self))
             self.compiled = compiled
@@ -162,5 +162,5 @@ def make_draft(pair, mode: str):
     if mode == "ar":
         return None
     if is_feature_draft(pair.draft):
-        return FeatureDraft(pair.draft)
-    return StandaloneDraft(pair.draft, pair.vocab_size)
+        return FeatureDraft(pair.draft, pair.draft_pass)
+    return StandaloneDraft(pair.draft, pair.vocab_size, pair.draft_pass)

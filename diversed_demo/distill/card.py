@@ -17,9 +17,9 @@ from ..common.files import atomic_write
 from ..core.generate import generate
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
-from ..eval.costs import measure_costs
 from ..eval.tasks import load_spec_bench
 from ..models.embedded import EMBEDDED_DRAFT_DIR
+from ..runtime.costs import measure_costs
 from . import data, passages, prompts
 
 CARD = "card.json"

@@ -19,8 +19,8 @@ from ..core.generate import generate
 from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
 from ..models.heads import load_head, resolve_head_path
+from ..runtime.costs import choose_n_draft, measure_costs, memory_limit
 from .bench_report import batch_report, report
-from .costs import choose_n_draft, measure_costs, memory_limit
 from .hf_baseline import hf_generate, transformers_kwargs
 from .llama_cpp_baseline import llama_cpp_generate
 from .rewards import fidelity, quality

@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 
 from ..common.formatting import fmt
-from .dtype_choice import choice_note
-from .theory import alpha_from_acceptance, analytic_speedup
+from ..runtime.dtype_choice import choice_note
+from ..runtime.theory import alpha_from_acceptance, analytic_speedup
 
 
 def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = None) -> dict:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ..models.stock import stock_layers
+from ..runtime.stock import stock_layers
 
 
 def transformers_kwargs(mode_kwargs: dict) -> dict | None:

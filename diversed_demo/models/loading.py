@@ -1,9 +1,9 @@
 """Loading a (target, draft) pair that shares a tokenizer, with a standalone or an EAGLE-3 draft, and the
-embedded SmolLM2 pair."""
+embedded SmolLM2 pair, as transformers builds them: how they then run fast here is the runtime's
+(runtime/plan.py)."""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -12,9 +12,6 @@ import torch
 from .eagle import WEIGHTS_FILE, Eagle3Draft
 from .embedded import EMBEDDED, EMBEDDED_DRAFT_DIR, embedded_gguf_path
 from .gguf_cache import _converted_gguf_dir
-from .gguf_int4 import use_gguf_int4
-from .int8_draft import use_int8_draft
-from .lean_layer import use_lean_layers
 from .pair import ModelPair, PairError
 
 
@@ -168,29 +165,15 @@ def load_eagle3(directory, target) -> Eagle3Draft:
 
 
 def load_target(target: str, device: torch.device, dtype: torch.dtype):
-    """The target model alone, a GGUF's projections on its own 4-bit weights where that pays here."""
-    model = _load_model(resolve_source(target), device, dtype)
-    gguf = gguf_file(target)
-    if gguf is not None:
-        use_4bit_products(model, gguf)
-    return model
+    """The target model alone."""
+    return _load_model(resolve_source(target), device, dtype)
 
 
-def use_4bit_products(model, gguf: Path | None = None) -> None:
-    """The model's decoding products on its GGUF's own 4-bit weights, where that pays here, on the 4-bit
-    kernel that serves now, with lean layers over them; again (without `gguf`: the one it was loaded from)
-    to move them to a kernel that became available (models/amx_gguf.py)."""
-    gguf = gguf or getattr(model, "gguf_path", None)
-    if gguf is not None and use_gguf_int4(model, gguf):
-        model.gguf_path = gguf
-        use_lean_layers(model)
-
-
-@functools.lru_cache(maxsize=4)
-def load_pair(
+def load_models(
     target: str = EMBEDDED, draft: str | None = None, device: str = "auto", dtype: str = "auto"
 ) -> ModelPair:
-    """Load target, draft and their shared tokenizer, once per process for the same arguments.
+    """Load target, draft and their shared tokenizer as transformers runs them (dtype "auto": float32 on a
+    CPU). The public `load_pair` (runtime/plan.py) loads through here, then makes the pair fast.
 
     `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the embedded pair
     (draft defaults to the shipped one). Raises PairError with a readable message on any mismatch.
@@ -216,7 +199,6 @@ def load_pair(
         draft_source = resolve_source(draft)
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(draft_source))
         draft_model, draft_name = _load_model(draft_source, dev, torch_dtype), draft
-    use_int8_draft(draft_model)  # its decoding products on 8-bit weights, where that is faster here
     pair = ModelPair(target_model, draft_model, tokenizer, target, draft_name, dev)
     if pair.vocab_size < len(tokenizer):
         raise PairError(

@@ -8,9 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import use_grouped_attention
-from .linear import use_fast_linear
-
 
 class PairError(ValueError):
     """A model pair that cannot work together (or cannot be found); the message says why."""
@@ -24,12 +21,13 @@ class ModelPair:
     target_name: str
     draft_name: str
     device: torch.device
-    dtype_choice: dict | None = None  # how the dtype was chosen, where it was measured (eval.dtype_choice)
-
-    def __post_init__(self):
-        for model in (self.target, self.draft):
-            use_fast_linear(model)
-            use_grouped_attention(model)
+    dtype_choice: dict | None = None  # how the dtype was chosen, where it was measured (runtime/dtype_choice)
+    # Set by the runtime (runtime/plan.py), never by a model: how the pair runs here, and the compiled or
+    # graphed passes it lends to one decode at a time (the draft's: a standalone draft's pass, or an
+    # EAGLE-3 draft's step). The decoder runs what it is given here, eagerly where None.
+    runtime: object | None = None
+    target_pass: object | None = None
+    draft_pass: object | None = None
 
     @property
     def vocab_size(self) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..eval.theory import alpha_from_acceptance
+from ..runtime.theory import alpha_from_acceptance
 from .cards import FRONTIER_COMMAND, card_task, frontier_at, head_cards, is_greedy, trained_greedy
 from .shipped_files import dig, shown_path
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.prompt import encode_prompt
-from ..eval.costs import choose_n_draft, measure_costs
-from ..eval.dtype_choice import choice_note
 from ..eval.tasks import Example
 from ..models.heads import HeadError, list_heads, load_head
+from ..runtime.costs import choose_n_draft, measure_costs
+from ..runtime.dtype_choice import choice_note
 from .cards import head_cards, trained_greedy
 from .render import MODE_LABELS
 from .runs import DecodeSettings
@@ -139,11 +139,12 @@ def measured_opening(pair, examples: list[Example]) -> Defaults:
     """What the launchers open the app at: the arrival settings, at the draft length timed on this pair,
     and, where the dtype was chosen by measurement, which one and why."""
     start = opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))
+    runtime = f" How the pair runs here, as it opened: {pair.runtime}." if pair.runtime else ""
     if pair.dtype_choice is None:
-        return start
+        return replace(start, why=f"{start.why}{runtime}")
     dtype = pair.dtype_choice["dtype"]
     return replace(
         start,
         note=f"{start.note.removesuffix('.')}, in {dtype}.",
-        why=f"{start.why} The models run in {choice_note(pair.dtype_choice)}.",
+        why=f"{start.why} The models run in {choice_note(pair.dtype_choice)}.{runtime}",
     )

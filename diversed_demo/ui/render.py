@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
-from ..eval.theory import analytic_speedup
+from ..runtime.theory import analytic_speedup
 from .runs import Comparison, DecodeRun
 
 # The decoder's modes (core.settings.MODES) as the page names them; logic keys on the codes.

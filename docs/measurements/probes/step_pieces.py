@@ -14,7 +14,7 @@ from diversed_demo.cli import pair_from_args
 from diversed_demo.core import decode, draft, generate, sampling
 from diversed_demo.core.prompt import encode_prompt
 from diversed_demo.eval.tasks import load_spec_bench
-from diversed_demo.models import compiled_pass
+from diversed_demo.runtime import compiled_pass
 
 totals = collections.defaultdict(lambda: [0, 0.0])
 

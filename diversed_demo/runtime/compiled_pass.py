@@ -92,18 +92,19 @@ class CompiledPass:
 
 # The files whose code (or build settings) a compiled package holds: a change to any builds a new one.
 PASS_SOURCES = (
-    "static_pass.py",
-    "gguf_int4.py",
-    "amx_gguf.py",
-    "amx_gguf.cpp",
-    "lean_layer.py",
-    "compiled_pass.py",
+    "runtime/static_pass.py",
+    "runtime/gguf_int4.py",
+    "runtime/amx_gguf.py",
+    "runtime/amx_gguf.cpp",
+    "runtime/lean_layer.py",
+    "runtime/compiled_pass.py",
 )
 
 
 def source_digests(files) -> list[str]:
-    """The sha256 of each of these files of this folder."""
-    return [hashlib.sha256((Path(__file__).parent / name).read_bytes()).hexdigest() for name in files]
+    """The sha256 of each of these files of the package (paths from its folder)."""
+    package = Path(__file__).resolve().parents[1]
+    return [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in files]
 
 
 def int4_operand_count(model) -> int:
@@ -188,7 +189,7 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids, sizes=(1, 3)
 
     vocab = model.config.get_text_config().vocab_size
     prompt = torch.arange(1, 33, device=model.device) % vocab
-    eager = CachedLM(model, vocab, aux_layer_ids, use_compiled=False)
+    eager = CachedLM(model, vocab, aux_layer_ids)
     with torch.inference_mode():
         eager.forward(prompt, keep=1)
         compiled.load(list(eager.cache), len(prompt))
@@ -202,13 +203,10 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids, sizes=(1, 3)
 
 
 def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
-    """Load the package and lend it to the model's cached decodes (`model.compiled_pass`) if it agrees with
-    the eager pass; None (and the eager pass goes on) if it cannot load or does not agree."""
+    """The package loaded over the model, for its cached decodes to run (`ModelPair.target_pass`), if it
+    agrees with the eager pass; None (and the eager pass goes on) if it cannot load or does not agree."""
     module = StaticPass(model, aux_layer_ids, MAX_LEN)
-    compiled = load_checked(module, path, lambda c: agrees_with_eager(model, c, aux_layer_ids), "pass", log)
-    if compiled is not None:
-        model.compiled_pass = compiled
-    return compiled
+    return load_checked(module, path, lambda c: agrees_with_eager(model, c, aux_layer_ids), "pass", log)
 
 
 def load_checked(module, path: Path, agrees, name: str, log=print) -> CompiledPass | None:

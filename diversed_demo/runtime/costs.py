@@ -11,7 +11,7 @@ import torch
 from ..core.cache import CachedLM
 from ..core.generate import generate
 from ..core.stats import Counts
-from ..models.gguf_int4 import GgufLinear
+from .gguf_int4 import GgufLinear
 from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 

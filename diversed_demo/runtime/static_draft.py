@@ -1,5 +1,5 @@
 """An EAGLE-3 draft's decoding step as one module over a static KV cache, so that AOTInductor can compile
-it into one graph (models/compiled_pass.py builds and lends it as it does the target's pass).
+it into one graph (runtime/compiled_pass.py builds and lends it as it does the target's pass).
 
 Eager, a drafted token is mostly overhead: one decoder layer and the LM head are a few small products,
 and the norms, rotary embedding, attention and the cache's growth are each a Python call and a
@@ -9,7 +9,7 @@ draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits o
 for the last row [Vd] (`Eagle3Draft.draft_logits`). The features are fused (`Eagle3Draft.fuse`) or the
 draft's own output, as in `core.draft.FeatureDraft`.
 
-Where the draft runs its products on 8-bit weights (models/int8_draft.py), so does the step, on up to
+Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
 the choice cannot depend on it); a longer feed (the prompt's features, run eagerly) uses the dense
 weights and PyTorch's attention kernel, as the eager draft does. The projections are stacked (q, k, v;

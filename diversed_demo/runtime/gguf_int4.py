@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from ..common.files import atomic_write, cache_dir
 from ..common.timing import runs_faster
+from ..models.gguf_cache import gguf_key
 from . import amx_gguf
-from .gguf_cache import gguf_key
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass; int4

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir
+from ..models.eagle import Eagle3Draft
 from .compiled_pass import (
     K_MAX,
     MAX_LEN,
@@ -21,19 +22,18 @@ from .compiled_pass import (
     load_checked,
     source_digests,
 )
-from .eagle import Eagle3Draft
 from .static_draft import StaticDraftStep
 from .static_pass import feed_rows
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
 STEP_SOURCES = (
-    "compiled_draft.py",
-    "static_draft.py",
-    "static_pass.py",
-    "int8_draft.py",
-    "lean_layer.py",
-    "compiled_pass.py",
-    "eagle.py",
+    "runtime/compiled_draft.py",
+    "runtime/static_draft.py",
+    "runtime/static_pass.py",
+    "runtime/int8_draft.py",
+    "runtime/lean_layer.py",
+    "runtime/compiled_pass.py",
+    "models/eagle.py",
 )
 
 
@@ -104,10 +104,7 @@ def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) ->
 
 
 def attach_draft(draft, path: Path, log=print) -> CompiledPass | None:
-    """Load the package and lend it to the draft's decodes (`draft.compiled_step`) if it agrees with the
-    eager step; None (and drafting stays eager) if it cannot load or does not agree."""
+    """The package loaded over the draft, for its decodes to run (`ModelPair.draft_pass`), if it agrees with
+    the eager step; None (and drafting stays eager) if it cannot load or does not agree."""
     module = StaticDraftStep(draft, MAX_LEN)
-    compiled = load_checked(module, path, lambda c: step_agrees_with_eager(draft, c), "draft step", log)
-    if compiled is not None:
-        draft.compiled_step = compiled
-    return compiled
+    return load_checked(module, path, lambda c: step_agrees_with_eager(draft, c), "draft step", log)

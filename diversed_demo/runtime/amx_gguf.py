@@ -5,7 +5,7 @@ the bytes of its dense bf16 copy (docs/measurements/speed.md).
 
 The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
 first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
-models/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_mm`, so the compiled pass
+runtime/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_mm`, so the compiled pass
 can call it too. It serves only where the CPU has AMX (Sapphire Rapids and later Xeons), Linux lends the
 process its tiles, the build succeeds and the product is the faster here; everywhere else PyTorch's int4
 kernel and the dense LM head do.

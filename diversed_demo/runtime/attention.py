@@ -75,18 +75,20 @@ AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
 
 
-def use_grouped_attention(model: torch.nn.Module) -> None:
+def use_grouped_attention(model: torch.nn.Module) -> bool:
     """Switch a transformers model on the CPU from SDPA to `grouped_sdpa_attention` where its heads are
-    grouped."""
+    grouped; returns whether it did."""
     config = getattr(model, "config", None)
     parameter = next(model.parameters(), None)
     if not hasattr(config, "get_text_config") or parameter is None or parameter.device.type != "cpu":
-        return
+        return False
     text = config.get_text_config()
     grouped = getattr(text, "num_key_value_heads", None) not in (None, text.num_attention_heads)
-    if grouped and getattr(config, "_attn_implementation", None) == "sdpa":
-        model.set_attn_implementation(GROUPED_SDPA)
-        single_query_pays(parameter.dtype)  # timed now rather than in the first decoding step
+    if not (grouped and getattr(config, "_attn_implementation", None) == "sdpa"):
+        return False
+    model.set_attn_implementation(GROUPED_SDPA)
+    single_query_pays(parameter.dtype)  # timed now rather than in the first decoding step
+    return True
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """The 4-bit target's whole decoding pass as one module over a static KV cache, so that AOTInductor can
-compile it into one graph (models/compiled_pass.py).
+compile it into one graph (runtime/compiled_pass.py).
 
 Eager, a pass of the lean int4 layers is mostly per-operation overhead: 30 layers of small products,
 norms, rotary embeddings and attention, each a Python call and a dispatch. As one compiled graph the

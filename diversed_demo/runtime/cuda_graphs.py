@@ -120,25 +120,25 @@ class GraphRunner:
 
 
 def attach_graphs(pair, log=print, graphs: bool = True) -> None:
-    """Lend the pair's target (`compiled_pass`) and draft (`compiled_step` for an EAGLE-3 draft, else
-    `compiled_pass`) their graphed passes, each only if it agrees with its eager pass; else it stays eager.
+    """Lend the pair its target's (`target_pass`) and draft's (`draft_pass`: an EAGLE-3 draft's step, else
+    the draft's pass) graphed passes, each only if it agrees with its eager pass; else it stays eager.
     Every row count's graph is captured here, before any decode runs beside a capture."""
     target, draft = pair.target, pair.draft
     if any(len(set(getattr(model, "hf_device_map", {}).values())) > 1 for model in (target, draft)):
         return log("a model spread over several devices stays eager")
     aux = tuple(getattr(draft, "aux_layer_ids", None) or ())
-    parts = [("target's pass", target, "compiled_pass", lambda: HFStaticPass(target, aux))]
+    parts = [("target's pass", target, "target_pass", lambda: HFStaticPass(target, aux))]
     if hasattr(draft, "aux_layer_ids"):
-        parts.append(("draft's step", draft, "compiled_step", lambda: StaticDraftStep(draft, MAX_LEN)))
+        parts.append(("draft's step", draft, "draft_pass", lambda: StaticDraftStep(draft, MAX_LEN)))
     else:
-        parts.append(("draft's pass", draft, "compiled_pass", lambda: HFStaticPass(draft)))
+        parts.append(("draft's pass", draft, "draft_pass", lambda: HFStaticPass(draft)))
     for name, model, slot, build in parts:
-        if getattr(model, slot, None) is not None:
+        if getattr(pair, slot) is not None:
             continue  # attached by an earlier start of this pair
         try:
             with torch.inference_mode(False), torch.no_grad():
                 graphed = graphed_pass(build(), pair.device, graphs)
-            if slot == "compiled_step":
+            if isinstance(graphed.module, StaticDraftStep):
                 agreed = step_agrees_with_eager(model, graphed, sizes=EVERY_ROW_COUNT)
             else:
                 agreed = agrees_with_eager(model, graphed, graphed.module.aux_layer_ids, EVERY_ROW_COUNT)
@@ -148,7 +148,7 @@ def attach_graphs(pair, log=print, graphs: bool = True) -> None:
         if not agreed:
             log(f"the {name} as CUDA graphs disagrees with the eager one; it stays eager")
             continue
-        setattr(model, slot, graphed)
+        setattr(pair, slot, graphed)
         log(f"the {name} runs as CUDA graphs")
 
 

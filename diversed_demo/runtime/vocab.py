@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models.pair import PairError
 from .linear import linear_product
-from .pair import PairError
 
 
 class VocabSubsetHead(torch.nn.Module):

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, write_text
+from ..common.paths import PROMPTS_DIR
 from ..core.prompt import encode_prompt
-from ..models.loading import load_pair, pick_device
 from .costs import calibration_alpha, measure_costs
-from .tasks import builtin_examples
 from .theory import analytic_speedup, fastest_n_draft
 
 CANDIDATES = ("float32", "bfloat16")
@@ -104,27 +103,28 @@ def cached_choices() -> dict:
         return {}
 
 
-def load_measured_pair(target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto"):
-    """`load_pair`, with dtype "auto" on a CPU chosen by measurement (`choose_dtype`), once per machine and
-    pair: the choice is kept in the user cache. The pair's `dtype_choice` says what was chosen and why."""
-    if dtype != "auto" or pick_device(device).type != "cpu":
-        return load_pair(target, draft, device, dtype)
+def calibration_prompt() -> str:
+    """What the dtype is timed on: the first of the project's general prompts (assets/prompts)."""
+    with open(PROMPTS_DIR / "general.jsonl") as lines:
+        return json.loads(lines.readline())["prompt"]
 
+
+def measured_dtype(load: Callable[[str], object], target: str, draft: str | None):
+    """(the pair in the dtype measured fastest here, the choice), once per machine and pair: the choice is
+    kept in the user cache. `load(dtype)` returns the pair in that dtype, each dtype loaded once."""
     loaded = {}
 
-    def load(name):  # each dtype once, outside load_pair's cache: the one not chosen is let go
+    def load_once(name):  # the dtype not chosen is let go with this function
         if name not in loaded:
-            loaded[name] = load_pair.__wrapped__(target, draft, device, name)
+            loaded[name] = load(name)
         return loaded[name]
 
     key, choices = choice_key(target, draft), cached_choices()
-    if key in choices:
-        pair, choice = load(choices[key]["dtype"]), {**choices[key], "cached": True}
-    else:
-        prompts = [e.prompt for e in builtin_examples("general", "train")[:1]]
-        alpha = calibration_alpha(load("float32"), {"mode": "exact"}, prompts, 32, 0.0)
-        timing_prompt = encode_prompt(load("float32").tokenizer, prompts[0])
-        pair, choice = choose_dtype(load, timing_prompt, alpha)
-        write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
-    pair.dtype_choice = choice
-    return pair
+    if key in choices and choices[key].get("dtype") in CANDIDATES:
+        return load_once(choices[key]["dtype"]), {**choices[key], "cached": True}
+    prompt = calibration_prompt()
+    alpha = calibration_alpha(load_once("float32"), {"mode": "exact"}, [prompt], 32, 0.0)
+    timing_prompt = encode_prompt(load_once("float32").tokenizer, prompt)
+    pair, choice = choose_dtype(load_once, timing_prompt, alpha)
+    write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
+    return pair, choice

@@ -68,17 +68,18 @@ def fast_product_pays() -> bool:
     return all(best_of(linear_product, rows) < best_of(stock, rows) for rows in (1, 4))
 
 
-def use_fast_linear(model: torch.nn.Module) -> None:
+def use_fast_linear(model: torch.nn.Module) -> int:
     """Switch the model's plain nn.Linear layers to FastLinear in place (weights, ties and hooks kept),
-    if the model is fp32 on the CPU and the fast product pays on this machine."""
+    if the model is fp32 on the CPU and the fast product pays on this machine; returns how many."""
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cpu" or parameter.dtype != torch.float32:
-        return
+        return 0
     if not fast_product_pays():
-        return
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = FastLinear
+        return 0
+    linears = [module for module in model.modules() if type(module) is torch.nn.Linear]
+    for module in linears:
+        module.__class__ = FastLinear
+    return len(linears)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,185 @@
+"""How a pair runs on this machine: every choice made here, once, when the pair loads, and recorded.
+
+`load_pair` loads the models as transformers builds them (models/loading.py), then decides, in order:
+1. the dtype: "auto" on a CPU is measured (dtype_choice.py: each candidate's passes timed, the faster kept
+   and remembered per machine); on a GPU bf16 (fp16 where it has no bf16);
+2. the target's products: a GGUF target's projections on its own 4-bit weights where that is faster here
+   (gguf_int4.py, on the AMX kernel where the CPU has one: amx_gguf.py), with lean layers over them
+   (lean_layer.py); an fp32 model's on the few-row product where that is faster (linear.py);
+3. the draft's products: on 8-bit weights where that is faster (int8_draft.py);
+4. attention: grouped K/V heads read in place, on a CPU (attention.py);
+5. the passes: on a CPU the target's pass and an EAGLE-3 draft's step compiled (compiled_build.py: built
+   once, in the background), on a CUDA GPU both as CUDA graphs (cuda_graphs.py); the decoder is handed them
+   as `pair.target_pass` and `pair.draft_pass`.
+`pair.runtime` records each choice; `print(pair.runtime)` gives one line. `fast=False` keeps the models as
+transformers runs them; DIVERSED_COMPILED_PASS=off keeps the passes eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models.embedded import EMBEDDED
+from ..models.loading import gguf_file, load_models, pick_device
+from ..models.pair import ModelPair
+from . import amx_gguf
+from .attention import use_grouped_attention
+from .compiled_build import attach_or_build
+from .compiled_pass import SWITCH, int4_operand_count
+from .cuda_graphs import attach_graphs
+from .dtype_choice import choice_note, measured_dtype
+from .gguf_int4 import use_gguf_int4
+from .int8_draft import use_int8_draft
+from .lean_layer import use_lean_layers
+from .linear import use_fast_linear
+
+COMPILED = (
+    "background",
+    "wait",
+    "off",
+)  # when the compiled passes are built: the app's way, the bench's, never
+
+
+@dataclass
+class Runtime:
+    """What runs where for one pair, as the runtime chose it; `str()` is one line."""
+
+    device: str
+    dtype: str
+    dtype_why: str
+    target: str  # the target's products
+    draft: str  # the draft's products
+    attention: str
+    passes: str = "eager"  # updated when compiled passes are attached
+
+    def __str__(self) -> str:
+        return (
+            f"{self.device}, {self.dtype} ({self.dtype_why}) · target: {self.target} · draft: {self.draft} · "
+            f"attention: {self.attention} · passes: {self.passes}"
+        )
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@functools.lru_cache(maxsize=4)
+def load_pair(
+    target: str = EMBEDDED,
+    draft: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    fast: bool = True,
+    compiled: str = "background",
+    log=say,
+) -> ModelPair:
+    """Load target, draft and their shared tokenizer, made fast here, once per process for the same
+    arguments. `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the
+    embedded pair (draft defaults to the shipped one). dtype "auto" is measured on a CPU. compiled:
+    "background" (the app's way: eager until the compiled passes are built), "wait" (built before
+    returning, as the bench times), "off". fast=False: as transformers runs them, nothing swapped.
+    Raises PairError with a readable message on any mismatch."""
+    if compiled not in COMPILED:
+        raise ValueError(f"compiled must be one of {', '.join(COMPILED)}, not {compiled!r}")
+    if not fast:
+        pair = load_models(target, draft, device, dtype)
+        stock = "as transformers runs it"
+        pair.runtime = Runtime(str(pair.device), dtype_name(pair), stock, "stock", "stock", "stock")
+        return pair
+    if compiled == "wait":
+        amx_gguf.available(wait=True)  # the kernel the products and the compiled pass are built on
+    if dtype == "auto" and pick_device(device).type == "cpu":
+        pair, choice = measured_dtype(lambda name: fast_pair(target, draft, device, name), target, draft)
+        pair.dtype_choice = choice
+        pair.runtime.dtype_why = "measured" + (" at an earlier start" if choice.get("cached") else "")
+        log(f"dtype {choice_note(choice)}")
+    else:
+        pair = fast_pair(target, draft, device, dtype)
+    start_passes(pair, compiled, log)
+    return pair
+
+
+def dtype_name(pair: ModelPair) -> str:
+    return str(next(pair.target.parameters()).dtype).removeprefix("torch.")
+
+
+def fast_pair(target: str, draft: str | None, device: str, dtype: str) -> ModelPair:
+    """The pair with every product and layer that is faster here swapped in, recorded in `pair.runtime`."""
+    pair = load_models(target, draft, device, dtype)
+    speed_up(pair, gguf_file(target))
+    if dtype != "auto":
+        pair.runtime.dtype_why = "asked for"
+    return pair
+
+
+def speed_up(pair: ModelPair, gguf: Path | None = None) -> Runtime:
+    """Swap in the products and attention that are faster here (the target's 4-bit ones from `gguf`, its
+    GGUF file, if any), in place, and record them as `pair.runtime`."""
+    attention = [use_grouped_attention(model) for model in (pair.target, pair.draft)]
+    pair.runtime = Runtime(
+        device=str(pair.device),
+        dtype=dtype_name(pair),
+        dtype_why=f"the default on {pair.device.type}",
+        target=fast_target(pair.target, gguf),
+        draft=fast_draft(pair.draft),
+        attention="grouped SDPA" if any(attention) else "transformers' SDPA",
+    )
+    return pair.runtime
+
+
+def fast_target(model, gguf: Path | None) -> str:
+    """The target's products that are faster here swapped in: what it runs on, in words."""
+    if gguf is not None and use_gguf_int4(model, gguf):
+        model.gguf_path = gguf  # where its blocks are read again for another kernel (`upgrade_products`)
+        lean = use_lean_layers(model)
+        kernel = "AMX" if int4_operand_count(model) == 1 else "PyTorch's int4"
+        return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
+    if use_fast_linear(model):
+        return "few-row fp32 products"
+    return "dense"
+
+
+def fast_draft(draft) -> str:
+    """The draft's products that are faster here swapped in: what it runs on, in words."""
+    if use_int8_draft(draft):
+        return "8-bit weights"
+    if use_fast_linear(draft):
+        return "few-row fp32 products"
+    return "dense"
+
+
+def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None:
+    """Give the pair its compiled (CPU) or graphed (CUDA) passes where they apply: at once where built,
+    else after a build in a background process (before returning where compiled is "wait")."""
+    if compiled == "off" or os.environ.get(SWITCH, "auto") == "off":
+        return
+    if pair.device.type == "cuda":
+        attach_graphs(pair, log)
+        return note_passes(pair, "CUDA graphs")
+    if pair.device.type != "cpu":
+        return
+    wait = compiled == "wait"
+    pair.runtime.passes = "eager while the compiled ones are built"
+    work = functools.partial(build_passes, pair, wait, log)
+    if amx_gguf.pending() and not wait:  # first the AMX kernel (seconds), so that the pass compiles over it
+        log("building the AMX kernel in the background (about 10 s), then the compiled pass")
+        threading.Thread(target=work, daemon=True, name="amx-kernel-build").start()
+    else:
+        work()
+
+
+def build_passes(pair: ModelPair, wait: bool, log) -> None:
+    if amx_gguf.pending() and amx_gguf.upgrade():
+        pair.runtime.target = fast_target(pair.target, pair.target.gguf_path)  # repacked for the AMX kernel
+        log("the 4-bit products run on the AMX kernel")
+    attach_or_build(pair, wait, log, done=lambda: note_passes(pair, "compiled"))
+
+
+def note_passes(pair: ModelPair, how: str) -> None:
+    parts = [name for name, runner in (("target", pair.target_pass), ("draft", pair.draft_pass)) if runner]
+    pair.runtime.passes = f"{how}: {' and '.join(parts)}" if parts else "eager"
