@@ -124,11 +124,11 @@ def token_event(kind="accepted", text=" cat", w=0.5, p=0.2, q=0.4, accept_prob=0
 
 
 def decode_settings(**overrides):
-    """The app's DecodeSettings for a short static decode of the tiny pair, with `overrides`."""
-    from diversed_demo.ui.runs import DecodeSettings
+    """The app's DecodeConfig for a short static decode of the tiny pair, with `overrides`."""
+    from diversed_demo.ui.runs import APP_CONFIG
 
     defaults = dict(mode="static", ensemble_weight=0.5, n_draft=3, max_new_tokens=24, temperature=1.0, seed=3)
-    return DecodeSettings(**{**defaults, **overrides})
+    return APP_CONFIG.replace(**{**defaults, **overrides})
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from diversed_demo.eval.bench import parse_modes, run_batch_bench, run_bench
+from diversed_demo.eval.bench import BENCH_DECODING, parse_modes, run_batch_bench, run_bench
 from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.tasks import Example
 from diversed_demo.runtime.theory import alpha_from_acceptance, analytic_speedup
@@ -37,15 +37,17 @@ def test_parse_modes_rejects_unknown_and_requires_ar(pair):
         parse_modes("ar,turbo", pair)
     with pytest.raises(ValueError, match="must include ar"):
         parse_modes("exact", pair)
-    static = {"mode": "static", "ensemble_weight": 0.25, "prompt_lookup": True}
+    static = BENCH_DECODING.replace(mode="static", ensemble_weight=0.25, prompt_lookup=True)
     assert parse_modes("ar,static:0.25", pair)["static:0.25"] == static
 
 
 def test_modes_draft_with_prompt_lookup_unless_told_not_to(pair):
     modes = parse_modes("ar,exact,exact/no-lookup,static:0.5/no-lookup", pair)
-    assert modes["ar"] == {"mode": "ar"}
-    assert modes["exact"]["prompt_lookup"] and not modes["exact/no-lookup"]["prompt_lookup"]
-    assert modes["static:0.5/no-lookup"] == {"mode": "static", "ensemble_weight": 0.5, "prompt_lookup": False}
+    assert modes["ar"] == BENCH_DECODING.replace(mode="ar")
+    assert modes["exact"].prompt_lookup and not modes["exact/no-lookup"].prompt_lookup
+    assert modes["static:0.5/no-lookup"] == BENCH_DECODING.replace(
+        mode="static", ensemble_weight=0.5, prompt_lookup=False
+    )
     with pytest.raises(ValueError, match="only option after / is no-lookup"):
         parse_modes("ar,exact/turbo", pair)
     with pytest.raises(ValueError, match="drafts nothing"):
@@ -58,8 +60,8 @@ def test_bench_report_on_a_tiny_pair(pair):
         Example("one two three", "math", reference="#### 4", category="math_reasoning"),
         Example("a big red dog ran", "general", category="writing"),
     ]
-    modes = parse_modes("ar,exact,static:0.5", pair)
-    report = run_bench(pair, examples, modes, n_draft=3, max_new_tokens=16, vs_transformers=True)
+    modes = parse_modes("ar,exact,static:0.5", pair, BENCH_DECODING.replace(max_new_tokens=16))
+    report = run_bench(pair, examples, modes, n_draft=3, vs_transformers=True)
     assert set(report["per_category"]) == {"writing", "math_reasoning"}
     overall = report["overall"]
     assert overall["ar"]["speedup"] == pytest.approx(1.0) and overall["ar"]["acceptance_rate"] is None
@@ -115,8 +117,8 @@ def test_weight_bytes_count_a_tied_embedding_once():
 
 def test_auto_n_draft_picks_each_modes_best_bound(pair):
     examples = [Example("the cat sat on the", "general", category="writing")]
-    modes = parse_modes("ar,exact,static:0.1", pair)
-    report = run_bench(pair, examples, modes, n_draft="auto", max_new_tokens=8, candidates=[1, 2, 3])
+    modes = parse_modes("ar,exact,static:0.1", pair, BENCH_DECODING.replace(max_new_tokens=8))
+    report = run_bench(pair, examples, modes, n_draft="auto", candidates=[1, 2, 3])
     choice = report["settings"]["n_draft_choice"]
     assert set(choice) == {"exact", "static:0.1"} and "ar" not in report["settings"]["n_draft"]
     for name, c in choice.items():
@@ -238,8 +240,8 @@ def test_vs_transformers_handles_the_end_weights_and_leaves_the_draft_config_alo
     # compared.
     before = pair.draft.generation_config.to_dict()
     examples = [Example("the cat sat on the", "general", category="writing")]
-    modes = parse_modes("ar,static:0,static:1", pair)
-    report = run_bench(pair, examples, modes, n_draft=2, max_new_tokens=8, vs_transformers=True)
+    modes = parse_modes("ar,static:0,static:1", pair, BENCH_DECODING.replace(max_new_tokens=8))
+    report = run_bench(pair, examples, modes, n_draft=2, vs_transformers=True)
     assert set(report["vs_transformers"]) == {"ar", "static:1"}
     assert report["greedy_text_identical_to_transformers"]["static:1"]
     assert pair.draft.generation_config.to_dict() == before
@@ -250,9 +252,8 @@ def test_bench_runs_a_feature_draft_and_compares_only_target_only_with_transform
     report = run_bench(
         feature_pair,
         examples,
-        parse_modes("ar,exact", feature_pair),
+        parse_modes("ar,exact", feature_pair, BENCH_DECODING.replace(max_new_tokens=8)),
         n_draft=2,
-        max_new_tokens=8,
         vs_transformers=True,
     )
     assert set(report["vs_transformers"]) == {"ar"}
@@ -261,8 +262,8 @@ def test_bench_runs_a_feature_draft_and_compares_only_target_only_with_transform
 
 def test_the_batch_bench_decodes_the_same_rows_both_ways(any_pair):
     examples = [Example("the cat sat on the", "general"), Example("one two three", "math")]
-    modes = parse_modes("ar,static:0.5", any_pair)
-    report = run_batch_bench(any_pair, examples, modes, rows=3, n_draft=3, max_new_tokens=12)
+    modes = parse_modes("ar,static:0.5", any_pair, BENCH_DECODING.replace(max_new_tokens=12, temperature=1.0))
+    report = run_batch_bench(any_pair, examples, modes, rows=3, n_draft=3)
     for row in report["modes"].values():
         assert row["identical_outputs"] == 1.0  # a batch row decodes as its sequence would alone
         assert row["tokens_per_second_alone"] > 0 and row["batch_over_alone"] > 0

@@ -54,11 +54,12 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
 )
 def test_bad_values_fail_before_the_models_load(args, message, monkeypatch, capsys, heads_dir):
     from diversed_demo import cli
+    from diversed_demo.cli import shared
 
     def load_pair(_args):
         raise AssertionError("the pair was loaded before the values were checked")
 
-    monkeypatch.setattr(cli, "pair_from_args", load_pair)
+    monkeypatch.setattr(shared, "pair_from_args", load_pair)
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
@@ -109,11 +110,12 @@ def test_the_llama_cpp_comparison_says_how_to_install_it(monkeypatch, capsys):
     import importlib.util
 
     from diversed_demo import cli
+    from diversed_demo.cli import shared
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
     )
-    monkeypatch.setattr(cli, "pair_from_args", lambda _args: pytest.fail("the pair loaded first"))
+    monkeypatch.setattr(shared, "pair_from_args", lambda _args: pytest.fail("the pair loaded first"))
     assert cli.main(["bench", "--vs-llama-cpp"]) == 2
     assert "pip install llama-cpp-python" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from stats import chi_square_pvalue
 from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 from diversed_demo.core import decode, draft, stats
+from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
 from diversed_demo.core.head import ConstantHead
@@ -399,9 +400,9 @@ def test_local_directories_load_as_a_pair(tmp_path):
 def run_rows(pair, prompts, seeds, mode, ensemble_weight=0.5, head=None, **kwargs):
     """Each row's steps from one batched decode: {row: [Step, …]}."""
     rows = collections.defaultdict(list)
-    batch = [decode.Row(prompt, seed, mode, ensemble_weight, head) for prompt, seed in zip(prompts, seeds)]
+    config = DecodeConfig(mode, ensemble_weight, head, **kwargs)
     with torch.inference_mode():
-        for r, step in decode.decode_rows(pair, batch, **kwargs):
+        for r, step in decode.decode_rows(pair, prompts, [config.replace(seed=seed) for seed in seeds]):
             rows[r].append(step)
     return rows
 
@@ -422,7 +423,15 @@ def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, tempera
     prompts, seeds = PROMPTS * 2, list(range(8))
     rows = run_rows(any_pair, prompts, seeds, **kwargs)
     with torch.inference_mode():
-        alone = [list(decode.decode_steps(any_pair, prompts[r], seed=seeds[r], **kwargs)) for r in range(8)]
+        alone = [
+            [
+                step
+                for _, step in decode.decode_rows(
+                    any_pair, [prompts[r]], [DecodeConfig(seed=seeds[r], **kwargs)]
+                )
+            ]
+            for r in range(8)
+        ]
     for r in range(8):
         assert [s.new_ids for s in rows[r]] == [s.new_ids for s in alone[r]]
         for batched, single in zip(rows[r], alone[r]):

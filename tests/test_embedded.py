@@ -223,15 +223,13 @@ def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     __import__("importlib").util.find_spec("llama_cpp") is None, reason="llama-cpp-python is optional"
 )
 def test_the_bench_times_llama_cpp_on_the_same_gguf(embedded):
-    from diversed_demo.eval.bench import run_bench
+    from diversed_demo.eval.bench import BENCH_DECODING, parse_modes, run_bench
     from diversed_demo.eval.tasks import app_examples
     from diversed_demo.models.embedded import embedded_gguf_path
 
     example = next(iter(app_examples().values()))[0]
-    modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}}
-    report = run_bench(
-        embedded, [example], modes, n_draft=2, max_new_tokens=16, vs_llama_cpp=embedded_gguf_path()
-    )
+    modes = parse_modes("ar,exact", embedded, BENCH_DECODING.replace(max_new_tokens=16))
+    report = run_bench(embedded, [example], modes, n_draft=2, vs_llama_cpp=embedded_gguf_path())
     peer = report["llama_cpp"]
     assert peer["tokens_per_second"] > 0
     ours = report["overall"]["exact"]["tokens_per_second"]

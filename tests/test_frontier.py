@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.head import ConstantHead
 from diversed_demo.core.stats import Counts
 from diversed_demo.eval.frontier import Point, head_labels, sweep
@@ -67,7 +68,7 @@ def test_sweep_on_a_tiny_pair_relaxing_w_raises_acceptance(pair):
         "general",
         weights=(0.0, 1.0),
         heads={"half": ConstantHead(0.5), "spread": spread},
-        max_new_tokens=12,
+        decoding=DecodeConfig(max_new_tokens=12),
     )
     by_label = {p.label: p for p in points}
     # the spread of w_t over positions: none for a constant, some for a head that reads the states
@@ -204,14 +205,32 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
     examples = [Example(prompt=p, task="general") for p in ["the cat sat on", "one two three", "the dog ran"]]
     heads = {"half": ConstantHead(0.5)}
     settings = {"task": "general", "temperature": 1.0}
-    fresh = sweep(pair, examples, "general", weights=(0.0, 1.0), heads=heads, max_new_tokens=8)
+    fresh = sweep(
+        pair, examples, "general", weights=(0.0, 1.0), heads=heads, decoding=DecodeConfig(max_new_tokens=8)
+    )
     log = DecodeLog(tmp_path / "log.jsonl", settings)
-    sweep(pair, examples[:2], "general", weights=(0.0, 1.0), heads=heads, log=log, max_new_tokens=8)
+    sweep(
+        pair,
+        examples[:2],
+        "general",
+        weights=(0.0, 1.0),
+        heads=heads,
+        log=log,
+        decoding=DecodeConfig(max_new_tokens=8),
+    )
     assert log.reused == 0
     with (tmp_path / "log.jsonl").open("a") as f:
         f.write('{"key": "static:0||2|')  # a kill mid-write: that decode runs again
     log = DecodeLog(tmp_path / "log.jsonl", settings)
-    resumed = sweep(pair, examples, "general", weights=(0.0, 1.0), heads=heads, log=log, max_new_tokens=8)
+    resumed = sweep(
+        pair,
+        examples,
+        "general",
+        weights=(0.0, 1.0),
+        heads=heads,
+        log=log,
+        decoding=DecodeConfig(max_new_tokens=8),
+    )
     assert log.reused == 2 * 3  # two examples were logged at three points
     for a, b in zip(fresh, resumed):
         assert a.label == b.label and a.quality == b.quality and a.token_w == b.token_w
@@ -226,7 +245,7 @@ def test_a_stopped_sweep_resumes_from_its_log_with_the_same_results(pair, tmp_pa
         weights=(),
         heads={"half": ConstantHead(0.6)},
         log=log,
-        max_new_tokens=8,
+        decoding=DecodeConfig(max_new_tokens=8),
     )
     assert log.reused == 6  # a head of the same name with other weights is decoded, not read back
     with (tmp_path / "log.jsonl").open("a") as f:

@@ -239,6 +239,7 @@ def test_weight_bytes_count_the_4bit_weights_a_pass_streams(tmp_path):
 
 def test_the_pair_and_its_transformers_baseline(tmp_path):
     """A pair keeps its int4 layers; transformers' generate (the bench's baseline) runs the stock ones."""
+    from diversed_demo.core.config import DecodeConfig
     from diversed_demo.eval.hf_baseline import hf_generate
 
     model, path = tiny_int4_model(tmp_path)
@@ -247,7 +248,7 @@ def test_the_pair_and_its_transformers_baseline(tmp_path):
     pair = ModelPair(model, model, tiny_tokenizer(), "tiny-int4", "tiny-int4", torch.device("cpu"))
     seen = []
     hook = model.model.layers[0].register_forward_hook(lambda m, *_: seen.append(type(m)))
-    tokens, _ = hf_generate(pair, [1, 5, 9], {"mode": "ar"}, n_draft=2, max_new_tokens=3)
+    tokens, _ = hf_generate(pair, [1, 5, 9], DecodeConfig(mode="ar", n_draft=2, max_new_tokens=3))
     hook.remove()
     assert len(tokens) == 3 and set(seen) == {LlamaDecoderLayer}
     assert type(model.model.layers[0]) is LeanLlamaLayer

@@ -387,7 +387,7 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
     import json
     from pathlib import Path
 
-    from diversed_demo.cli import add_train_arguments
+    from diversed_demo.cli.train import add_train_arguments
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

@@ -25,11 +25,11 @@ def test_a_head_name_is_never_a_path(pair, heads_dir, tmp_path):
     save_head(new_head(pair), elsewhere)
     with pytest.raises(HeadError, match="nor a head name"):
         load_head("../elsewhere/h", pair)
-    settings = runs.DecodeSettings(mode="dynamic", head_name=str(elsewhere))  # as a visitor could send it
+    settings = runs.APP_CONFIG.replace(mode="dynamic", head=str(elsewhere))  # as a visitor could send it
     with pytest.raises(ValueError, match="pick one in the sidebar"):
         runs.resolve_head(pair, settings)
     save_head(new_head(pair), heads_dir / "mine.safetensors")
-    assert runs.resolve_head(pair, runs.DecodeSettings(mode="dynamic", head_name="mine")) is not None
+    assert runs.resolve_head(pair, runs.APP_CONFIG.replace(mode="dynamic", head="mine")) is not None
 
 
 def test_a_checkpoint_never_unpickles_objects(tmp_path):

@@ -81,12 +81,12 @@ STORM_CLIENTS, SHORT_QUEUE = 30, 4
 @pytest.fixture(scope="module")
 def storm_app(tmp_path_factory):
     """The app on the tiny pair, served, and a trace to replay: (app, url, trace path)."""
-    from diversed_demo.ui.runs import DecodeSettings, stream_decode
+    from diversed_demo.ui.runs import APP_CONFIG, stream_decode
     from diversed_demo.ui.trace import trace_files
 
     root = tmp_path_factory.mktemp("storm")
     pair = load_pair(*save_tiny_pair(root), "cpu", "float32")
-    *_, run = stream_decode(pair, PROMPTS[0], DecodeSettings(mode="static", max_new_tokens=24, seed=1))
+    *_, run = stream_decode(pair, PROMPTS[0], APP_CONFIG.replace(mode="static", max_new_tokens=24, seed=1))
     trace_json = trace_files({"Static ensemble": run}, pair, "decode")[0]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DIVERSED_HEADS_DIR", str(root / "heads"))

@@ -5,9 +5,17 @@ import torch
 from conftest import PROMPTS
 from test_decode import reference_step
 
-from diversed_demo.core.decode import decode_steps
+from diversed_demo.core.config import DecodeConfig
+from diversed_demo.core.decode import decode_rows
 from diversed_demo.core.generate import generate
 from diversed_demo.core.lookup import PromptLookup
+
+
+def decode_steps(pair, prompt, mode, ensemble_weight=0.5, **settings):
+    """The steps of one decode of `prompt` (token ids)."""
+    config = DecodeConfig(mode, ensemble_weight, **settings)
+    return [step for _, step in decode_rows(pair, [prompt], [config])]
+
 
 REPEATING = [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]  # the tiny models' own greedy texts loop as well
 

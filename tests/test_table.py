@@ -2,6 +2,7 @@
 
 import pytest
 
+from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.head import ConstantHead
 from diversed_demo.eval.table import markdown, parse_sets, table_row
 from diversed_demo.eval.tasks import Example
@@ -13,9 +14,8 @@ EXAMPLES = [
 
 def test_a_head_that_always_answers_one_is_exact_decoding(pair):
     # w ≡ 1 verifies against p, as exact SD does, with the same seeds: the paired difference is exactly 0.
-    row = table_row(
-        pair, "general", "spec_bench", EXAMPLES, "one", ConstantHead(1.0), 1.0, n_draft=3, max_new_tokens=10
-    )
+    decoding = DecodeConfig(n_draft=3, max_new_tokens=10, temperature=1.0)
+    row = table_row(pair, "general", "spec_bench", EXAMPLES, "one", ConstantHead(1.0), decoding)
     assert row["quality_difference"] == {"mean": 0.0, "se": 0.0}
     assert row["acceptance"]["exact"] == row["acceptance"]["diversed"] and row["examples"] == 4
     assert row["speedup"]["exact"] > 0 and row["target_only_tokens_per_second"] > 0
@@ -30,9 +30,7 @@ def test_relaxing_raises_acceptance_and_costs_fidelity_and_the_markdown_shows_bo
             EXAMPLES,
             "zero",
             ConstantHead(0.0),
-            t,
-            n_draft=3,
-            max_new_tokens=10,
+            DecodeConfig(n_draft=3, max_new_tokens=10, temperature=t),
         )
         for t in (1.0, 0.0)
     ]

@@ -77,11 +77,12 @@ def test_the_app_command_opens_at_the_draft_length_timed_on_the_pair(pair, carde
     """`diversed-demo app` times the costs before building the app: N is the fastest for them, and the
     sidebar's note says why it is not the card's."""
     from diversed_demo import cli
+    from diversed_demo.cli import shared
     from diversed_demo.ui import app as ui_app
 
     launched = []
     monkeypatch.setattr(opening, "measure_costs", lambda *args, **kwargs: CPU_COSTS)
-    monkeypatch.setattr(cli, "pair_from_args", lambda args, compiled=None: pair)
+    monkeypatch.setattr(shared, "pair_from_args", lambda args, compiled=None: pair)
     monkeypatch.setattr(ui_app, "launch", lambda app, **kwargs: launched.append(app))
     assert cli.main(["app"]) == 0
     by_id = app_components(launched[0])

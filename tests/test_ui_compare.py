@@ -33,7 +33,7 @@ def test_comparison_runs_each_mode_and_tabulates(pair):
 
 
 def finished_run(mode, tokens, seconds, drafted=0, accepted=0, passes=None):
-    run = runs.DecodeRun(decode_settings(mode=mode))
+    run = runs.DecodeRun(decode_settings(mode=mode, head="h" if mode == "dynamic" else None))
     for i, token in enumerate(tokens):
         run.add(token_event("ar" if mode == "ar" else "accepted", token_id=token, step=i + 1))
     run.summary = Summary(

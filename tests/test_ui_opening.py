@@ -52,9 +52,7 @@ def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monke
     assert opened.note == f"Opened at N = {opened.settings.n_draft}, the fastest on this machine."
     assert opened.why.startswith(start.why)
     assert f"N = {opened.settings.n_draft}, not {start.settings.n_draft}," in opened.why
-    assert opened.settings == runs.DecodeSettings(
-        **{**vars(start.settings), "n_draft": opened.settings.n_draft}
-    )
+    assert opened.settings == start.settings.replace(n_draft=opened.settings.n_draft)
 
 
 def test_the_measured_draft_length_is_the_fastest_for_the_slowest_mode_at_the_costs_timed_on_the_pair(
@@ -97,7 +95,7 @@ def test_an_opening_head_that_does_not_load_leaves_the_cards_draft_length(pair, 
         raise HeadError("heads/x.safetensors: weights do not match its config")
 
     monkeypatch.setattr(opening, "load_head", broken)
-    start = opening.Defaults(runs.DecodeSettings(mode="dynamic", head_name="x"), 0, "settings of x's card")
+    start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x"), 0, "settings of x's card")
     assert opening.opening_draft_length(pair, ui_examples(), start) == start
 
 

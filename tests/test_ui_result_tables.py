@@ -78,7 +78,7 @@ def test_the_key_result_quotes_the_bench_report_or_names_its_command(tmp_path):
 
 
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
-    from diversed_demo.eval.bench import parse_modes, run_bench
+    from diversed_demo.eval.bench import BENCH_DECODING, parse_modes, run_bench
     from diversed_demo.eval.bench_report import markdown_table
 
     name = next(iter(result_tables.BENCH_REPORTS))
@@ -91,9 +91,8 @@ def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatc
     report = run_bench(
         pair,
         [Example("the cat sat", "general", category="writing")],
-        parse_modes("ar,exact", pair),
+        parse_modes("ar,exact", pair, BENCH_DECODING.replace(max_new_tokens=4)),
         n_draft=2,
-        max_new_tokens=4,
     )
     path.write_text(json.dumps(report))
     assert markdown_table(report) in result_tables.bench_markdown(name)

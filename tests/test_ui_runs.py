@@ -12,7 +12,7 @@ from diversed_demo.core.generate import generate
 from diversed_demo.core.stats import Summary
 from diversed_demo.eval.tasks import Example
 from diversed_demo.ui import render, runs
-from diversed_demo.ui.sidebar import head_choices
+from diversed_demo.ui.sidebar import head_choices, settings_from
 
 
 @pytest.mark.parametrize("mode", ["ar", "exact", "static"])
@@ -57,9 +57,9 @@ def test_bad_prompts_are_refused_with_a_readable_message(pair, prompt, message):
 
 def test_diversed_needs_a_head(pair, heads_dir):
     with pytest.raises(ValueError, match="needs a trained head"):
-        runs.resolve_head(pair, decode_settings(mode="dynamic"))
+        settings_from("dynamic", 0.5, None, 3, 24, 1.0, 0)  # the sidebar with no head chosen
     with pytest.raises(ValueError, match="no head"):
-        runs.resolve_head(pair, decode_settings(mode="dynamic", head_name="missing"))
+        runs.resolve_head(pair, decode_settings(mode="dynamic", head="missing"))
 
 
 def test_a_head_of_another_pair_is_refused(pair, heads_dir):
@@ -71,12 +71,12 @@ def test_a_head_of_another_pair_is_refused(pair, heads_dir):
     save_head(new_head(other), heads_dir / "other.safetensors")
     assert "other" not in head_choices(pair)
     with pytest.raises(ValueError):
-        runs.resolve_head(pair, decode_settings(mode="dynamic", head_name="other"))
+        runs.resolve_head(pair, decode_settings(mode="dynamic", head="other"))
 
 
 def test_diversed_run_with_a_saved_head_reports_w(pair, saved_head):
     assert saved_head in head_choices(pair)
-    run_settings = decode_settings(mode="dynamic", head_name=saved_head)
+    run_settings = decode_settings(mode="dynamic", head=saved_head)
     *_, run = runs.stream_decode(pair, UI_PROMPT, run_settings, runs.resolve_head(pair, run_settings))
     assert run.mean_w is not None and 0 <= run.mean_w <= 1
 
@@ -111,7 +111,7 @@ def test_first_departure():
 
 
 def test_comparison_includes_diversed_with_a_head(pair, saved_head):
-    *_, comparison = runs.stream_comparison(pair, UI_PROMPT, decode_settings(head_name=saved_head))
+    *_, comparison = runs.stream_comparison(pair, UI_PROMPT, decode_settings(head=saved_head))
     assert "dynamic" in comparison.runs and comparison.runs["dynamic"].done
 
 

@@ -137,8 +137,10 @@ def test_oversized_traces_are_refused_before_they_are_read(tmp_path, monkeypatch
         decode.read_trace_file(str(path))
 
 
-def test_a_replayed_traces_settings_are_escaped_in_the_page():
-    settings = {"mode": '"><script>alert(1)</script>', "seed": "<b>", "ensemble_weight": "1 onmouseover=x"}
-    shown = render.stats_html(trace.load_trace(hostile_trace([0.0], settings)), replayed=True)
-    assert "<script>" not in shown and "<b>" not in shown and 'data-w="1 onmouseover=x"' in shown
-    assert "&lt;script&gt;" in shown
+def test_a_replayed_traces_hostile_settings_are_refused_and_its_head_name_escaped():
+    hostile = {"mode": '"><script>alert(1)</script>', "seed": "<b>", "ensemble_weight": "1 onmouseover=x"}
+    with pytest.raises(ValueError, match="seed must be an integer"):  # checked as any settings
+        trace.load_trace(hostile_trace([0.0], hostile))
+    named = {"mode": "dynamic", "head": '"><script>alert(1)</script>'}  # a name is free text: escaped
+    shown = render.stats_html(trace.load_trace(hostile_trace([0.0], named)), replayed=True)
+    assert "<script>" not in shown

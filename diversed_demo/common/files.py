@@ -1,11 +1,15 @@
-"""Files: the user cache folder, and the one atomic writer (an interrupt leaves the old file or the new
-one)."""
+"""Files: the user cache folder, the one atomic writer (an interrupt leaves the old file or the new one),
+and the one way a damaged cached file is let go of (`discard_damaged`)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -15,6 +19,28 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "diversed-demo"
     )
     return Path(root)
+
+
+def discard_damaged(
+    path, what: str, damage: Exception | str, then: str, log: Callable[[str], None] | None = None
+) -> None:
+    """Remove a cached file or folder that failed its check or its load (cut short by a full disk, a copy or
+    a crash, or not what it should be), so that the caller makes it again, and say so in one line (on
+    stderr, or to `log`): "the cached <what> at <path> was damaged (<damage>); <then>"."""
+    path = Path(path)
+    reason = " ".join(str(damage).split())[:300] or type(damage).__name__
+    with contextlib.suppress(FileNotFoundError):  # another process may have removed it first
+        if path.is_dir():  # moved aside at once: no other process loads a half-removed folder
+            aside = path.with_name(f"{path.name}.damaged{os.getpid()}")
+            path.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            path.unlink()
+    line = f"the cached {what} at {path} was damaged ({reason}); {then}"
+    if log is None:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        log(line)
 
 
 def atomic_write(path, write) -> None:

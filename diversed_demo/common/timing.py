@@ -35,3 +35,16 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def device_clock(device: torch.device) -> Callable[[], float]:
+    """A clock that first waits for the device's queued work (a GPU runs ahead of the host): what a
+    timing of decoding steps reads; the decoder's own clock never waits."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return clock

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import MAX_FEED, CachedLM
+from .config import DecodeConfig
 from .draft import make_draft
 from .head import weight_rule
 from .lookup import PromptLookup
@@ -89,50 +90,6 @@ class Step:
         return n if len(self.new_ids) > n_accepted else len(self.new_ids)
 
 
-@dataclass
-class Row:
-    """One sequence of a batch: its prompt, its random stream and how w is set for it."""
-
-    prompt_ids: list[int]
-    seed: int = 0
-    mode: str = "static"
-    ensemble_weight: float = 0.5
-    head: object = None
-    prompt_lookup: bool = False  # greedy decoding: copies from the text may stand in for drafts (lookup.py)
-
-
-def decode_steps(
-    pair,
-    prompt_ids: list[int],
-    mode: str,
-    ensemble_weight: float = 0.5,
-    head=None,
-    n_draft: int = 4,
-    max_new_tokens: int = 128,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    prompt_lookup: bool = False,
-):
-    """The decoding loop for one sequence, one Step at a time (arguments already checked)."""
-    for _, step in decode_rows(
-        pair,
-        [Row(prompt_ids, seed, mode, ensemble_weight, head, prompt_lookup)],
-        n_draft,
-        max_new_tokens,
-        temperature,
-        top_p,
-    ):
-        yield step
-
-
-def clock(device: torch.device) -> float:
-    """The time once the device has finished its queued work (a GPU runs ahead of the host)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
 def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None, room=0):
     """Up to n drafted tokens (none without a draft, or before a feature draft has the target's features of
     the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None). A PromptLookup, where
@@ -152,12 +109,12 @@ def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size:
     return draft.propose(sequence, n, sampler, lookup)
 
 
-def make_lookup(row: Row, sampler: Sampler, draft) -> PromptLookup | None:
+def make_lookup(config: DecodeConfig, sampler: Sampler, draft) -> PromptLookup | None:
     """A row's prompt lookup, where it asks for one and decodes greedily with a draft (lookup.py says why
     greedy only); in exact decoding it copies whole blocks."""
-    if not (row.prompt_lookup and sampler.greedy and draft is not None):
+    if not (config.prompt_lookup and sampler.greedy and draft is not None):
         return None
-    return PromptLookup(copy_blocks=row.mode == "exact")
+    return PromptLookup(copy_blocks=config.mode == "exact")
 
 
 def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
@@ -167,49 +124,53 @@ def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
     return new_ids[:stop_at], stop_at is not None
 
 
-def decode_rows(
-    pair,
-    rows: list[Row],
-    n_draft: int = 4,
-    max_new_tokens: int = 128,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-):
+def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clock=time.perf_counter):
     """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
-    each step. Every row has its own draft state, weight rule and random stream, so row r follows the law
-    (and, up to rounding, the tokens) of a decode of rows[r] alone; the rows share one target pass a step,
-    which streams the target's weights once for all of them (a Step's times are its share of the step's).
-    The event stream, the frontier and head training's rollouts all read this loop: one law."""
+    each step. Every row has its own draft state, weight rule and random stream (its config's mode, w,
+    head, seed and lookup), so row r follows the law (and, up to rounding, the tokens) of a decode of
+    prompts[r] alone; the rows share one target pass a step (so N, length and sampling), which streams the
+    target's weights once for all of them (a Step's times are its share of the step's, read from `clock`:
+    pass one that waits for the device where times must be exact, as the bench does). The event stream,
+    the frontier and head training's rollouts all read this loop: one law."""
+    if len({config.batch_settings for config in configs}) != 1:
+        raise ValueError("the rows of a batch share N, max_new_tokens, temperature and top_p")
+    n_draft, max_new_tokens, temperature, top_p = configs[0].batch_settings
     device = pair.target.device
-    samplers = [Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(r.seed)) for r in rows]
-    drafts = [make_draft(pair, row.mode) for row in rows]
-    weighs = [weight_rule(row.mode, row.ensemble_weight, row.head) for row in rows]
-    lookups = [make_lookup(row, sampler, draft) for row, sampler, draft in zip(rows, samplers, drafts)]
+    samplers = [
+        Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(c.seed)) for c in configs
+    ]
+    drafts = [make_draft(pair, config.mode) for config in configs]
+    weighs = [weight_rule(config.mode, config.ensemble_weight, config.head) for config in configs]
+    lookups = [make_lookup(c, sampler, draft) for c, sampler, draft in zip(configs, samplers, drafts)]
     aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
-    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass)
-    sequences = [torch.tensor(row.prompt_ids, device=device) for row in rows]
-    stop_ids, emitted, active, index = eos_ids(pair), [0] * len(rows), list(range(len(rows))), 0
+    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(configs), runner=pair.target_pass)
+    sequences = [torch.tensor(ids, device=device) for ids in prompts]
+    stop_ids, emitted, active, index = eos_ids(pair), [0] * len(configs), list(range(len(configs))), 0
     while active:
         index += 1
-        start = clock(device)
+        start = clock()
         # Never draft past the budget: the step emits at most n + 1 tokens.
-        budgets = [min(n_draft, max_new_tokens - emitted[r] - 1) for r in active]
-        rooms = [min(MAX_FEED - 1, max_new_tokens - emitted[r] - 1) for r in active]
         proposals = [
-            propose(drafts[r], sequences[r], n, samplers[r], pair.vocab_size, lookups[r], room)
-            for r, n, room in zip(active, budgets, rooms)
+            propose(
+                drafts[r],
+                sequences[r],
+                min(n_draft, max_new_tokens - emitted[r] - 1),
+                samplers[r],
+                pair.vocab_size,
+                lookups[r],
+                room=min(MAX_FEED - 1, max_new_tokens - emitted[r] - 1),
+            )
+            for r in active
         ]
-        drafted = clock(device)
-        feeds = [
-            torch.cat([sequences[r][target.lengths[i] :], p[0]])
-            for i, (r, p) in enumerate(zip(active, proposals))
-        ]
-        scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
-        verdicts = [
-            verify_step(out, len(feed) - len(p[0]), *p, weighs[r], samplers[r])
-            for r, out, feed, p in zip(active, scored, feeds, proposals)
-        ]
-        draft_s, verify_s = (drafted - start) / len(active), (clock(device) - drafted) / len(active)
+        drafted = clock()
+        verdicts = verify_rows(
+            target,
+            [sequences[r] for r in active],
+            proposals,
+            [weighs[r] for r in active],
+            [samplers[r] for r in active],
+        )
+        draft_s, verify_s = (drafted - start) / len(active), (clock() - drafted) / len(active)
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
             new_ids, stopped = emitted_ids(verdict, stop_ids)
@@ -233,3 +194,16 @@ def decode_rows(
     for draft in drafts:
         if draft is not None:
             draft.close()
+
+
+def verify_rows(target: CachedLM, sequences, proposals, weighs, samplers) -> list[Verdict]:
+    """One target pass over each row's unseen tokens and its drafts, and each row's verdict."""
+    feeds = [
+        torch.cat([sequence[target.lengths[i] :], p[0]])
+        for i, (sequence, p) in enumerate(zip(sequences, proposals))
+    ]
+    scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
+    return [
+        verify_step(out, len(feed) - len(p[0]), *p, weigh, sampler)
+        for out, feed, p, weigh, sampler in zip(scored, feeds, proposals, weighs, samplers)
+    ]

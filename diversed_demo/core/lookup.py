@@ -1,22 +1,13 @@
 """Prompt lookup: in greedy decoding, a drafted token may be copied from the text so far.
 
-Summaries, extractions, answers over a passage and translations repeat the prompt's names, numbers and
-phrases, where a small draft guesses worst. Where the last 2–4 tokens (verified, then drafted) occurred
-before, the token that followed their latest occurrence is proposed instead of the draft's own choice. The
-draft still runs at every position (but in exact decoding's blocks of copies, below), on the proposed
-tokens, so q, the draft's hidden state and the ensemble weight are what they would be for that prefix.
-Greedy verification keeps a drafted token only where it is argmax nu, whoever proposed it, so exact
-decoding still emits the target's own greedy tokens; only how many a pass keeps changes. A relaxed greedy
-text can move, as with another N: the bonus token after a block is argmax p, a drafted position's argmax
-nu, and copies move where blocks end. Sampled verification needs every drafted token drawn from q, so
-lookup is greedy's alone. On a GPU each position reads its token on the host (a sync a drafted token),
-which the CUDA bench's exact/no-lookup mode prices.
-
-In exact decoding (nu = p, whatever q is) a block may be copies alone: where the text has a follower for
-the tail, the copies go on while it has one, up to the room of one compiled pass, and the draft does not
-run. Its q is then a point mass on each copy, which the verification takes as any proposal. The draft
-feeds the positions it skipped at its next proposal. Longer blocks pay only so: with the draft running at
-each copy they raised tau but not tokens/s (docs/measurements/speed.md).
+Summaries, extractions and translations repeat the prompt's names, numbers and phrases, where a small draft
+guesses worst. Where the last 2–4 tokens (verified, then drafted) occurred before, the token that followed
+their latest occurrence is proposed instead of the draft's own choice; the draft still runs on it, so q and
+w_t are those of that prefix. Greedy verification keeps a drafted token only where it is argmax nu, so exact
+decoding still emits the target's own tokens; sampled verification needs drafts drawn from q, so lookup is
+greedy's alone. In exact decoding (nu = p) a block may be copies alone, up to one compiled pass's room, with
+q a point mass on each and no draft step (the draft feeds what it skipped at its next proposal): blocks
+longer than N pay only without the draft's steps (docs/measurements/speed.md).
 """
 
 from __future__ import annotations

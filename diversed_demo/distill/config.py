@@ -1,4 +1,4 @@
-"""A draft training run's settings (DraftTrainConfig)."""
+"""A draft training run's settings (DraftTrainConfig), which refuse bad values when made."""
 
 from __future__ import annotations
 
@@ -22,3 +22,14 @@ class DraftTrainConfig:
     bf16: bool = False
     sources: list[str] | None = None  # train on these sources only (None: all) ...
     replay: float = 0.0  # ... and on this seeded fraction of the other sources' records
+
+    def __post_init__(self):
+        """Refuse bad settings at once, before any model loads."""
+        if not 0 <= self.replay <= 1:
+            raise ValueError(f"replay must be between 0 and 1, not {self.replay}")
+        if self.replay and not self.sources:
+            raise ValueError("replay keeps a share of the sources outside `sources`: give sources too")
+        for name in ("epochs", "lr", "batch_tokens", "ttt_steps", "eval_every"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, not {value}")

@@ -10,11 +10,13 @@ drafts compare on identical text with far less noise, and a gap to the held-out 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import torch
 
 from ..core.prompt import encode_prompt
 from ..eval.tasks import load_spec_bench
+from ..models.loading import is_eagle3_dir, load_eagle3
 from .batch_generation import generate_batch, padding_id
 from .config import DraftTrainConfig
 from .train import evaluate, score
@@ -75,3 +77,32 @@ def paired_difference(baseline: dict, other: dict) -> dict:
         "standard_error": round(error, 4),
         "categories": len(differences),
     }
+
+
+def check_drafts(drafts: list[str]) -> None:
+    """Refuse, before any model loads, a folder that holds no saved EAGLE-3 draft."""
+    missing = [d for d in drafts if not is_eagle3_dir(Path(d))]
+    if missing:
+        raise ValueError(f"not saved EAGLE-3 drafts (no speculators config.json): {', '.join(missing)}")
+
+
+def transfer_report(
+    records: list[dict], pad_id: int, drafts: list[str], scoring, bf16: bool, command: str
+) -> dict:
+    """`distill transfer`'s report: each saved draft's figures over the `scoring` target on `records`
+    (spec_bench_responses), and each later draft's expected accepted length per block against the first's,
+    paired by category."""
+    report = {
+        "command": command,
+        "prompts": len(records),
+        "response_tokens": sum(len(r["response_ids"]) for r in records),
+    }
+    report["drafts"] = {
+        draft: transfer_figures(load_eagle3(Path(draft), scoring), scoring, records, pad_id, bf16)
+        for draft in drafts
+    }
+    baseline = report["drafts"][drafts[0]]
+    report["against_first_per_category"] = {
+        draft: paired_difference(baseline, report["drafts"][draft]) for draft in drafts[1:]
+    }
+    return report

@@ -6,14 +6,15 @@ alike. bench_report.py turns what is measured here into speedups, analytic bound
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..core.decode import Row, decode_rows, decode_steps
+from ..common.timing import device_clock
+from ..core.config import DecodeConfig
+from ..core.decode import decode_rows
 from ..core.draft import is_feature_draft
 from ..core.generate import generate
 from ..core.prompt import encode_prompt, eos_ids
@@ -27,22 +28,25 @@ from .rewards import fidelity, quality
 from .tasks import REFERENCE_TASKS, builtin_examples
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
+PROBE_N_DRAFT = 4  # the N each mode's acceptance is measured at when N is chosen by measurement
+BENCH_DECODING = DecodeConfig(max_new_tokens=128, temperature=0.0)  # Spec-Bench's setting: greedy
 
 
-def parse_modes(spec: str, pair=None) -> dict[str, dict]:
-    """'ar,exact,static:0.5,dynamic:general' -> {name: generate kwargs}. Without a pair it only checks the
-    spec (weights in [0, 1], heads that exist), which needs no model, and leaves each head as its path.
-    A name ending in /no-lookup drafts without prompt lookup (core/lookup.py), to measure what it adds."""
+def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> dict[str, DecodeConfig]:
+    """'ar,exact,static:0.5,dynamic:general' -> {name: `base` (the run's length, temperature and seed) in
+    that mode}. Without a pair it only checks the spec (weights in [0, 1], heads that exist), which needs
+    no model, and leaves each head as its path. A name ending in /no-lookup drafts without prompt lookup
+    (core/lookup.py), to measure what it adds."""
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
-        base, _, option = name.partition("/")
+        spec_mode, _, option = name.partition("/")
         if option not in ("", "no-lookup"):
             raise ValueError(f"mode {name!r}: the only option after / is no-lookup")
-        kind, _, arg = base.partition(":")
+        kind, _, arg = spec_mode.partition(":")
         if option and kind == "ar":
             raise ValueError(f"mode {name!r}: target-only decoding drafts nothing, so has no lookup")
         if kind in ("ar", "exact") and not arg:
-            modes[name] = {"mode": kind}
+            modes[name] = base.replace(mode=kind)
         elif kind == "static" and arg:
             try:
                 w = float(arg)
@@ -50,16 +54,13 @@ def parse_modes(spec: str, pair=None) -> dict[str, dict]:
                 raise ValueError(f"mode {name!r}: the weight must be a number") from None
             if not 0 <= w <= 1:
                 raise ValueError(f"mode {name!r}: the weight must be in [0, 1]")
-            modes[name] = {"mode": "static", "ensemble_weight": w}
+            modes[name] = base.replace(mode="static", ensemble_weight=w)
         elif kind == "dynamic" and arg:
-            modes[name] = {
-                "mode": "dynamic",
-                "head": load_head(arg, pair) if pair is not None else resolve_head_path(arg),
-            }
+            head = load_head(arg, pair) if pair is not None else resolve_head_path(arg)
+            modes[name] = base.replace(mode="dynamic", head=head)
         else:
             raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
-        if kind != "ar":
-            modes[name]["prompt_lookup"] = not option
+        modes[name] = modes[name].replace(prompt_lookup=kind != "ar" and not option)
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes
@@ -113,42 +114,42 @@ class BenchRuns:
         self.llama_cpp_identical.append(their_ids[: len(summary.token_ids)] == summary.token_ids)
 
 
-def draft_lengths(
-    pair, examples, modes: dict, n_draft, max_new_tokens, temperature, seed, candidates
-) -> tuple[dict, dict, dict]:
+def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dict, dict, dict]:
     """({mode: N}, with 0 for ar; the choice by measurement, or {}; the measured costs c and v[N])."""
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
         # measured once: the choice and the report share it
         costs = measure_costs(pair, timing_prompt, list(candidates))
         calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
-        choice = choose_n_draft(pair, modes, costs, calibration, max_new_tokens, temperature, seed)
+        probes = {name: config.replace(n_draft=PROBE_N_DRAFT) for name, config in modes.items()}
+        choice = choose_n_draft(pair, probes, costs, calibration)
         return {name: choice[name]["n_draft"] if name in choice else 0 for name in modes}, choice, costs
     if isinstance(n_draft, int) and n_draft >= 1:
-        n_of = {name: 0 if kw["mode"] == "ar" else n_draft for name, kw in modes.items()}
+        n_of = {name: 0 if config.mode == "ar" else n_draft for name, config in modes.items()}
         return n_of, {}, measure_costs(pair, timing_prompt, n_draft)
     raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
+
+
+def shared_run(modes: dict[str, DecodeConfig]) -> tuple[int, float, int]:
+    """(max_new_tokens, temperature, seed): what every mode of one bench shares."""
+    runs = {(c.max_new_tokens, c.temperature, c.seed, c.top_p) for c in modes.values()}
+    if len(runs) != 1:
+        raise ValueError("the modes of one bench share their length, temperature, top_p and seed")
+    return next(iter(runs))[:3]
 
 
 def comparable_with_transformers(pair, modes: dict) -> dict[str, bool]:
     """Modes transformers' generate can run too; it has no EAGLE path, so with a feature draft only ar."""
     return {
-        name: transformers_kwargs(kw) is not None and (kw["mode"] == "ar" or not is_feature_draft(pair.draft))
-        for name, kw in modes.items()
+        name: transformers_kwargs(config) is not None
+        and (config.mode == "ar" or not is_feature_draft(pair.draft))
+        for name, config in modes.items()
     }
 
 
-def decode_question(pair, example, prompt_ids, mode_kwargs, n_draft, max_new_tokens, temperature, seed):
+def decode_question(pair, example, prompt_ids, config: DecodeConfig):
     """One mode's decode of one question: its summary and the figures the bench sums."""
-    summary, _ = generate(
-        pair,
-        prompt_ids,
-        n_draft=n_draft,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-        **mode_kwargs,
-    )
+    summary, _ = generate(pair, prompt_ids, config)
     output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
     scores = quality(example.task, example, summary.text) if example.task in REFERENCE_TASKS else {}
     figures = {
@@ -165,39 +166,33 @@ def decode_question(pair, example, prompt_ids, mode_kwargs, n_draft, max_new_tok
 def run_bench(
     pair,
     examples,
-    modes: dict,
+    modes: dict[str, DecodeConfig],
     n_draft: int | str = 4,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    seed: int = 0,
     vs_transformers: bool = False,
     progress=None,
     candidates=range(1, 7),
     vs_llama_cpp: Path | None = None,
 ) -> dict:
-    """Every mode on every question: the report (`bench_report.report`) of what was measured.
+    """Every mode (parse_modes': their length, temperature and seed shared) on every question, the i-th
+    at seed + i: the report (`bench_report.report`) of what was measured.
 
     n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement.
     vs_llama_cpp: the target's GGUF, to time llama.cpp's target-only decoding of it after ours."""
-    n_of, choice, costs = draft_lengths(
-        pair, examples, modes, n_draft, max_new_tokens, temperature, seed, candidates
-    )
+    max_new_tokens, temperature, seed = shared_run(modes)
+    n_of, choice, costs = draft_lengths(pair, examples, modes, n_draft, candidates)
     comparable = comparable_with_transformers(pair, modes)
     runs, names = BenchRuns(), list(modes)
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no mode always runs first
-            summary, figures = decode_question(
-                pair, example, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens, temperature, seed + i
-            )
+            config = modes[name].replace(n_draft=n_of[name] or 1, seed=seed + i)
+            summary, figures = decode_question(pair, example, prompt_ids, config)
             runs.add(example.category, name, summary.counts, figures)
             runs.outputs[name].append(summary.token_ids)
             if vs_transformers and comparable[name] and temperature == 0:
-                their_ids, seconds = hf_generate(
-                    pair, prompt_ids, modes[name], n_of[name] or 1, max_new_tokens
-                )
+                their_ids, seconds = hf_generate(pair, prompt_ids, config)
                 runs.add_transformers(name, their_ids, seconds, summary)
-            if vs_llama_cpp is not None and modes[name]["mode"] == "ar" and temperature == 0:
+            if vs_llama_cpp is not None and config.mode == "ar" and temperature == 0:
                 their_ids, seconds = llama_cpp_generate(
                     vs_llama_cpp, prompt_ids, max_new_tokens, eos_ids(pair), torch.get_num_threads()
                 )
@@ -216,20 +211,21 @@ def run_bench(
     return report(settings, costs, runs, n_of, memory_limit(pair.target))
 
 
-def decode_rows_timed(pair, prompt_ids, seeds, mode_kwargs, together: bool, **settings):
+def decode_rows_timed(pair, prompt_ids, seeds, config: DecodeConfig, together: bool):
     """([token ids] per seed, seconds): the seeds' decodes of one prompt as one batch or one after another,
     both on the bare loop (no events)."""
     ids = defaultdict(list)
-    start = time.perf_counter()
+    configs = [config.replace(seed=seed) for seed in seeds]
+    clock = device_clock(pair.target.device)
+    start = clock()
     if together:
-        rows = [Row(prompt_ids, row_seed, **mode_kwargs) for row_seed in seeds]
-        for r, step in decode_rows(pair, rows, **settings):
+        for r, step in decode_rows(pair, [prompt_ids] * len(seeds), configs, clock):
             ids[r] += step.new_ids
     else:
-        for r, row_seed in enumerate(seeds):
-            for step in decode_steps(pair, prompt_ids, seed=row_seed, **mode_kwargs, **settings):
+        for r, row_config in enumerate(configs):
+            for _, step in decode_rows(pair, [prompt_ids], [row_config], clock):
                 ids[r] += step.new_ids
-    seconds = time.perf_counter() - start
+    seconds = clock() - start
     return [ids[r] for r in range(len(seeds))], seconds
 
 
@@ -240,9 +236,6 @@ def run_batch_bench(
     modes: dict,
     rows: int,
     n_draft: int = 4,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    seed: int = 0,
     progress=None,
 ) -> dict:
     """Throughput of `rows` decodes of each question as one batch (how head training decodes a prompt's
@@ -250,18 +243,18 @@ def run_batch_bench(
     alternates between questions."""
     if not (isinstance(rows, int) and rows >= 2):
         raise ValueError(f"the batch needs at least 2 rows, not {rows!r}")
+    max_new_tokens, temperature, seed = shared_run(modes)
     settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    modes = {name: config.replace(n_draft=n_draft) for name, config in modes.items()}
     counts = {True: defaultdict(Counts), False: defaultdict(Counts)}  # together -> mode -> runs
     identical = defaultdict(list)
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         seeds = [seed + i * rows + r for r in range(rows)]
-        for name, kwargs in modes.items():
+        for name, config in modes.items():
             outputs = {}
             for together in (False, True) if i % 2 == 0 else (True, False):
-                outputs[together], seconds = decode_rows_timed(
-                    pair, prompt_ids, seeds, kwargs, together, **settings
-                )
+                outputs[together], seconds = decode_rows_timed(pair, prompt_ids, seeds, config, together)
                 tokens = sum(len(ids) for ids in outputs[together])
                 counts[together][name] += Counts(new_tokens=tokens, wall_time_s=seconds)
             identical[name] += [a == b for a, b in zip(outputs[False], outputs[True])]

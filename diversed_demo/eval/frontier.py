@@ -11,10 +11,9 @@ import hashlib
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.decode import Row
+from ..core.config import DecodeConfig, check_context
 from ..core.generate import decode_batch
 from ..core.prompt import encode_prompt
-from ..core.settings import check_context
 from ..core.stats import Counts
 from ..models.heads import load_head, pair_identity, resolve_head_path, trained_for_greedy
 from .cards import evaluation_key, write_head_card
@@ -25,27 +24,27 @@ from .point import Point
 from .rewards import task_reward
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+FRONTIER_DECODING = DecodeConfig(max_new_tokens=64)  # N, length and temperature of a frontier's decodes
 MAX_BATCH_ROWS = 16  # decodes run together: enough to share each target pass, few enough for the caches
 
 
 def decode_examples(
-    pair, task: str, jobs: list[tuple], n_draft: int = 4, max_new_tokens: int = 64, temperature: float = 1.0
+    pair, task: str, jobs: list[tuple], decoding: DecodeConfig = FRONTIER_DECODING
 ) -> list[dict]:
-    """Decodes of held-out examples as one batch, each job (example, index, how) with seed = its index at
-    a static w ({"w": w}) or with a head ({"head": head}): what a point keeps of each decode."""
+    """Decodes of held-out examples as one batch, by `decoding` with seed = each job's index, each job
+    (example, index, how) at a static w ({"w": w}) or with a head ({"head": head}): what a point keeps of
+    each decode."""
     prompts = [encode_prompt(pair.tokenizer, example.prompt) for example, _, _ in jobs]
     for prompt_ids in prompts:
-        check_context(pair, prompt_ids, max_new_tokens)
-    rows = [
-        Row(prompt_ids, index, "dynamic", head=how["head"])
+        check_context(pair, prompt_ids, decoding.max_new_tokens)
+    configs = [
+        decoding.replace(mode="dynamic", head=how["head"], seed=index)
         if "head" in how
-        else Row(prompt_ids, index, "static", how["w"])
-        for prompt_ids, (_, index, how) in zip(prompts, jobs)
+        else decoding.replace(mode="static", ensemble_weight=how["w"], seed=index)
+        for _, index, how in jobs
     ]
     records = []
-    for prompt_ids, (example, _, how), tally in zip(
-        prompts, jobs, decode_batch(pair, rows, n_draft, max_new_tokens, temperature)
-    ):
+    for prompt_ids, (example, _, how), tally in zip(prompts, jobs, decode_batch(pair, prompts, configs)):
         summary = tally.summary
         quality = task_reward(
             task,
@@ -74,11 +73,11 @@ def sweep(
     heads: dict | None = None,
     progress=None,
     log: DecodeLog | None = None,
-    **decode_kwargs,
+    decoding: DecodeConfig = FRONTIER_DECODING,
 ) -> list[Point]:
     """`sweep_steps` run to the end: its points, with `progress(label, example number, examples)` called
     after each decode."""
-    steps = sweep_steps(pair, examples, task, weights, heads, log, **decode_kwargs)
+    steps = sweep_steps(pair, examples, task, weights, heads, log, decoding)
     while True:
         try:
             update = next(steps)
@@ -88,8 +87,11 @@ def sweep(
             progress(*update)
 
 
-def sweep_steps(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads=None, log=None, **decode_kwargs):
-    """Static points for each w, then one point per head ({name: head}), every one over the same examples:
+def sweep_steps(
+    pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads=None, log=None, decoding=FRONTIER_DECODING
+):
+    """Static points for each w, then one point per head ({name: head}), every one over the same examples,
+    decoded by `decoding` (its N, length and temperature):
     a generator that yields (label, example number, examples) after each decode and returns the points, so
     that a caller can stop between batches.
 
@@ -122,7 +124,7 @@ def sweep_steps(pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads=None, 
     for first in range(0, len(missing), MAX_BATCH_ROWS):
         batch = missing[first : first + MAX_BATCH_ROWS]
         for (key, (_, i, _)), record in zip(
-            batch, decode_examples(pair, task, [job for _, job in batch], **decode_kwargs)
+            batch, decode_examples(pair, task, [job for _, job in batch], decoding)
         ):
             records[key] = record
             if log is not None:
@@ -179,10 +181,13 @@ def evaluate_heads(
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data, set_name)
-    decoding = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
-    settings = {**decoding, "held_out": HELD_OUT[task][set_name]}
+    decoding = FRONTIER_DECODING.replace(
+        n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature
+    )
+    settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    settings["held_out"] = HELD_OUT[task][set_name]
     log = None if log_path is None else DecodeLog(log_path, log_settings(pair, task, set_name, settings))
-    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, **decoding)
+    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, decoding=decoding)
     static = [p for p in points if p.w is not None]
     report = {
         "task": task,

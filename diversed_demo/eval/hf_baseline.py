@@ -11,16 +11,16 @@ import torch
 from ..runtime.stock import stock_layers
 
 
-def transformers_kwargs(mode_kwargs: dict) -> dict | None:
+def transformers_kwargs(config) -> dict | None:
     """generate() arguments for transformers' equivalent of a mode, or None where it has none: it accepts
     only 0 < w < 1 as an ensemble weight (w = 1 is its plain assisted generation, w = 0 has no
     equivalent), and has no EAGLE path."""
-    if mode_kwargs["mode"] == "ar":
+    if config.mode == "ar":
         return {}
-    if mode_kwargs["mode"] == "exact":
+    if config.mode == "exact":
         return {"assisted": True}
-    if mode_kwargs["mode"] == "static":
-        w = mode_kwargs["ensemble_weight"]
+    if config.mode == "static":
+        w = config.ensemble_weight
         return (
             {"assisted": True}
             if w == 1
@@ -31,11 +31,13 @@ def transformers_kwargs(mode_kwargs: dict) -> dict | None:
     return None
 
 
-def hf_generate(pair, prompt_ids, mode_kwargs, n_draft, max_new_tokens):
-    """transformers' own generate on the same prompt: plain, assisted, or assisted with an ensemble weight,
-    on the pair's models with their stock layers and attention (as a transformers user runs them).
-    The draft's generation config is set for the call and restored after it."""
-    extra = dict(transformers_kwargs(mode_kwargs))
+def hf_generate(pair, prompt_ids, config):
+    """transformers' own greedy generate on the same prompt, as `config` (a DecodeConfig) decodes it:
+    plain, assisted, or assisted with an ensemble weight, at its N and length, on the pair's models with
+    their stock layers and attention (as a transformers user runs them). The draft's generation config is
+    set for the call and restored after it."""
+    n_draft, max_new_tokens = config.n_draft, config.max_new_tokens
+    extra = dict(transformers_kwargs(config))
     ids = torch.tensor([prompt_ids], device=pair.target.device)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(ids)}
     assisted = extra.pop("assisted", False)

@@ -13,6 +13,7 @@ import statistics
 import torch
 
 from ..common.formatting import fmt
+from ..core.config import DecodeConfig
 from ..core.generate import generate
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
@@ -49,17 +50,18 @@ def table_row(
     examples,
     head_name: str,
     head,
-    temperature: float,
-    n_draft: int,
-    max_new_tokens: int,
-    seed: int = 0,
+    decoding: DecodeConfig,
     progress=None,
 ) -> dict:
-    """One row: the three modes on every example, with acceptance, paired quality and speedup."""
-    modes = {"ar": {"mode": "ar"}, "exact": {"mode": "exact"}, "diversed": {"mode": "dynamic", "head": head}}
-    counts, scores, mean_w = decode_modes(
-        pair, task, examples, modes, temperature, n_draft, max_new_tokens, seed, progress
-    )
+    """One row: the three modes on every example, by `decoding` (N, length, temperature, first seed), with
+    acceptance, paired quality and speedup."""
+    temperature = decoding.temperature
+    modes = {
+        "ar": decoding.replace(mode="ar"),
+        "exact": decoding.replace(mode="exact"),
+        "diversed": decoding.replace(mode="dynamic", head=head),
+    }
+    counts, scores, mean_w = decode_modes(pair, task, examples, modes, progress)
     quality = {name: mean_and_se(values) for name, values in scores.items()}
     difference = mean_and_se([d - e for d, e in zip(scores["diversed"], scores["exact"])])
     ar_speed = counts["ar"].tokens_per_second
@@ -81,8 +83,9 @@ def table_row(
     }
 
 
-def decode_modes(pair, task, examples, modes, temperature, n_draft, max_new_tokens, seed, progress):
-    """({mode: Counts}, {mode: reward per example}, the diversed decodes' mean w) over every example."""
+def decode_modes(pair, task, examples, modes: dict[str, DecodeConfig], progress):
+    """({mode: Counts}, {mode: reward per example}, the diversed decodes' mean w) over every example, the
+    i-th at seed + i."""
     names = list(modes)
     counts = {name: Counts() for name in modes}
     scores = {name: [] for name in modes}
@@ -90,15 +93,7 @@ def decode_modes(pair, task, examples, modes, temperature, n_draft, max_new_toke
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         for name in names[i % 3 :] + names[: i % 3]:  # rotate: no mode always runs first
-            summary, _ = generate(
-                pair,
-                prompt_ids,
-                n_draft=n_draft,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed + i,
-                **modes[name],
-            )
+            summary, _ = generate(pair, prompt_ids, modes[name].replace(seed=modes[name].seed + i))
             counts[name] += summary.counts
             output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
             scores[name].append(
@@ -133,21 +128,10 @@ def results_table(
         examples = held_out_examples(task, limit, (data or {}).get(set_name), set_name)
         for temperature in temperatures:
             name, head = (greedy_heads or {}).get(task, heads[task]) if temperature == 0 else heads[task]
-            rows.append(
-                table_row(
-                    pair,
-                    task,
-                    set_name,
-                    examples,
-                    name,
-                    head,
-                    temperature,
-                    n_draft,
-                    max_new_tokens,
-                    seed,
-                    progress,
-                )
+            decoding = DecodeConfig(
+                n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
             )
+            rows.append(table_row(pair, task, set_name, examples, name, head, decoding, progress))
     return {
         "settings": {
             "n_draft": n_draft,

@@ -113,6 +113,9 @@ def check_hub_model(name: str) -> None:
 
 
 def _load_model(source: str, device: torch.device, dtype: torch.dtype):
+    """A model as transformers loads it. (A .gguf's cached conversion is checked, and made again if damaged,
+    where `resolve_source` finds it; weights damaged elsewhere are named in one line, not a traceback.)"""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     try:
@@ -123,6 +126,8 @@ def _load_model(source: str, device: torch.device, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map="auto")
     except OSError as err:
         raise PairError(f"cannot load model {source!r}: {err}") from err
+    except SafetensorError as err:  # a weights file cut short or overwritten
+        raise PairError(f"cannot load model {source!r}: its weights are damaged ({err})") from err
     return model.eval().requires_grad_(False)
 
 

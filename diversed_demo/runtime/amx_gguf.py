@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.files import cache_dir
+from ..common.files import cache_dir, discard_damaged
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
@@ -90,18 +91,52 @@ def decide(wait: bool) -> bool:
         return False
     path = library_path()
     try:
-        if not loaded() and not path.exists() and not wait:
+        if not loaded() and path.exists():
+            load_built(path)
+        if not loaded() and not wait:
             _pending = True  # for `upgrade`, in the background
             return False
         if not loaded():
-            if not path.exists():
-                build(path)
-            torch.ops.load_library(str(path))  # a namespace registers once per process: never a second copy
+            build(path)
+            torch.ops.load_library(str(path))
         register_fake()
         return computes_right()
     except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
         say_why(err)
         return False
+
+
+def load_built(path: Path) -> None:
+    """Load the kernel built at an earlier start (a namespace registers once per process: never a second
+    copy). One that is damaged or does not load (cut short by a full disk, a copy or a crash, or not a
+    library) is removed, with one line saying so, to be built again."""
+    damage = library_damage(path)
+    if damage is None:
+        try:
+            torch.ops.load_library(str(path))
+            return
+        except OSError as err:
+            damage = str(err)
+    discard_damaged(path, "AMX kernel", damage, "compiling it again")
+
+
+def library_damage(path: Path) -> str | None:
+    """Whether a built library is cut short, checked before the loader maps it: the loader maps a short
+    file's missing pages all the same, and touching them kills the process (SIGBUS) instead of failing.
+    Its ELF headers say where its segments and section table end; the file must reach there."""
+    data = path.read_bytes()
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
+        return f"not a 64-bit little-endian ELF library ({len(data)} bytes)"
+    ph_offset, sh_offset = struct.unpack_from("<QQ", data, 32)
+    ph_size, ph_count, sh_size, sh_count = struct.unpack_from("<HHHH", data, 54)
+    ends = [ph_offset + ph_size * ph_count, sh_offset + sh_size * sh_count]
+    if max(ends) <= len(data):
+        for i in range(ph_count):  # p_offset and p_filesz of each segment
+            offset, _, _, size = struct.unpack_from("<QQQQ", data, ph_offset + i * ph_size + 8)
+            ends.append(offset + size)
+    if max(ends) > len(data):
+        return f"{len(data)} bytes where its headers need {max(ends)}"
+    return None
 
 
 def loaded() -> bool:

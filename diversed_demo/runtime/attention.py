@@ -45,8 +45,8 @@ def grouped_sdpa_attention(
 
 
 def single_query_attention(query, key, value, scaling=None):
-    """One query per head over grouped K/V heads, in float32 products: in bf16 PyTorch's CPU flash kernel
-    takes 2–3× longer for a single query (docs/measurements/speed.md), as accurate. -> [B, 1, Hq, D]."""
+    """One query per head over grouped K/V heads, in float32 products: as accurate as PyTorch's CPU flash
+    kernel, and on some CPUs faster for one query in bf16 (docs/measurements/speed.md). -> [B, 1, Hq, D]."""
     batch, n_query_heads, _, dim = query.shape
     n_kv_heads = key.shape[1]
     grouped = query.reshape(batch, n_kv_heads, n_query_heads // n_kv_heads, dim).float()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.files import cache_dir
+from ..common.files import cache_dir, discard_damaged
 from .static_pass import K_MAX, StaticPass, feed_rows
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
@@ -211,12 +211,19 @@ def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
 
 def load_checked(module, path: Path, agrees, name: str, log=print) -> CompiledPass | None:
     """The package at `path` over `module`'s buffers if it loads and `agrees(compiled)`; otherwise None, and
-    `log` says why: a broken, foreign or wrong package must not stop decoding, which goes on eagerly."""
+    `log` says why: a broken, foreign or wrong package must not stop decoding, which goes on eagerly. One
+    that does not load (cut short by a full disk, a copy or a crash) is removed, so that the next start
+    builds it again."""
     try:
         compiled = load_runner(module, path)
+    except Exception as err:
+        then = "it stays eager and is built again at the next start"
+        discard_damaged(path, f"compiled {name}", err, then, log)
+        return None
+    try:
         agreed = agrees(compiled)
     except Exception as err:
-        log(f"the compiled {name} at {path} did not load ({err}); it stays eager")
+        log(f"the compiled {name} at {path} did not run ({err}); it stays eager")
         return None
     if not agreed:
         log(f"the compiled {name} at {path} disagrees with the eager one; it stays eager")

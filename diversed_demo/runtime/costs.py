@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..core.cache import CachedLM
+from ..core.config import DecodeConfig
 from ..core.generate import generate
 from ..core.stats import Counts
 from .gguf_int4 import GgufLinear
@@ -41,9 +42,8 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
     it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
     the target's features, sampling), which is what the analytic bound's N·c must price."""
-    _, events = generate(
-        pair, prompt_ids, mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=0
-    )
+    config = DecodeConfig(mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=0)
+    _, events = generate(pair, prompt_ids, config)
     steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
     return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
 
@@ -69,48 +69,25 @@ def measure_costs(
     }
 
 
-def calibration_alpha(
-    pair,
-    mode_kwargs: dict,
-    prompts: list,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int = 0,
-    probe_n_draft: int = 4,
-) -> float:
-    """Per-token acceptance α of one mode, from decodes of a few calibration prompts at N = probe_n_draft."""
+def calibration_alpha(pair, config: DecodeConfig, prompts: list) -> float:
+    """Per-token acceptance α of one mode, from decodes of a few calibration prompts by `config` (its
+    N the probe's), the i-th at seed config.seed + i."""
     counts = Counts()
     for i, prompt in enumerate(prompts):
-        summary, _ = generate(
-            pair,
-            prompt,
-            n_draft=probe_n_draft,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed + i,
-            **mode_kwargs,
-        )
+        summary, _ = generate(pair, prompt, config.replace(seed=config.seed + i))
         counts += summary.counts
-    return alpha_from_acceptance(counts.acceptance_rate or 0.0, probe_n_draft)
+    return alpha_from_acceptance(counts.acceptance_rate or 0.0, config.n_draft)
 
 
-def choose_n_draft(
-    pair,
-    modes: dict,
-    costs: dict,
-    prompts: list,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int = 0,
-    probe_n_draft: int = 4,
-) -> dict[str, dict]:
-    """Per mode, the draft length that maximises the analytic bound at the acceptance measured on a few
-    calibration prompts (the project's own, not the benchmark's) with the measured c and v[N]."""
+def choose_n_draft(pair, modes: dict, costs: dict, prompts: list) -> dict[str, dict]:
+    """Per mode (a DecodeConfig, its N the probe's), the draft length that maximises the analytic bound at
+    the acceptance measured on a few calibration prompts (the project's own, not the benchmark's) with the
+    measured c and v[N]."""
     chosen = {}
-    for name, kwargs in modes.items():
-        if kwargs["mode"] == "ar":
+    for name, config in modes.items():
+        if config.mode == "ar":
             continue
-        alpha = calibration_alpha(pair, kwargs, prompts, max_new_tokens, temperature, seed, probe_n_draft)
+        alpha = calibration_alpha(pair, config, prompts)
         bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
         chosen[name] = {
             "n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]),

@@ -1,13 +1,13 @@
 """On a CUDA GPU: the target's pass and the draft's step replayed as CUDA graphs over static KV caches.
 
 Eager, a small model's pass on a GPU is bound by the host: each of its many small kernels is launched from
-Python, and the GPU waits (an H200 took 21 ms a pass of the 135M target, docs/results.md#on-a-gpu). A CUDA
-graph launches the whole pass at once. A graph replays fixed tensors, so each row count k ≤ K_MAX gets its
-own graph, captured at start, over static inputs (and, for the draft's step, a mask as wide as its cache);
-the keys and values live in a static cache, written in place. Any transformers causal LM runs over
-transformers' own StaticCache (HFStaticPass), an EAGLE-3 draft over its StaticDraftStep; a standalone draft
-is graphed as the target is. Both are lent to decodes through compiled_pass.CompiledPass, as the CPU's
-compiled pass is, and attached only where every graph agrees with the eager pass on a check prompt.
+Python, and the GPU waits (docs/measurements/speed.md has the figures). A CUDA graph launches the whole
+pass at once. A graph replays fixed tensors, so each row count k ≤ K_MAX gets its own graph, captured at
+start, over static inputs (and, for the draft's step, a mask as wide as its cache); the keys and values
+live in a static cache, written in place. Any transformers causal LM runs over transformers' own
+StaticCache (HFStaticPass), an EAGLE-3 draft over its StaticDraftStep; a standalone draft is graphed as the
+target is. Both are lent to decodes through compiled_pass.CompiledPass, as the CPU's compiled pass is, and
+attached only where every graph agrees with the eager pass on a check prompt.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..common.files import cache_dir, write_text
+from ..common.files import cache_dir, discard_damaged, write_text
 from ..common.paths import PROMPTS_DIR
+from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from .costs import calibration_alpha, measure_costs
 from .theory import analytic_speedup, fastest_n_draft
@@ -96,11 +97,19 @@ def choices_path() -> Path:
 
 
 def cached_choices() -> dict:
+    """The measured choices kept so far; a damaged file is removed (and measured again) with one line."""
     path = choices_path()
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        choices = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as err:
+        discard_damaged(path, "dtype choices", err, "measuring again")
+        return {}
+    if not isinstance(choices, dict):
+        discard_damaged(path, "dtype choices", "not a JSON object", "measuring again")
+        return {}
+    return choices
 
 
 def calibration_prompt() -> str:
@@ -123,7 +132,8 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     if key in choices and choices[key].get("dtype") in CANDIDATES:
         return load_once(choices[key]["dtype"]), {**choices[key], "cached": True}
     prompt = calibration_prompt()
-    alpha = calibration_alpha(load_once("float32"), {"mode": "exact"}, [prompt], 32, 0.0)
+    exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
+    alpha = calibration_alpha(load_once("float32"), exact, [prompt])
     timing_prompt = encode_prompt(load_once("float32").tokenizer, prompt)
     pair, choice = choose_dtype(load_once, timing_prompt, alpha)
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")

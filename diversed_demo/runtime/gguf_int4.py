@@ -22,16 +22,17 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..common.files import atomic_write, cache_dir
+from ..common.files import atomic_write, cache_dir, discard_damaged
 from ..common.timing import runs_faster
 from ..models.gguf_cache import gguf_key
 from . import amx_gguf
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
-# At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass; int4
-# stays the faster to ~16 rows here (docs/measurements/speed.md). The AMX kernel takes any number.
+# At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass, within
+# the rows where int4 is the faster (docs/measurements/speed.md). The AMX kernel takes any number.
 INT4_ROWS = 8
 OPERANDS = 2  # the cached operands' format: 2 adds the AMX kernel's 8-bit LM head
 LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module names in a Llama layer
@@ -171,7 +172,7 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     on the AMX kernel, its Q8_0 LM head), or None where the GGUF's blocks do not give exactly the model's
     weights. Built once (seconds) and kept in
     the user cache; the packing depends on the kernel, the CPU's vector width and PyTorch, so all are in
-    the key."""
+    the key. A cached file that does not load whole is packed again, with one line saying so."""
     dtype = next(model.parameters()).dtype
     projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
     fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
@@ -180,9 +181,10 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
     path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
     if path.exists():
-        flat = load_file(str(path))
-        names = {name.rsplit(".", 1)[0] for name in flat}
-        return {name: tuple(flat[f"{name}.{j}"] for j in range(len(flat) // len(names))) for name in names}
+        try:
+            return cached_operands(path, model)
+        except (OSError, ValueError, SafetensorError) as err:
+            discard_damaged(path, f"4-bit operands of {gguf_path.name}", err, "packing them again")
     layers = read_q4_layers(gguf_path, model.config.get_text_config())
     weights = {name: model.get_submodule(name).weight for name in layers}
     if not layers or any(not torch.equal(dequantised(*layers[n]).to(dtype), w) for n, w in weights.items()):
@@ -195,6 +197,19 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     flat = {f"{name}.{j}": t for name, tensors in operands.items() for j, t in enumerate(tensors)}
     atomic_write(path, lambda tmp: save_file(flat, str(tmp)))
     return operands
+
+
+def cached_operands(path: Path, model: torch.nn.Module) -> dict[str, tuple]:
+    """{module name: operands} from their cached file ({"<name>.<j>": tensor}), or ValueError where it does
+    not hold whole operands of the model's modules (safetensors' own error where it does not load)."""
+    flat = load_file(str(path))
+    names = {name.rsplit(".", 1)[0] for name in flat}
+    count = len(flat) // max(len(names), 1)
+    modules = dict(model.named_modules())
+    whole = {f"{name}.{j}" for name in names for j in range(count)} == flat.keys() and count in (1, 2)
+    if not whole or not names <= modules.keys():
+        raise ValueError(f"{len(flat)} tensors that are not whole operands of the model's projections")
+    return {name: tuple(flat[f"{name}.{j}"] for j in range(count)) for name in names}
 
 
 def q8_head_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple]:

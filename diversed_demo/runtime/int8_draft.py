@@ -1,9 +1,9 @@
 """The draft's projections as 8-bit weight-only products on the CPU (one scale per output row).
 
-Against a 4-bit target a bf16 draft is no longer cheap: it streams its 20 MB of weights, mostly from memory
-since the target's pass evicted them, for every drafted token, while a target pass streams 123 MB. At 8 bits
-it streams half. Any draft keeps decoding exact (verification decides), so the rounding only moves the
-acceptance rate, which the bench reports. Passes over more rows (the draft's prompt) keep the dense weight.
+Against a 4-bit target a bf16 draft is no longer cheap: it streams its weights for every drafted token,
+mostly from memory since the target's pass evicted them. At 8 bits it streams half. Any draft keeps decoding
+exact (verification decides), so the rounding only moves the acceptance rate, which the bench reports.
+Passes over more rows (the draft's prompt) keep the dense weight.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import torch
 
 from ..common.timing import runs_faster
 
-# At most this many rows use the 8-bit product (a drafting step's one, a restart's few): at 4 rows it is as
-# fast as the dense product on weights in cache and faster on weights in memory, at 8 slower
-# (docs/measurements/speed.md).
+# At most this many rows use the 8-bit product (a drafting step's one, a restart's few): beyond, the dense
+# product is as fast or faster (docs/measurements/speed.md).
 INT8_ROWS = 4
 
 

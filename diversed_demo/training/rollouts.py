@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.decode import Row, decode_rows
+from ..core.config import DecodeConfig
+from ..core.decode import decode_rows
 from ..core.verify import total_variation
 from ..models.pair import text_config
 
@@ -59,8 +60,10 @@ def sample_rollouts(
     seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in prompts]
     blocks = [[] for _ in prompts]  # per rollout, what each of its verification steps recorded
     outputs = [[] for _ in prompts]
-    rows = [Row(prompt_ids, seed, "dynamic", head=head) for prompt_ids, seed in zip(prompts, seeds)]
-    for r, step in decode_rows(pair, rows, n_draft, max_new_tokens, temperature):
+    decoding = DecodeConfig(
+        "dynamic", head=head, n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature
+    )
+    for r, step in decode_rows(pair, prompts, [decoding.replace(seed=seed) for seed in seeds]):
         recorded = decided_positions(step, temperature)
         if recorded is not None:
             blocks[r].append(recorded)

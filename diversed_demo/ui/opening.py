@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from ..eval.tasks import Example
 from ..models.heads import HeadError, list_heads, load_head
@@ -13,7 +14,7 @@ from ..runtime.costs import choose_n_draft, measure_costs
 from ..runtime.dtype_choice import choice_note
 from .cards import head_cards, trained_greedy
 from .render import MODE_LABELS
-from .runs import DecodeSettings
+from .runs import APP_CONFIG
 from .shipped_files import dig, shown_path
 from .space import zero_gpu_space
 
@@ -22,7 +23,7 @@ from .space import zero_gpu_space
 class Defaults:
     """Where the app starts: the settings at which the shipped figures were measured."""
 
-    settings: DecodeSettings
+    settings: DecodeConfig  # its head as named
     example_index: int | None
     note: str  # at most two short sentences, for the sidebar
     why: str = ""  # where the settings come from, in full, under the note
@@ -48,15 +49,15 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
     cards = head_cards(head_paths)
     name = opening_head(cards, first.task if first else None)
     if name is None:
-        settings = DecodeSettings(mode="static", head_name=next(iter(head_paths), None))
+        settings = APP_CONFIG.replace(mode="static", head=next(iter(head_paths), None))
         why = "No head of this pair has a frontier card, so nothing was measured to open at."
         return Defaults(settings, example_index, "Opened at the decoder's defaults.", why)
     frontier = cards[name]["frontier"]
     measured = frontier.get("settings", {})
     mean_w = dig(frontier, "head_point", "mean_w")
-    settings = DecodeSettings(
+    settings = APP_CONFIG.replace(
         mode="dynamic",
-        head_name=name,
+        head=name,
         ensemble_weight=round(mean_w * 20) / 20 if isinstance(mean_w, (int, float)) else 0.5,
         n_draft=int(measured.get("n_draft", 4)),
         max_new_tokens=int(measured.get("max_new_tokens", 64)),
@@ -86,7 +87,7 @@ def with_draft_length(start: Defaults, n_draft: int, alphas: dict[str, float], c
         f" (α: {measured}), with a draft token costing {costs['c']:.2f} and a pass over N + 1 tokens"
         f" {costs['v'][n_draft]:.2f} of a target token."
     )
-    return replace(start, settings=replace(start.settings, n_draft=n_draft), note=note, why=why)
+    return replace(start, settings=start.settings.replace(n_draft=n_draft), note=note, why=why)
 
 
 def slowest_mode_fastest(chosen: dict[str, dict]) -> int:
@@ -120,17 +121,14 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
         head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None
     except HeadError:
         return start
-    # Calibrated as the app's decodes draft: with prompt lookup (ui/runs.py).
-    opening = {"mode": settings.mode, "ensemble_weight": settings.ensemble_weight, "head": head}
-    modes = {MODE_LABELS[settings.mode]: {**opening, "prompt_lookup": True}}
-    exact = {"mode": "exact", "ensemble_weight": 1.0, "head": None, "prompt_lookup": True}
-    modes.setdefault(MODE_LABELS["exact"], exact)
+    # Calibrated as the app's decodes draft (with prompt lookup), in a short decode at the card's N.
+    probe = settings.replace(head=head, max_new_tokens=32)
+    modes = {MODE_LABELS[settings.mode]: probe}
+    modes.setdefault(MODE_LABELS["exact"], probe.replace(mode="exact", head=None))
     costs = chosen_dtype_costs(pair) or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )
-    chosen = choose_n_draft(
-        pair, modes, costs, [prompt], 32, settings.temperature, settings.seed, probe_n_draft=settings.n_draft
-    )
+    chosen = choose_n_draft(pair, modes, costs, [prompt])
     alphas = {name: mode["calibration_alpha"] for name, mode in chosen.items()}
     return with_draft_length(start, slowest_mode_fastest(chosen), alphas, costs)
 

@@ -15,7 +15,7 @@ from ..common.formatting import fmt
 from ..runtime.theory import analytic_speedup
 from .runs import Comparison, DecodeRun
 
-# The decoder's modes (core.settings.MODES) as the page names them; logic keys on the codes.
+# The decoder's modes (core.config.MODES) as the page names them; logic keys on the codes.
 MODE_LABELS = {"ar": "Target only", "exact": "Exact SD", "static": "Static ensemble", "dynamic": "DIVERSED"}
 
 KIND_LABELS = {

@@ -130,6 +130,20 @@ def headline_figure(data: list[dict]) -> go.Figure:
         subplot_titles=("acceptance: exact SD → DIVERSED", "quality: DIVERSED vs exact SD (95% interval)"),
     )
     labels = [f"{r['task']} · {'greedy' if r['greedy'] else 'T = 1'}" for r in data]
+    add_acceptance(fig, data, labels)
+    add_quality(fig, data, labels)
+    fig.update_layout(
+        height=120 + 36 * len(data),
+        template="plotly_white",
+        margin=dict(l=10, r=10, t=50, b=30),
+        legend=dict(orientation="h", y=-0.12),
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def add_acceptance(fig: go.Figure, data: list[dict], labels: list[str]) -> None:
+    """The left panel: exact SD's and DIVERSED's acceptance per row, joined by a line."""
     for key, name, color in (
         ("acceptance_exact", "exact SD", MODE_COLORS["exact"]),
         ("acceptance_head", "DIVERSED", HEAD_COLOR),
@@ -158,6 +172,10 @@ def headline_figure(data: list[dict]) -> go.Figure:
             row=1,
             col=1,
         )
+
+
+def add_quality(fig: go.Figure, data: list[dict], labels: list[str]) -> None:
+    """The right panel: DIVERSED's quality change against exact SD's, relative, with a 95% interval."""
     scales = [abs(r["quality_exact"] or 0) or 1 for r in data]  # relative to exact SD's quality
     errors = [1.96 * (r["quality_difference_se"] or 0) / scale for r, scale in zip(data, scales)]
     fig.add_trace(
@@ -176,11 +194,3 @@ def headline_figure(data: list[dict]) -> go.Figure:
     fig.add_vline(x=0, line_dash="dot", line_color=THEORY_COLOR, row=1, col=2)
     # A score near zero (pass@1 at T = 1) makes its relative interval huge: the axis stops at ±100%.
     fig.update_xaxes(tickformat="+.0%", range=[-1.05, 1.05], row=1, col=2)
-    fig.update_layout(
-        height=120 + 36 * len(data),
-        template="plotly_white",
-        margin=dict(l=10, r=10, t=50, b=30),
-        legend=dict(orientation="h", y=-0.12),
-    )
-    fig.update_yaxes(autorange="reversed")
-    return fig

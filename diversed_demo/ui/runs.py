@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from ..core.config import MODES, DecodeConfig
 from ..core.generate import speculative_generate
 from ..core.prompt import encode_prompt
-from ..core.settings import MODES
 from ..core.stats import Counts, Summary
 from ..eval.rewards import fidelity, task_reward
 from ..eval.tasks import REFERENCE_TASKS, Example
@@ -21,15 +21,9 @@ from ..models.heads import list_heads, load_head
 MAX_PROMPT_CHARS = 4000
 
 
-@dataclass
-class DecodeSettings:
-    mode: str = "static"
-    ensemble_weight: float = 0.5
-    head_name: str | None = None
-    n_draft: int = 4
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    seed: int = 0
+# The app's decodes: a DecodeConfig whose head, in dynamic mode, is a head's name (a visitor names a head,
+# never a path on the server); greedy runs draft copies from the text too (core/lookup.py).
+APP_CONFIG = DecodeConfig(max_new_tokens=64, prompt_lookup=True)
 
 
 def check_prompt(prompt: str) -> str:
@@ -42,17 +36,16 @@ def check_prompt(prompt: str) -> str:
     return prompt
 
 
-def resolve_head(pair, settings: DecodeSettings):
-    """The head a DIVERSED run needs (None for the other modes)."""
-    if settings.mode != "dynamic":
+NO_HEAD = "DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab"
+
+
+def resolve_head(pair, config: DecodeConfig):
+    """The head a DIVERSED run needs, loaded from the name in `config` (None for the other modes)."""
+    if config.mode != "dynamic":
         return None
-    if not settings.head_name:
-        raise ValueError(
-            "DIVERSED needs a trained head: pick one in the sidebar or train one in the Train tab"
-        )
-    path = list_heads(pair).get(settings.head_name)  # a visitor names a head; never a path on the server
+    path = list_heads(pair).get(config.head_name)  # a visitor names a head; never a path on the server
     if path is None:
-        raise ValueError(f"no head {settings.head_name!r} for this pair: pick one in the sidebar")
+        raise ValueError(f"no head {config.head_name!r} for this pair: pick one in the sidebar")
     return load_head(path, pair)
 
 
@@ -64,7 +57,7 @@ class DecodeRun:
     by Summary alone, live and at the end.
     """
 
-    settings: DecodeSettings
+    settings: DecodeConfig  # its head as named, not loaded
     prompt: str = ""
     events: list = field(default_factory=list)
     summary: Summary | None = None
@@ -139,25 +132,15 @@ class DecodeRun:
         return [t for e, t in zip(self.events, self.event_times) if e.kind != "rejected"]
 
 
-def stream_decode(pair, prompt: str, settings: DecodeSettings, head=None):
-    """Decode `prompt`, yielding the same DecodeRun after every token event and once more when done.
+def stream_decode(pair, prompt: str, settings: DecodeConfig, head=None):
+    """Decode `prompt` by `settings` (with `head`, loaded from its name, in dynamic mode), yielding the same
+    DecodeRun after every token event and once more when done.
 
     Raises ValueError (bad input, from here or the decoder) before the first yield.
     """
     check_prompt(prompt)
     run = DecodeRun(settings, prompt)
-    stream = speculative_generate(
-        pair,
-        prompt,
-        mode=settings.mode,
-        ensemble_weight=settings.ensemble_weight,
-        head=head,
-        n_draft=settings.n_draft,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        seed=settings.seed,
-        prompt_lookup=True,  # greedy runs draft copies from the text too (core/lookup.py)
-    )
+    stream = speculative_generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
     for item in stream:
         if isinstance(item, Summary):
             run.summary = item
@@ -228,7 +211,7 @@ def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tu
     return float(fidelity(pair, encode_prompt(pair.tokenizer, prompt), run.summary.token_ids)), "fidelity"
 
 
-def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Example | None = None):
+def stream_comparison(pair, prompt: str, settings: DecodeConfig, example: Example | None = None):
     """Run the prompt through every mode in turn, all with the same seed, so that differences between the
     runs come from the verifier alone; yield the Comparison as it grows."""
     check_prompt(prompt)
@@ -237,7 +220,7 @@ def stream_comparison(pair, prompt: str, settings: DecodeSettings, example: Exam
         if mode == "dynamic" and not settings.head_name:
             comparison.skipped[mode] = "no head selected"
             continue
-        mode_settings = replace(settings, mode=mode)
+        mode_settings = settings.replace(mode=mode)
         head = resolve_head(pair, mode_settings)
         for run in stream_decode(pair, prompt, mode_settings, head):
             comparison.runs[mode] = run

@@ -1,5 +1,5 @@
 """The sidebar: the decoding settings that Decode, Compare and the dial share (w, head, N, new tokens,
-temperature, seed), and turning their values into DecodeSettings."""
+temperature, seed), and turning their values into the app's DecodeConfig."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..core.settings import MAX_N_DRAFT, MAX_SEED
+from ..core.config import MAX_N_DRAFT, MAX_SEED, DecodeConfig
 from ..models.heads import list_heads
 from .cards import head_cards, head_for_temperature
 from .handlers import bind
 from .opening import Defaults
-from .runs import DecodeSettings
+from .runs import APP_CONFIG, NO_HEAD
 
 
 @dataclass
@@ -33,14 +33,16 @@ class Sidebar:
         return [self.w, self.head, self.n_draft, self.max_new_tokens, self.temperature, self.seed]
 
 
-def settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeSettings:
-    """The settings of a decode in `mode` (a code of core.settings.MODES) from the sidebar's values."""
+def settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeConfig:
+    """The app's config of a decode in `mode` (a code of core.config.MODES) from the sidebar's values."""
     if seed is None or not 0 <= float(seed) <= MAX_SEED or float(seed) != int(seed):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
-    return DecodeSettings(
+    if mode == "dynamic" and not head_name:
+        raise ValueError(NO_HEAD)
+    return APP_CONFIG.replace(
         mode=mode,
         ensemble_weight=float(w),
-        head_name=head_name or None,
+        head=head_name or None,
         n_draft=int(n_draft),
         max_new_tokens=int(max_new_tokens),
         temperature=float(temperature),
@@ -64,7 +66,7 @@ def switch_head(cards: dict[str, dict], head_name, temperature):
     return gr.skip() if choice is None else choice
 
 
-def sliders(start: DecodeSettings) -> tuple[gr.Slider, gr.Slider, gr.Slider]:
+def sliders(start: DecodeConfig) -> tuple[gr.Slider, gr.Slider, gr.Slider]:
     """N, max new tokens and temperature, at their opening values."""
     n_draft = gr.Slider(
         1,

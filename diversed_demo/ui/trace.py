@@ -17,13 +17,13 @@ from pathlib import Path
 
 from ..core.events import KINDS, TokenEvent
 from ..core.stats import Summary
-from .runs import DecodeRun, DecodeSettings
+from .runs import APP_CONFIG, DecodeRun
 
 MAX_EVENTS = 5000  # a replayed run's events (a 512-token run has at most about 1000)
 
 TRACE_FORMAT = "diversed-trace/1"
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
-SETTING_FIELDS = [f.name for f in fields(DecodeSettings)]
+SETTING_FIELDS = [f.name for f in fields(APP_CONFIG)]
 # One folder per user, readable by that user alone: traces hold prompts and outputs.
 TRACES_DIR = Path(tempfile.gettempdir()) / f"diversed-traces-{getattr(os, 'getuid', lambda: 'user')()}"
 TRACE_KEEP_S = 3600  # Gradio copies a served file into its own cache; our copy is only needed briefly
@@ -151,9 +151,10 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
     runs = read_trace(text)["runs"]
     record = next((r for r in runs if r.get("label") == label), runs[0]) if label else runs[0]
     try:
-        settings = DecodeSettings(
-            **{k: v for k, v in record.get("settings", {}).items() if k in SETTING_FIELDS}
-        )
+        given = record.get("settings", {})
+        if "head_name" in given:  # as traces of earlier versions name the head
+            given = {"head": given["head_name"], **given}
+        settings = APP_CONFIG.replace(**{k: v for k, v in given.items() if k in SETTING_FIELDS})
         run = DecodeRun(settings, str(record.get("prompt", "")))
         events = record.get("events") or []
         if len(events) > MAX_EVENTS:

@@ -27,18 +27,19 @@ from .rule import WEIGHT_KEY
 def check_modes(modes: dict) -> None:
     """vLLM runs ar, exact and static:<w> (eval.bench.parse_modes's spec); a dynamic head needs a vLLM hook
     that does not exist yet (docs/vllm.md)."""
-    for name, kwargs in modes.items():
-        if kwargs["mode"] == "dynamic":
+    for name, config in modes.items():
+        if config.mode == "dynamic":
             raise ValueError(
                 f"mode {name!r}: vLLM cannot run a dynamic head yet (see docs/vllm.md); use static:<w>"
             )
 
 
-def sampling_params(mode_kwargs: dict, max_new_tokens: int, temperature: float, seed: int):
-    """vLLM's SamplingParams for one mode: static modes carry their w per request, as a client would."""
+def sampling_params(config, max_new_tokens: int, temperature: float, seed: int):
+    """vLLM's SamplingParams for one mode (a DecodeConfig): static modes carry their w per request, as a
+    client would."""
     from vllm import SamplingParams
 
-    extra = {WEIGHT_KEY: mode_kwargs["ensemble_weight"]} if mode_kwargs["mode"] == "static" else None
+    extra = {WEIGHT_KEY: config.ensemble_weight} if config.mode == "static" else None
     return SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed, extra_args=extra)
 
 
@@ -99,7 +100,7 @@ def run_vllm_bench(engines: dict, tokenizer, examples, modes: dict, max_new_toke
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(tokenizer, example.prompt)
         for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no mode always runs first
-            llm = engines["ar" if modes[name]["mode"] == "ar" else "sd"]
+            llm = engines["ar" if modes[name].mode == "ar" else "sd"]
             params = sampling_params(modes[name], max_new_tokens, temperature, seed + i)
             ids, spent = decode(llm, prompt_ids, params)
             outputs[name].append(ids)

@@ -12,7 +12,7 @@ import gradio as gr
 import pandas as pd
 
 from ...common.formatting import fmt
-from ...core.settings import MODES
+from ...core.config import MODES
 from ...eval.tasks import Example
 from ..examples import example_choices, find_example, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors

@@ -9,7 +9,8 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ...eval.frontier import sweep_steps
+from ...core.config import DecodeConfig
+from ...eval.frontier import FRONTIER_DECODING, sweep_steps
 from ...eval.tasks import TASKS, Example
 from ...models.heads import load_head
 from ..cards import FRONTIER_COMMAND, is_greedy
@@ -25,7 +26,6 @@ from ..render import (
     projection_figure,
     quality_figure,
 )
-from ..runs import DecodeSettings
 from ..sidebar import Sidebar, head_choices
 from ..snippet import pair_snippet
 from ..space import on_gpu, public_space
@@ -97,16 +97,10 @@ def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progre
     weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
     heads = {name: load_head(name, pair) for name in head_choices(pair)}
     total = (len(weights) + len(heads)) * len(chosen)
-    steps = sweep_steps(
-        pair,
-        chosen,
-        task,
-        weights=weights,
-        heads=heads,
-        n_draft=int(n_draft),
-        max_new_tokens=int(tokens),
-        temperature=float(temperature),
+    decoding = FRONTIER_DECODING.replace(
+        n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature)
     )
+    steps = sweep_steps(pair, chosen, task, weights=weights, heads=heads, decoding=decoding)
     done = 0
     while True:
         try:
@@ -207,7 +201,7 @@ def build_dial_charts(figures, verdict: str) -> tuple[list[gr.Plot], gr.Markdown
     return [main, *others], verdict_box
 
 
-def build_snippet_box(pair, sidebar: Sidebar, start: DecodeSettings) -> None:
+def build_snippet_box(pair, sidebar: Sidebar, start: DecodeConfig) -> None:
     """The transformers snippet, rewritten as the sidebar's w, temperature and new tokens move."""
     with gr.Accordion(
         "Take the dial to your own pair: transformers' assisted generation with the sidebar's w", open=True

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import torch
 
 from diversed_demo.cli import pair_from_args
-from diversed_demo.core.decode import decode_steps
+from diversed_demo.core.config import DecodeConfig
+from diversed_demo.core.decode import decode_rows
 from diversed_demo.core.prompt import encode_prompt
 from diversed_demo.eval.tasks import load_spec_bench
 
@@ -20,7 +21,8 @@ ranks = [collections.Counter(), collections.Counter()]  # depth 1, depth 2
 with torch.inference_mode():
     for example in load_spec_bench(per_category=2):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
-        for step in decode_steps(pair, prompt_ids, "exact", n_draft=2, max_new_tokens=64, temperature=0.0):
+        exact = DecodeConfig(mode="exact", n_draft=2, max_new_tokens=64, temperature=0)
+        for _, step in decode_rows(pair, [prompt_ids], [exact]):
             verdict = step.verdict
             for j in range(min(len(verdict.draft_tokens), verdict.n_accepted + 1)):  # the verified drafts
                 wanted = verdict.target_probs[j].argmax()

@@ -17,7 +17,8 @@ import torch
 
 from diversed_demo.cli import pair_from_args
 from diversed_demo.common.paths import ROOT
-from diversed_demo.core.decode import decode_steps
+from diversed_demo.core.config import DecodeConfig
+from diversed_demo.core.decode import decode_rows
 from diversed_demo.core.prompt import encode_prompt
 from diversed_demo.eval.tasks import data_file, load_gsm8k, load_mbpp, load_spec_bench
 
@@ -59,7 +60,8 @@ right, total = collections.defaultdict(collections.Counter), collections.Counter
 with torch.inference_mode():
     for example in examples:
         prompt_ids, output = encode_prompt(pair.tokenizer, example.prompt), []
-        for step in decode_steps(pair, prompt_ids, "exact", n_draft=2, max_new_tokens=64, temperature=0):
+        exact = DecodeConfig(mode="exact", n_draft=2, max_new_tokens=64, temperature=0)
+        for _, step in decode_rows(pair, [prompt_ids], [exact]):
             verdict = step.verdict
             for j in range(min(len(verdict.draft_tokens), verdict.n_accepted + 1)):  # the verified drafts
                 wanted, drafted = int(verdict.target_probs[j].argmax()), int(verdict.draft_tokens[j])

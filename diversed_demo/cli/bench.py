@@ -1,0 +1,161 @@
+"""`diversed-demo bench`: Spec-Bench (or the app's examples) speed and quality per mode, or with
+--batch-rows one batch of decodes against the same decodes one after another. Every value that needs no
+model is checked before the pair loads."""
+
+from __future__ import annotations
+
+from . import shared
+
+
+def add_bench_arguments(parser) -> None:
+    add_bench_question_arguments(parser)
+    add_bench_decoding_arguments(parser)
+    add_bench_comparison_arguments(parser)
+    parser.add_argument("--json", default=None, help="write the machine-readable report here")
+    parser.add_argument("--markdown", default=None, help="write the Markdown table here")
+    parser.add_argument("--plot", default=None, help="write a plotly HTML chart here")
+    shared.add_pair_arguments(parser)
+    parser.set_defaults(func=run_bench_command)
+
+
+def add_bench_question_arguments(parser) -> None:
+    """The modes, and the questions they decode."""
+    from ..eval.bench import DEFAULT_MODES
+
+    parser.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help="comma-separated: ar, exact, static:<w>, dynamic:<head>; a name ending in /no-lookup drafts "
+        "without prompt lookup (greedy decoding's copies from the text), e.g. exact/no-lookup",
+    )
+    parser.add_argument(
+        "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"
+    )
+    parser.add_argument(
+        "--categories",
+        default=None,
+        help="comma-separated Spec-Bench categories to run (default all), e.g. summarization,math_reasoning",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="Spec-Bench question.jsonl (default: spec_bench/ in $DIVERSED_DATA or ../shared/data)",
+    )
+    parser.add_argument(
+        "--app-examples",
+        type=int,
+        default=None,
+        metavar="K",
+        help="time the app's first K example prompts instead of Spec-Bench (1: the example the "
+        "app opens with)",
+    )
+
+
+def add_bench_decoding_arguments(parser) -> None:
+    parser.add_argument(
+        "--n-draft",
+        default="auto",
+        help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
+        "acceptance of a calibration run on the project's own prompts (default)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_bench_comparison_arguments(parser) -> None:
+    """What else is timed: transformers, llama.cpp, or batches of decodes."""
+    parser.add_argument(
+        "--vs-transformers", action="store_true", help="also time transformers' generate (greedy)"
+    )
+    parser.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        help="also time llama.cpp's target-only decoding of the same GGUF (greedy; needs "
+        "llama-cpp-python, which compiles llama.cpp)",
+    )
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=None,
+        metavar="K",
+        help="instead: time K decodes of each question as one batch (how head training decodes "
+        "rollouts) against one after another, per mode (N from --n-draft, 4 where auto)",
+    )
+
+
+def run_bench_command(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..eval.bench import BENCH_DECODING, parse_modes, run_batch_bench, run_bench
+    from ..eval.bench_report import bench_figure, bench_markdown
+
+    # Everything that can be checked without the models is checked before they load.
+    examples = bench_examples(args)
+    run = shared.decode_config(args, BENCH_DECODING)
+    parse_modes(args.modes, base=run)
+    n_draft = parse_n_draft(args.n_draft)
+    if args.batch_rows is not None and args.batch_rows < 2:
+        raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
+    llama_cpp_gguf = llama_cpp_target(args) if args.vs_llama_cpp else None
+    pair = shared.pair_from_args(args, compiled="wait")
+    modes = parse_modes(args.modes, pair, run)
+    bar = tqdm(total=len(examples) * len(modes), desc="bench")
+    if args.batch_rows is not None:
+        report = run_batch_bench(
+            pair,
+            examples,
+            modes,
+            args.batch_rows,
+            4 if n_draft == "auto" else n_draft,
+            progress=lambda: bar.update(1),
+        )
+    else:
+        report = run_bench(
+            pair,
+            examples,
+            modes,
+            n_draft,
+            args.vs_transformers,
+            progress=lambda: bar.update(1),
+            vs_llama_cpp=llama_cpp_gguf,
+        )
+    bar.close()
+    shared.print_and_write(report, bench_markdown(report), args.json, args.markdown)
+    if args.plot and args.batch_rows is None:
+        bench_figure(report).write_html(args.plot)
+    return 0
+
+
+def parse_n_draft(text: str) -> int | str:
+    """--n-draft: a positive integer, or "auto"."""
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"--n-draft must be a positive integer or auto, not {text!r}")
+    return text if text == "auto" else int(text)
+
+
+def llama_cpp_target(args):
+    """The target's GGUF for --vs-llama-cpp, checked before the models load."""
+    import importlib.util
+
+    from ..models.embedded import EMBEDDED
+    from ..models.loading import gguf_file
+
+    gguf = gguf_file(args.target or EMBEDDED)
+    if gguf is None:
+        raise ValueError("--vs-llama-cpp needs a GGUF target (the embedded one, or a .gguf file)")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ValueError("--vs-llama-cpp needs llama-cpp-python: pip install llama-cpp-python (it compiles)")
+    return gguf
+
+
+def bench_examples(args) -> list:
+    """The questions to bench: the app's first K example prompts, or Spec-Bench's first turns."""
+    from ..eval.tasks import app_examples, load_spec_bench
+
+    if args.app_examples is not None:
+        if args.app_examples < 1:
+            raise ValueError(f"--app-examples must be a positive integer, not {args.app_examples}")
+        return [e for task_examples in app_examples().values() for e in task_examples][: args.app_examples]
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    return load_spec_bench(args.data, categories, per_category=args.per_category or None)

@@ -1,0 +1,104 @@
+"""`diversed-demo train`: train an ensemble head with sequence-level RL (a flag for each number of
+HeadTrainConfig; the config's own check refuses bad values before the models load)."""
+
+from __future__ import annotations
+
+from . import shared
+
+
+def add_train_arguments(parser) -> None:
+    from ..training.config import TASK_DEFAULTS, HeadTrainConfig
+
+    defaults = HeadTrainConfig()
+    parser.add_argument(
+        "--task", default=defaults.task, help="summarization, math, code or general (fidelity)"
+    )
+    parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    add_head_config_arguments(parser, defaults)
+    for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
+        parser.set_defaults(**{name: None})
+    parser.add_argument("--name", default=None, help="the head's name (default <task>-<time>)")
+    parser.add_argument("--out", default=None, help="head path (default: the user heads folder)")
+    parser.add_argument(
+        "--run-dir", default=None, help="checkpoint folder (default <user heads folder>/runs/<name>)"
+    )
+    parser.add_argument(
+        "--no-resume", dest="resume", action="store_false", help="ignore an existing checkpoint"
+    )
+    parser.add_argument(
+        "--suggest-lam",
+        action="store_true",
+        help="print the quartiles of (CE − H)/TV over exact-SD rollouts of the task's prompts (the "
+        "per-token optimum lets the draft through where this is below λ) and exit",
+    )
+    shared.add_pair_arguments(parser)
+    parser.set_defaults(func=run_train)
+
+
+def add_head_config_arguments(parser, defaults) -> None:
+    """A flag for each number of HeadTrainConfig, with its default."""
+    helps_int = {
+        "warm_start_prompts": "before RL, decode this many training prompts at static w = --w-init and fit "
+        "the head offline to the per-token optimum (default 0: off)",
+        "warm_start_steps": "full-batch AdamW steps of that fit",
+    }
+    for name in (
+        "steps",
+        "prompts_per_step",
+        "rollouts_per_prompt",
+        "max_new_tokens",
+        "n_draft",
+        "epochs",
+        "hidden_size",
+        "warmup_steps",
+        "checkpoint_every",
+        "seed",
+        "warm_start_prompts",
+        "warm_start_steps",
+    ):
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=helps_int.get(name)
+        )
+    helps = {
+        "lam": "weight of the acceptance term (default per task: 5 for general and summarization, else 0.15)",
+        "dense_fidelity": "weight of the exact per-token expected fidelity (default 1 for general and "
+        "summarization, else 0)",
+        "lr": "AdamW learning rate (default per task: 1e-3 for general and summarization, else 3e-3)",
+        "target_acceptance": "hold the rollouts' mean acceptance 1 − w·TV at this value (an augmented "
+        "Lagrangian: λ starts at --lam and adapts after each step; with a warm start, "
+        "λ is set once from the recorded positions); default off: λ fixed",
+        "penalty": "ρ of that augmented Lagrangian: the gap penalty's weight and the multiplier's step",
+    }
+    for name in (
+        "temperature",
+        "lam",
+        "dense_fidelity",
+        "lr",
+        "grad_clip",
+        "w_min",
+        "w_init",
+        "target_acceptance",
+        "penalty",
+        "warm_start_lr",
+    ):
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=getattr(defaults, name), help=helps.get(name)
+        )
+
+
+def run_train(args) -> int:
+    from ..training.config import HeadTrainConfig, check_config
+    from ..training.loop import train_head
+
+    fields = HeadTrainConfig.__dataclass_fields__
+    config = HeadTrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    check_config(config)
+    if args.suggest_lam:
+        from ..training.diagnostics import fidelity_cost_quartiles
+
+        quartiles = fidelity_cost_quartiles(shared.pair_from_args(args), config)
+        print(f"(CE − H)/TV quartiles on {config.task}: " + " / ".join(f"{q:.2f}" for q in quartiles))
+        return 0
+    result = train_head(shared.pair_from_args(args), config)
+    print(f"head saved to {result.path}" if result.path else "cancelled")
+    return 0
