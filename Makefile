@@ -16,7 +16,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_KIND)
 
-.PHONY: demo test quick lint install chromium sandbox clean screenshots vllm first-compare
+.PHONY: demo test quick lint install chromium sandbox clean screenshots vllm first-compare cold-start
 
 install: $(STAMP)
 
@@ -82,6 +82,11 @@ screenshots: install chromium
 # The first example's Compare as five fresh app starts find it (docs/results.md#the-apps-first-example).
 first-compare: install
 	for start in 1 2 3 4 5; do $(BIN)/python tests/first_compare.py; done
+
+# The first minute from an empty cache: seconds to a served page, a visitor's decode during the background
+# build against the steady speed (tests/cold_start.py).
+cold-start: install
+	$(BIN)/python tests/cold_start.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

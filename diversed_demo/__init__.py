@@ -1,10 +1,11 @@
 """DIVERSED: relaxed speculative decoding with dynamic ensemble verification, as a library and a demo.
 
-    from diversed_demo import load_pair, generate
+    from diversed_demo import DecodeConfig, load_pair, generate
     pair = load_pair("smollm2-135m")  # or any Hugging Face target and draft that share a tokenizer
-    summary, events = generate(pair, "Why is the sky blue?", mode="static", ensemble_weight=0.5)
+    summary, events = generate(pair, "Why is the sky blue?", DecodeConfig(mode="static", ensemble_weight=0.5))
 
-The layers, bottom to top: common, core (the decoding algorithm), models, eval, training, distill, ui, cli.
+The layers, bottom to top: common, core (the decoding algorithm), models (loading them), runtime (how they
+run fast here), eval, training, distill, ui, cli.
 """
 
 import importlib
@@ -12,6 +13,7 @@ import importlib
 # The public names, imported on first use so that `import diversed_demo.cli` stays light.
 PUBLIC = {
     "load_pair": "runtime.plan",
+    "DecodeConfig": "core.config",
     "ModelPair": "models.pair",
     "PairError": "models.pair",
     "generate": "core.generate",

@@ -11,6 +11,7 @@ also runs a batch of sequences through one target pass a step (`decode_rows`), w
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -124,6 +125,30 @@ def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
     return new_ids[:stop_at], stop_at is not None
 
 
+@dataclass
+class Row:
+    """One sequence of a batch as it decodes: its tokens so far, its draft's state, its weight rule, its
+    random stream and its prompt lookup."""
+
+    sequence: torch.Tensor
+    draft: object
+    weigh: Callable
+    sampler: Sampler
+    lookup: PromptLookup | None
+    emitted: int = 0
+
+
+def start_row(pair, prompt_ids: list[int], config: DecodeConfig) -> Row:
+    device = pair.target.device
+    _, _, temperature, top_p = config.batch_settings
+    sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(config.seed))
+    draft = make_draft(pair, config.mode)
+    weigh = weight_rule(config.mode, config.ensemble_weight, config.head)
+    return Row(
+        torch.tensor(prompt_ids, device=device), draft, weigh, sampler, make_lookup(config, sampler, draft)
+    )
+
+
 def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clock=time.perf_counter):
     """The decoding loop over a batch of sequences, yielding (row, Step) for each row still decoding at
     each step. Every row has its own draft state, weight rule and random stream (its config's mode, w,
@@ -134,76 +159,71 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
     the frontier and head training's rollouts all read this loop: one law."""
     if len({config.batch_settings for config in configs}) != 1:
         raise ValueError("the rows of a batch share N, max_new_tokens, temperature and top_p")
-    n_draft, max_new_tokens, temperature, top_p = configs[0].batch_settings
-    device = pair.target.device
-    samplers = [
-        Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(c.seed)) for c in configs
-    ]
-    drafts = [make_draft(pair, config.mode) for config in configs]
-    weighs = [weight_rule(config.mode, config.ensemble_weight, config.head) for config in configs]
-    lookups = [make_lookup(c, sampler, draft) for c, sampler, draft in zip(configs, samplers, drafts)]
-    aux_layer_ids = next((d.aux_layer_ids for d in drafts if d is not None), ())
-    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(configs), runner=pair.target_pass)
-    sequences = [torch.tensor(ids, device=device) for ids in prompts]
-    stop_ids, emitted, active, index = eos_ids(pair), [0] * len(configs), list(range(len(configs))), 0
+    n_draft, max_new_tokens, _, _ = configs[0].batch_settings
+    rows = [start_row(pair, prompt_ids, config) for prompt_ids, config in zip(prompts, configs)]
+    aux_layer_ids = next((row.draft.aux_layer_ids for row in rows if row.draft is not None), ())
+    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass)
+    stop_ids, active, index = eos_ids(pair), list(range(len(rows))), 0
     while active:
         index += 1
         start = clock()
         # Never draft past the budget: the step emits at most n + 1 tokens.
         proposals = [
             propose(
-                drafts[r],
-                sequences[r],
-                min(n_draft, max_new_tokens - emitted[r] - 1),
-                samplers[r],
+                rows[r].draft,
+                rows[r].sequence,
+                min(n_draft, max_new_tokens - rows[r].emitted - 1),
+                rows[r].sampler,
                 pair.vocab_size,
-                lookups[r],
-                room=min(MAX_FEED - 1, max_new_tokens - emitted[r] - 1),
+                rows[r].lookup,
+                room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
             )
             for r in active
         ]
         drafted = clock()
-        verdicts = verify_rows(
-            target,
-            [sequences[r] for r in active],
-            proposals,
-            [weighs[r] for r in active],
-            [samplers[r] for r in active],
-        )
+        verdicts = verify_rows(target, [rows[r] for r in active], proposals)
         draft_s, verify_s = (drafted - start) / len(active), (clock() - drafted) / len(active)
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
             new_ids, stopped = emitted_ids(verdict, stop_ids)
-            yield r, Step(index, sequences[r], verdict, new_ids, stopped, draft_s, verify_s)
-            emitted[r] += len(new_ids)
-            sequences[r] = torch.cat([sequences[r], sequences[r].new_tensor(new_ids)])
-            if stopped or emitted[r] >= max_new_tokens:
-                if drafts[r] is not None:
-                    drafts[r].close()  # its compiled step, if it holds one, goes to the next decode now
-                continue
-            still.append(i)
-            # Keep the caches on the new sequence minus its last token (which is fed next step).
-            target.rollback(len(sequences[r]) - 1, i)
-            if drafts[r] is not None:
-                drafts[r].observe(len(sequences[r]), verdict.target_features)
+            yield r, Step(index, rows[r].sequence, verdict, new_ids, stopped, draft_s, verify_s)
+            if advance(rows[r], target, i, verdict, new_ids, stopped, max_new_tokens):
+                still.append(i)
         if len(still) < len(active):
             if still:
                 target.keep_rows(still)
             active = [active[i] for i in still]
     target.close()
-    for draft in drafts:
-        if draft is not None:
-            draft.close()
+    for row in rows:
+        if row.draft is not None:
+            row.draft.close()
 
 
-def verify_rows(target: CachedLM, sequences, proposals, weighs, samplers) -> list[Verdict]:
+def advance(
+    row: Row, target: CachedLM, i: int, verdict: Verdict, new_ids, stopped: bool, budget: int
+) -> bool:
+    """Append a step's tokens to the row (the target's i-th row of the batch); whether it decodes on."""
+    row.emitted += len(new_ids)
+    row.sequence = torch.cat([row.sequence, row.sequence.new_tensor(new_ids)])
+    if stopped or row.emitted >= budget:
+        if row.draft is not None:
+            row.draft.close()  # its compiled step, if it holds one, goes to the next decode now
+        return False
+    # Keep the caches on the new sequence minus its last token (which is fed next step).
+    target.rollback(len(row.sequence) - 1, i)
+    if row.draft is not None:
+        row.draft.observe(len(row.sequence), verdict.target_features)
+    return True
+
+
+def verify_rows(target: CachedLM, rows: list[Row], proposals) -> list[Verdict]:
     """One target pass over each row's unseen tokens and its drafts, and each row's verdict."""
     feeds = [
-        torch.cat([sequence[target.lengths[i] :], p[0]])
-        for i, (sequence, p) in enumerate(zip(sequences, proposals))
+        torch.cat([row.sequence[target.lengths[i] :], p[0]])
+        for i, (row, p) in enumerate(zip(rows, proposals))
     ]
     scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
     return [
-        verify_step(out, len(feed) - len(p[0]), *p, weigh, sampler)
-        for out, feed, p, weigh, sampler in zip(scored, feeds, proposals, weighs, samplers)
+        verify_step(out, len(feed) - len(p[0]), *p, row.weigh, row.sampler)
+        for out, feed, p, row in zip(scored, feeds, proposals, rows)
     ]

@@ -1,6 +1,6 @@
 """An EAGLE-3 draft's step (static_draft.py) compiled ahead of time by AOTInductor, as the target's pass is
 (compiled_pass.py: built in the background, keyed, checked against the eager step, lent to one decode at a
-time). `core.draft.FeatureDraft` drafts on it where the draft has one (`draft.compiled_step`)."""
+time). `core.draft.FeatureDraft` drafts on it where the pair lends one (`ModelPair.draft_pass`)."""
 
 from __future__ import annotations
 
