@@ -25,7 +25,7 @@ collect_ignore = [] if has_vllm() else ["vllm"]
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
 # No test starts a minute-long background compile of a target's pass or a draft's step:
-# tests/test_compiled_pass.py and tests/test_compiled_draft.py build what they check themselves.
+# tests/runtime/test_compiled_pass.py and test_compiled_draft.py build what they check themselves.
 os.environ["DIVERSED_COMPILED_PASS"] = "off"
 # Dtype choices measured on the tests' tiny pairs go to a throwaway file, not the user's cache.
 os.environ["DIVERSED_DTYPE_CHOICES"] = os.path.join(
@@ -89,7 +89,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# ---------------------------------------------------------------- the app (tests/test_ui_*.py)
+# ---------------------------------------------------------------- the app (tests/ui/)
 
 UI_PROMPT = "the cat sat on"
 

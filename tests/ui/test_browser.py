@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-pytestmark = pytest.mark.browser
+# Slow too: the app's server and Chromium take about 10 s to start, whichever test runs first.
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -41,7 +42,7 @@ CARDED_HEAD = "carded"
 FIRST_EXAMPLE = next(
     iter(
         json.loads(
-            (Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examples.json").read_text()
+            (Path(__file__).resolve().parents[2] / "assets" / "prompts" / "examples.json").read_text()
         ).values()
     )
 )[0]["prompt"]
@@ -113,7 +114,7 @@ def carded_head(target: str, draft: str, heads: Path) -> None:
     (heads / f"{CARDED_HEAD}.json").write_text(json.dumps(card))
 
 
-README_SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+README_SCREENSHOTS = Path(__file__).resolve().parents[2] / "assets" / "screenshots"
 TRACKED_MTIMES = {p.name: p.stat().st_mtime_ns for p in README_SCREENSHOTS.glob("*.png")}
 
 
@@ -173,16 +174,33 @@ def acceptance_shown(page) -> str:
     return page.locator("#stats .dd-stat-value").first.inner_text()
 
 
-def test_arrival_shows_an_example_filled_in_and_diversed_with_the_carded_head(page):
+# The page as it arrives: these tests run first, before any other changes it.
+
+
+def test_arrival_fills_in_the_first_example(page):
     assert page.locator("#prompt textarea").input_value() == FIRST_EXAMPLE
+
+
+def test_arrival_selects_diversed_with_the_carded_head(page):
     assert page.get_by_role("radio", name="DIVERSED").is_checked()
     assert page.locator("#head input").input_value() == CARDED_HEAD
-    # At first sight: what the page shows, what to click, and the key measured result with its source.
+
+
+def test_arrival_says_what_to_click_first(page):
     assert "Start with Compare" in page.locator(".dd-lede").inner_text()
+
+
+def test_arrival_shows_the_key_measured_result_with_its_source(page):
     assert "results/bench.json" in page.locator(".dd-headline").inner_text()
+
+
+def test_arrival_notes_the_opening_settings_in_two_short_sentences(page):
     note = page.locator("#sidebar .prose").first.inner_text()
     assert "Opened at N =" in note and note.count(". ") <= 2  # two short sentences, the rest folded
-    # The first Generate needs no typing: the example and the measured settings are already there.
+
+
+def test_the_first_generate_needs_no_typing(page):
+    """The example and the measured settings are already there."""
     page.locator("#generate").click()
     page.wait_for_selector("#stats .dd-stats[data-state=done][data-mode=dynamic]")
     assert page.locator("#tokens .dd-tok").count() > 0
@@ -293,21 +311,49 @@ def plotted_symbols(page, elem_id: str) -> list:
     )
 
 
-def test_dial_draws_the_shipped_frontier_without_a_sweep(page, screenshots):
+def open_dial(page) -> None:
+    """The Speed–quality dial tab, its three charts drawn."""
     open_tab(page, "Speed–quality dial")
     for chart in ("quality", "acceptance", "projection"):
         page.locator(f"#dial-{chart} .js-plotly-plot").wait_for()
-    assert page.locator("#dial-speed").count() == 0  # speeds measured at different times are not compared
+
+
+def test_the_dial_opens_on_the_shipped_frontier_without_a_sweep(page):
+    open_dial(page)
     assert "Shipped frontier" in page.locator("#dial-note").inner_text()
+
+
+def test_the_dial_compares_no_speeds_measured_at_different_times(page):
+    open_dial(page)
+    assert page.locator("#dial-speed").count() == 0
+
+
+def test_the_dials_verdict_places_the_carded_head_against_the_static_frontier(page):
+    open_dial(page)
     verdict = page.locator("#dial-verdict").inner_text()
     assert CARDED_HEAD in verdict and "static frontier" in verdict and "95% CI" in verdict
-    assert "star" in plotted_symbols(page, "dial-quality")  # the head, beside the static points
+
+
+def test_the_dial_draws_the_head_as_a_star_beside_the_static_points(page):
+    open_dial(page)
+    assert "star" in plotted_symbols(page, "dial-quality")
+
+
+def test_the_dials_acceptance_chart_draws_the_theory_line(page):
+    open_dial(page)
     names = page.evaluate(
         "[...document.querySelector('#dial-acceptance .js-plotly-plot').data].map(t => t.name || '')"
     )
     assert any("theory" in name for name in names)
+
+
+def test_the_dial_shows_the_transformers_snippet(page):
+    open_dial(page)
     assert "assistant_ensemble_weight" in page.locator("#dial-snippet").inner_text()
-    # A GPU preset moves c, and the projection is redrawn for it.
+
+
+def test_a_gpu_preset_moves_c_and_redraws_the_projection(page, screenshots):
+    open_dial(page)
     title = "document.querySelector('#dial-projection .js-plotly-plot').layout.title.text"
     assert "c = 0.064" not in page.evaluate(title)
     page.locator("#cost-preset input").click()

@@ -398,7 +398,8 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
             **{k: v for k, v in vars(parser.parse_args(list(argv))).items() if k in fields}
         )
 
-    shipped = json.loads((Path(__file__).parent.parent / "heads" / f"{name}.json").read_text())["training"]
+    shipped_file = Path(__file__).resolve().parents[2] / "heads" / f"{name}.json"
+    shipped = json.loads(shipped_file.read_text())["training"]
     task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
     greedy = ("--temperature", "0", "--rollouts-per-prompt", "2") if twin else ()
     made = config(

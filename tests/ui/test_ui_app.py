@@ -111,7 +111,7 @@ def load_app_module():
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "spaces_app", Path(__file__).resolve().parent.parent / "app.py"
+        "spaces_app", Path(__file__).resolve().parents[2] / "app.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,29 +15,61 @@ from diversed_demo.ui import opening, runs
 FREE_COSTS = {"c": 0.0, "v": {n: 1.0 for n in range(1, 7)}}  # drafting and extra tokens free
 
 
-def test_arrival_defaults_come_from_the_head_card_of_the_first_examples_task(tmp_path):
-    card = json.loads(HEADS_DIR.joinpath("summarization-greedy.json").read_text())
-    defaults = opening.arrival_defaults(ui_examples(), shipped_heads())
+@pytest.fixture(scope="module")
+def card():
+    """The card of the head the first example's task opens with (summarization, greedy)."""
+    return json.loads(HEADS_DIR.joinpath("summarization-greedy.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def carded():
+    """Where the app opens with the shipped heads and their cards."""
+    return opening.arrival_defaults(ui_examples(), shipped_heads())
+
+
+@pytest.fixture
+def uncarded(tmp_path):
+    """Where the app opens on another pair, whose one head has no card."""
+    return opening.arrival_defaults(ui_examples(), {"x": tmp_path / "x.safetensors"})
+
+
+def test_the_app_opens_on_the_first_example_in_diversed(carded):
+    assert carded.example_index == 0 and carded.settings.mode == "dynamic"
+
+
+def test_the_app_opens_greedy_with_the_first_tasks_greedy_head(carded, card):
+    assert carded.settings.head_name == "summarization-greedy"
+    assert card["frontier"]["settings"]["temperature"] == 0  # that head was measured greedily
+
+
+def test_the_app_opens_at_the_settings_its_head_was_measured_at(carded, card):
     measured = card["frontier"]["settings"]
-    assert defaults.example_index == 0 and defaults.settings.mode == "dynamic"
-    assert (
-        defaults.settings.head_name == "summarization-greedy" and measured["temperature"] == 0
-    )  # opens greedy
-    assert (defaults.settings.n_draft, defaults.settings.temperature, defaults.settings.max_new_tokens) == (
+    assert (carded.settings.n_draft, carded.settings.temperature, carded.settings.max_new_tokens) == (
         measured["n_draft"],
         measured["temperature"],
         measured["max_new_tokens"],
     )
-    assert defaults.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
-    assert ("not beyond" in defaults.why) != bool(card["frontier"]["beyond_frontier"])  # the card's verdict
-    assert (
-        defaults.note
-        == f"Opened at N = {measured['n_draft']}, as the summarization-greedy head was measured."
-    )
-    # Another pair, without cards: the static ensemble, and the note says these are not measured.
-    plain = opening.arrival_defaults(ui_examples(), {"x": tmp_path / "x.safetensors"})
-    assert plain.settings.mode == "static" and plain.settings.head_name == "x"
-    assert plain.note == "Opened at the decoder's defaults." and "has a frontier card" in plain.why
+
+
+def test_the_app_opens_at_the_heads_mean_w_to_the_sliders_step(carded, card):
+    assert carded.settings.ensemble_weight == round(card["frontier"]["head_point"]["mean_w"] * 20) / 20
+
+
+def test_why_the_app_opens_so_gives_the_cards_verdict(carded, card):
+    assert ("not beyond" in carded.why) != bool(card["frontier"]["beyond_frontier"])
+
+
+def test_the_opening_note_says_the_head_was_measured_at_that_n(carded, card):
+    n_draft = card["frontier"]["settings"]["n_draft"]
+    assert carded.note == f"Opened at N = {n_draft}, as the summarization-greedy head was measured."
+
+
+def test_without_cards_the_app_opens_the_static_ensemble_with_the_pairs_head(uncarded):
+    assert uncarded.settings.mode == "static" and uncarded.settings.head_name == "x"
+
+
+def test_without_cards_the_app_says_its_settings_are_not_measured(uncarded):
+    assert uncarded.note == "Opened at the decoder's defaults." and "has a frontier card" in uncarded.why
 
 
 @pytest.mark.parametrize("costs, fastest", [(CPU_COSTS, lambda n: n <= 2), (FREE_COSTS, lambda n: n == 6)])

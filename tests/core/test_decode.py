@@ -5,6 +5,7 @@ import collections
 import pytest
 import torch
 from conftest import PROMPTS
+from references import reference_step
 from stats import chi_square_pvalue
 from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
@@ -14,7 +15,6 @@ from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
 from diversed_demo.core.head import ConstantHead
 from diversed_demo.core.verify import ensemble_probs, total_variation
-from diversed_demo.distill.ttt import ttt_forward
 from diversed_demo.models.eagle import Eagle3Draft, target_features
 from diversed_demo.models.loading import check_tokenizers, load_models
 from diversed_demo.models.pair import PairError
@@ -84,27 +84,6 @@ class TiltedHead:
 
     def ensemble_weight(self, target_hidden, draft_hidden):
         return torch.sigmoid(torch.cat([target_hidden, draft_hidden], -1) @ self.weight)
-
-
-def reference_step(pair, context):
-    """Target p, draft q, and both hidden states for the token after `context`, from scratch (no cache).
-
-    A feature draft's q there reads the target's features of context[:-1] and the token context[-1]."""
-    ids = torch.tensor([context])
-    with torch.no_grad():
-        out = pair.target.model(ids, output_hidden_states=True)
-        t = out.last_hidden_state[0, -1]
-        p = torch.softmax(pair.target.lm_head(t), -1)
-        if isinstance(pair.draft, Eagle3Draft):
-            features = target_features(out.hidden_states, pair.draft.aux_layer_ids)[:, :-1]
-            positions = torch.arange(len(context) - 1)[None]
-            real = torch.ones(1, len(context) - 1, dtype=torch.bool)
-            d = ttt_forward(pair.draft, features, ids, positions, real, steps=1)[0][0, -1]
-            q = pair.draft.full_probs(torch.softmax(pair.draft.draft_logits(d).float(), -1))
-        else:
-            d = pair.draft.model(ids).last_hidden_state[0, -1]
-            q = torch.softmax(pair.draft.lm_head(d), -1)
-    return p, q, t, d
 
 
 def next_distributions(pair, context, w_or_head):
@@ -446,7 +425,6 @@ def test_a_batch_row_decodes_as_its_sequence_would_alone(any_pair, mode, tempera
         assert any(len({rows[r][i].verdict.n_accepted for r in range(8)}) > 1 for i in range(5))  # holes
 
 
-@pytest.mark.slow
 def test_batched_rows_follow_nu(any_pair):
     # The law of the first two tokens over 3000 rows decoded 500 at a time, against nu computed from scratch.
     prompt, w, samples = PROMPTS[0], 0.4, 3000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import shipped_heads, ui_examples
 
 from diversed_demo.models.heads import HEADS_DIR
@@ -52,7 +53,11 @@ def test_the_dial_draws_the_greedy_evaluation_when_decoding_is_greedy(tmp_path):
     assert head_acceptance(0.0) == primary["head_point"]["acceptance"]
 
 
-def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
+@pytest.fixture(scope="module")
+def twin_heads(tmp_path_factory) -> dict:
+    """A summarization head "s" evaluated at T = 1 and its greedy twin "s-greedy" (trained and evaluated at
+    T = 0, listed first), carded: their paths by name."""
+    folder = tmp_path_factory.mktemp("twins")
     card = summarization_card()
     primary = card["frontier"]
     greedy = greedy_of(primary, 0.5)
@@ -63,25 +68,42 @@ def test_a_greedy_head_serves_greedy_decoding_and_its_twin_the_rest(tmp_path):
         "frontier": greedy,
         "evaluations": {"spec_bench, greedy": greedy},
     }
-    (tmp_path / "s-greedy.json").write_text(json.dumps(greedy_card))  # listed first
-    (tmp_path / "s.json").write_text(json.dumps(sampled_card))
-    heads = {name: tmp_path / f"{name}.safetensors" for name in ("s-greedy", "s")}
+    (folder / "s-greedy.json").write_text(json.dumps(greedy_card))  # listed first
+    (folder / "s.json").write_text(json.dumps(sampled_card))
+    return {name: folder / f"{name}.safetensors" for name in ("s-greedy", "s")}
 
+
+def test_each_temperatures_frontier_stars_only_the_head_evaluated_at_it(twin_heads):
     def stars(temperature):
-        points = frontiers.shipped_frontiers(heads, temperature)["summarization"].points
+        points = frontiers.shipped_frontiers(twin_heads, temperature)["summarization"].points
         return sorted(points[points["kind"] == "head"]["label"])
 
-    assert stars(1.0) == ["s"] and stars(0.0) == [
-        "s-greedy"
-    ]  # s has no greedy evaluation: only the greedy head
-    carded = cards.head_cards(heads)
-    assert cards.head_for_temperature(carded, "s", 0.0) == "s-greedy"
-    assert cards.head_for_temperature(carded, "s-greedy", 0.7) == "s"
-    assert cards.head_for_temperature(carded, "s", 1.0) is None  # already the right kind: keep it
-    assert cards.head_for_temperature(carded, "not carded", 0.0) is None
-    opened = opening.arrival_defaults(ui_examples(), heads)
-    assert opened.settings.head_name == "s-greedy"  # the app opens greedy
-    table = result_tables.frontier_table(heads)
+    assert stars(1.0) == ["s"] and stars(0.0) == ["s-greedy"]  # s has no greedy evaluation
+
+
+def test_a_sampled_head_hands_greedy_decoding_to_its_greedy_twin(twin_heads):
+    assert cards.head_for_temperature(cards.head_cards(twin_heads), "s", 0.0) == "s-greedy"
+
+
+def test_a_greedy_head_hands_sampling_to_its_twin(twin_heads):
+    assert cards.head_for_temperature(cards.head_cards(twin_heads), "s-greedy", 0.7) == "s"
+
+
+def test_a_head_already_of_the_right_kind_is_kept(twin_heads):
+    assert cards.head_for_temperature(cards.head_cards(twin_heads), "s", 1.0) is None
+
+
+def test_a_head_without_a_card_has_no_twin(twin_heads):
+    assert cards.head_for_temperature(cards.head_cards(twin_heads), "not carded", 0.0) is None
+
+
+def test_the_app_opens_with_the_greedy_one_of_twin_heads(twin_heads):
+    assert opening.arrival_defaults(ui_examples(), twin_heads).settings.head_name == "s-greedy"
+
+
+def test_the_frontier_table_lists_both_twins_points_each_at_its_temperature(twin_heads):
+    table = result_tables.frontier_table(twin_heads)
+    primary = summarization_card()["frontier"]
     assert set(table["T"]) == {"greedy", 1.0} and len(table) == 2 * (len(primary["static_points"]) + 1)
 
 

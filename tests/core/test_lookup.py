@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import PROMPTS
-from test_decode import reference_step
+from references import reference_step
 
 from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.decode import decode_rows

@@ -66,6 +66,7 @@ def test_greedy_exact_sd_equals_greedy_target_on_embedded_pair(embedded):
     assert reference.text.strip()
 
 
+@pytest.mark.slow
 def test_cli_generate_json_on_embedded_pair():
     out = subprocess.run(
         [
@@ -103,6 +104,7 @@ def test_cli_generate_json_on_embedded_pair():
     assert {"token_id", "text", "kind", "w", "p", "q", "accept_prob"} <= set(result["events"][0])
 
 
+@pytest.mark.slow
 def test_cli_plain_output_and_bad_input():
     out = subprocess.run(
         [
@@ -134,6 +136,7 @@ def test_cli_plain_output_and_bad_input():
     assert bad.returncode == 2 and "ensemble weight" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypatch):
     """The cached conversion reads the GGUF once (models._gguf_read_once); its weights, tokenizer and config
     must be exactly what transformers' own, unmemoised path gives."""
@@ -157,6 +160,7 @@ def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypa
     )
 
 
+@pytest.mark.slow
 def test_the_converted_tokenizer_names_the_gguf_special_tokens(tmp_path, monkeypatch):
     """The special tokens come from the GGUF's own ids, whatever transformers made of them: 5.17 (the GPU
     image's) named <|im_start|> as EOS, which ended decodes at the wrong token and made every shipped head

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import os
-import random
 import time
 
 import pytest
 import torch
+from references import AUX, decode_like, random_feeds
 from tiny import tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
@@ -19,8 +19,6 @@ from diversed_demo.runtime.compiled_pass import CompiledPass, agrees_with_eager,
 from diversed_demo.runtime.gguf_int4 import use_gguf_int4
 from diversed_demo.runtime.lean_layer import use_lean_layers
 from diversed_demo.runtime.static_pass import K_MAX, StaticPass, compilable
-
-AUX = [0, 1]
 
 
 @pytest.fixture
@@ -34,29 +32,6 @@ def lean_model(tmp_path, monkeypatch):
     use_lean_layers(model)
     assert compilable(model)
     return model
-
-
-def decode_like(model, feeds, rollbacks, aux=AUX, runner=None):
-    """Logits, hidden and aux of each feed (the first is the prompt), rolling back after each as listed,
-    on `runner` where given (and free)."""
-    lm = CachedLM(model, model.config.vocab_size, aux, runner=runner)
-    out = []
-    with torch.inference_mode():
-        for feed, back in zip(feeds, rollbacks, strict=True):
-            logits, hidden, aux = lm.forward(torch.tensor(feed), keep=len(feed) if out else 1)
-            out.append((logits.float(), hidden.float(), aux.float()))
-            lm.rollback(lm.length - back)
-        held = lm.compiled is not None
-    lm.close()
-    return out, held
-
-
-def random_feeds(seed: int, vocab: int, passes: int, prompt: int = 40):
-    rng = random.Random(seed)
-    feeds = [[rng.randrange(4, vocab) for _ in range(prompt)]]
-    feeds += [[rng.randrange(4, vocab) for _ in range(rng.randint(1, K_MAX))] for _ in range(passes)]
-    rollbacks = [0] + [rng.randint(0, len(f) - 1) for f in feeds[1:]]  # a verification keeps a prefix
-    return feeds, rollbacks
 
 
 def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model):

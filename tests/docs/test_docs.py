@@ -6,7 +6,7 @@
   `make` targets and DIVERSED_* variables the docs name exist.
 - README is at most 250 lines, and its Python examples run (on a tiny pair, and on the embedded one).
 - The tables of figures the docs quote are the ones the shipped files hold (heads' cards, results/):
-  `python tests/test_docs.py` prints them, so a new card or report is pasted, never retyped.
+  `python tests/docs/test_docs.py` prints them, so a new card or report is pasted, never retyped.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
@@ -316,6 +316,7 @@ def test_the_readme_hub_pair_example_runs_on_a_local_pair(tmp_path, capsys):
 
 
 @pytest.mark.embedded
+@pytest.mark.slow
 def test_the_readme_embedded_example_runs(capsys):
     for block in python_examples()[0]:
         exec(compile(block, "README.md", "exec"), {})
@@ -478,7 +479,7 @@ def test_the_quoted_tables_are_the_shipped_files(page):
     text = (README if page == "README.md" else ROOT / "docs" / page).read_text()
     for make in TABLES[page]:
         table = make()
-        assert table in text, f"{page} does not quote this table (python tests/test_docs.py):\n{table}"
+        assert table in text, f"{page} does not quote this table (python tests/docs/test_docs.py):\n{table}"
 
 
 if __name__ == "__main__":
@@ -489,7 +490,7 @@ if __name__ == "__main__":
 
 
 def test_the_import_graph_in_architecture_md_is_the_packages():
-    """docs/architecture.md's import graph is what `python tests/test_layering.py` prints for the code."""
+    """docs/architecture.md's import graph is what `python tests/docs/test_layering.py` prints."""
     from test_layering import import_graph
 
     printed = [f"{m} -> {', '.join(imported) or '(none)'}" for m, imported in import_graph().items()]

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from conftest import tiny_feature_pair
-from test_compiled_pass import decode_like, random_feeds
+from references import decode_like, random_feeds
 from tiny import tiny_pair
 
 from diversed_demo.core.generate import generate

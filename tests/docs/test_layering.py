@@ -1,5 +1,5 @@
 """Layering: the package's folders are its layers, and a module imports only from its own layer or those
-below (at the top of the file or inside a function). `python tests/test_layering.py` prints the graph."""
+below (at the top of the file or inside a function). `python tests/docs/test_layering.py` prints the graph."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "diversed_demo"
+PACKAGE = Path(__file__).resolve().parents[2] / "diversed_demo"
 # Bottom to top: core is the decoding algorithm over any models; models loads and runs them; eval and
 # training measure and fit heads; distill makes the draft; ui and cli face the user.
 LAYERS = ["common", "core", "models", "runtime", "eval", "training", "distill", "ui", "cli", "vllm"]
