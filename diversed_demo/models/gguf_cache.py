@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
+from .gguf_reader import read_gguf
 
 
 @contextlib.contextmanager
@@ -40,7 +41,7 @@ def _gguf_read_once():
         )
 
     # transformers imports these from their modules at call time, so replacing the attributes reaches it.
-    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    gguf.GGUFReader = read_gguf  # our reader, once per file
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
     gguf_utils.load_gguf_checkpoint = load_checkpoint
     try:

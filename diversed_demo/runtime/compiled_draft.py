@@ -84,20 +84,21 @@ def build_draft_package(draft, path: Path, inductor_configs: dict | None = None)
 def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) -> bool:
     """Whether the compiled step gives the eager step's logits, to bf16 rounding, after a check feed of
     twelve rows (run eagerly by both): on feeds of `sizes` rows after it, as drafting feeds it (a restart
-    of several rows, one-row steps on the draft's own hidden state; each on its own static cache)."""
+    of several rows, one-row steps on the eager step's hidden state; each on its own static cache). Both
+    get the same input each step: fed their own hidden states, the two would drift apart by roundings
+    that compound over the steps, which is not what the check is for."""
     device = draft.fc.weight.device
     eager = StaticDraftStep(draft, 64)
     ends = list(itertools.accumulate((12, *sizes)))
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(ends[-1], draft.hidden_size, generator=generator).to(device, draft.fc.weight.dtype)
     tokens = torch.randint(0, draft.vocab_size, (ends[-1],), generator=generator).to(device)
-    hidden_e = hidden_c = None
+    hidden = None
     with torch.inference_mode():
         for start, end in zip([0, *ends[:-1]], ends):
-            given_e = features[start:end] if hidden_e is None or end - start > 1 else hidden_e[-1:]
-            given_c = features[start:end] if hidden_c is None or end - start > 1 else hidden_c[-1:]
-            hidden_e, logits_e = eager(tokens[start:end], *feed_rows(start, end, device), given_e)
-            hidden_c, logits_c = compiled.forward(tokens[start:end], start, given_c)
+            given = features[start:end] if hidden is None or end - start > 1 else hidden[-1:]
+            hidden, logits_e = eager(tokens[start:end], *feed_rows(start, end, device), given)
+            _, logits_c = compiled.forward(tokens[start:end], start, given)
             if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
                 return False
     return True

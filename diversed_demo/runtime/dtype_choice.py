@@ -21,7 +21,10 @@ from ..core.prompt import encode_prompt
 from .costs import calibration_alpha, measure_costs
 from .theory import analytic_speedup, fastest_n_draft
 
-CANDIDATES = ("float32", "bfloat16")
+CANDIDATES = ("bfloat16", "float32")  # the first also measures the acceptance α: it decodes faster
+# Passes timed per size and dtype: enough for a choice between dtypes that differ by tens of percent, and
+# few, since a first start waits for them.
+TIMING_CALLS = 4
 CHOICES_ENV = (
     "DIVERSED_DTYPE_CHOICES"  # where the choices are kept, else dtype-choices.json in the user cache
 )
@@ -40,7 +43,7 @@ def cpu_capability() -> str:
 
 def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7)) -> dict:
     """One dtype's measured costs and the tokens per second the analytic bound gives them at α."""
-    costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=10, draft_tokens=16)
+    costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
     n_draft = fastest_n_draft(alpha, costs["c"], costs["v"])
     bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"][n_draft])
     return {
@@ -133,8 +136,8 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
         return load_once(choices[key]["dtype"]), {**choices[key], "cached": True}
     prompt = calibration_prompt()
     exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
-    alpha = calibration_alpha(load_once("float32"), exact, [prompt])
-    timing_prompt = encode_prompt(load_once("float32").tokenizer, prompt)
+    alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
+    timing_prompt = encode_prompt(load_once(CANDIDATES[0]).tokenizer, prompt)
     pair, choice = choose_dtype(load_once, timing_prompt, alpha)
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
     return pair, choice

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from ..common.files import atomic_write, cache_dir, discard_damaged
 from ..common.timing import runs_faster
 from ..models.gguf_cache import gguf_key
+from ..models.gguf_reader import read_gguf
 from . import amx_gguf
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
@@ -112,10 +113,9 @@ def unpermute_rows(n_rows: int, n_heads: int) -> torch.Tensor:
 def read_q4_layers(gguf_path: Path, config) -> dict[str, tuple]:
     """{transformers module name: (codes, d, m)} for every Q4_0/Q4_1 projection of a Llama GGUF's layers, in
     transformers' row order."""
-    import gguf
 
     layers = {}
-    for tensor in gguf.GGUFReader(str(gguf_path)).tensors:
+    for tensor in read_gguf(str(gguf_path)).tensors:
         parts = tensor.name.split(".")  # blk.<i>.<name>.weight
         q4 = tensor.tensor_type.name in ("Q4_0", "Q4_1")
         if not q4 or parts[0] != "blk" or parts[2] not in LAYER_NAMES:
@@ -132,9 +132,8 @@ def read_q4_layers(gguf_path: Path, config) -> dict[str, tuple]:
 def read_q8_head(gguf_path: Path, config) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes [V, H] int8, d [V, H/32]) of the GGUF's output matrix where it is stored as Q8_0 blocks (d in
     fp16, then 32 signed codes): `output.weight`, or the token embedding for a model that ties them."""
-    import gguf
 
-    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(gguf_path)).tensors}
+    tensors = {tensor.name: tensor for tensor in read_gguf(str(gguf_path)).tensors}
     tied = getattr(config, "tie_word_embeddings", False)
     tensor = tensors.get("output.weight") or (tensors.get("token_embd.weight") if tied else None)
     if tensor is None or tensor.tensor_type.name != "Q8_0":
