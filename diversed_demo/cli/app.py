@@ -23,6 +23,7 @@ def add_app_arguments(parser) -> None:
 
 
 def run_app(args) -> int:
+    from ..runtime.model_thread import MODEL_THREAD
     from ..ui.app import build_app, launch
     from ..ui.examples import load_examples
     from ..ui.opening import measured_opening
@@ -31,7 +32,9 @@ def run_app(args) -> int:
     warning = mark_public(args.host, args.share, args.allow_training)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    pair, examples = shared.pair_from_args(args, compiled="background"), load_examples()
-    app = build_app(pair, examples, start=measured_opening(pair, examples))
+    # The model's work all runs on one thread, the one that decodes for visitors (runtime/model_thread.py).
+    pair = MODEL_THREAD.call(shared.pair_from_args, args, compiled="background")
+    examples = load_examples()
+    app = build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples))
     launch(app, server_name=args.host, server_port=args.port, share=args.share)
     return 0

@@ -91,6 +91,15 @@ def lend(pair, slot: str, attach_part: Callable, *args, log=print) -> None:
         setattr(pair, slot, runner)
 
 
+def lowest_priority() -> None:
+    """The build's CPU time only where the app leaves a core idle: Linux's idle scheduling class, else
+    nice 19 (docs/measurements/speed.md, "The first minute")."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     """The build of `paths` (compiled_parts') in a process of its own at low priority, its output to `log`:
     C++ compilation on one core (the app keeps the other); products timed for autotuning at the app's
@@ -113,5 +122,5 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     ]
     with open(log, "w") as out:
         return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(10)
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lowest_priority
         )

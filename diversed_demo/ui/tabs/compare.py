@@ -14,6 +14,7 @@ import pandas as pd
 from ...common.formatting import fmt
 from ...core.config import MODES
 from ...eval.tasks import Example
+from ...runtime.model_thread import MODEL_THREAD
 from ..examples import example_choices, find_example, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
@@ -124,7 +125,8 @@ def on_compare(
         settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
         comparison = Comparison()
         with DECODE_SLOTS.hold(request):
-            for comparison in throttled(stream_comparison(pair, prompt, settings, example), UI_INTERVAL_S):
+            comparing = MODEL_THREAD.iterate(lambda: stream_comparison(pair, prompt, settings, example))
+            for comparison in throttled(comparing, UI_INTERVAL_S):
                 charts = (gr.skip(), gr.skip())
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
                     charts, last_chart = comparison_charts(comparison), time.perf_counter()

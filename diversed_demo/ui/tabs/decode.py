@@ -10,6 +10,7 @@ from pathlib import Path
 import gradio as gr
 
 from ...eval.tasks import Example
+from ...runtime.model_thread import MODEL_THREAD
 from ..examples import example_choices, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
@@ -35,9 +36,10 @@ def on_generate(
     last_chart, run = -math.inf, None
     with user_errors():
         settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed)
-        head = resolve_head(pair, settings)
+        head = MODEL_THREAD.call(resolve_head, pair, settings)
         with DECODE_SLOTS.hold(request):
-            for run in throttled(stream_decode(pair, prompt, settings, head), UI_INTERVAL_S):
+            decoding = MODEL_THREAD.iterate(lambda: stream_decode(pair, prompt, settings, head))
+            for run in throttled(decoding, UI_INTERVAL_S):
                 if run.done:
                     break
                 chart = gr.skip()

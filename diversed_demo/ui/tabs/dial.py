@@ -13,6 +13,7 @@ from ...core.config import DecodeConfig
 from ...eval.frontier import FRONTIER_DECODING, sweep_steps
 from ...eval.tasks import TASKS, Example
 from ...models.heads import load_head
+from ...runtime.model_thread import MODEL_THREAD
 from ..cards import FRONTIER_COMMAND, is_greedy
 from ..cost_presets import CostPreset, cost_presets
 from ..frontiers import expected_tv, points_frame, shipped_frontiers, verdict_markdown
@@ -104,7 +105,7 @@ def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progre
     done = 0
     while True:
         try:
-            label, _, _ = next(steps)
+            label, _, _ = MODEL_THREAD.call(next, steps)
         except StopIteration as finished:
             return [point.row() for point in finished.value]
         done += 1

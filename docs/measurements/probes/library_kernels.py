@@ -68,7 +68,7 @@ def int4_candidates(out_features: int, in_features: int, rows: int) -> dict:
     hidden = torch.randn(rows, in_features, generator=generator).bfloat16()
     library = torch.nn.Linear(in_features, out_features, bias=False).bfloat16()
     library.weight.data.copy_(dense)
-    quantize_(library, Int4WeightOnlyConfig(group_size=Q4_BLOCK, int4_packing_format="opaque"))
+    quantize_(library, Int4WeightOnlyConfig(group_size=Q4_BLOCK, int4_packing_format="plain"))
     return {
         "dense bf16": lambda: torch.nn.functional.linear(hidden, dense),
         "ours (int4_product)": lambda: int4_product(hidden, *ours),

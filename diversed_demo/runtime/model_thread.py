@@ -1,0 +1,43 @@
+"""One thread for all of a server's model work: loading, measuring, decoding.
+
+PyTorch's CPU wheel runs its parallel kernels on GNU OpenMP, which keeps a team of threads for every
+thread that has run one. Once two threads each have a team (the launcher's, and the server's worker
+thread that decodes), they hold more threads than there are cores, and libgomp stops letting idle team
+threads spin: every small kernel then waits for its team to wake. Measured on a 2-core EPYC, a one-token
+pass of the embedded target took 9 ms on the thread that loaded it and 19 ms on another; the compiled pass
+170 against 31 tokens/s (docs/measurements/speed.md, "One thread for the model"). So a server runs every
+model call on this one thread, and its request threads only wait for results.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Iterator
+
+_END = object()
+
+
+class ModelThread:
+    """A single worker thread that runs the calls given to it, one at a time, in order."""
+
+    def __init__(self):
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """fn(*args, **kwargs) on the model thread; its result (or its exception) here."""
+        return self.executor.submit(fn, *args, **kwargs).result()
+
+    def iterate(self, make: Callable[[], Iterator]) -> Iterator:
+        """The items of the iterator `make()` returns, each computed on the model thread; closing this
+        generator (a visitor's Stop) closes that iterator there, so its decode gives back what it holds.
+        Several iterations interleave item by item, as two decodes share the cores."""
+        items = self.call(lambda: iter(make()))
+        try:
+            while (item := self.call(next, items, _END)) is not _END:
+                yield item
+        finally:
+            if hasattr(items, "close"):
+                self.call(items.close)
+
+
+MODEL_THREAD = ModelThread()
