@@ -17,6 +17,11 @@ def add_frontier_arguments(parser) -> None:
     parser.add_argument("--task", default="summarization", choices=sorted(HELD_OUT))
     parser.add_argument("--head", action="append", default=[], help="head name or path (repeatable)")
     parser.add_argument("--weights", default=",".join(f"{w:g}" for w in DEFAULT_WEIGHTS))
+    parser.add_argument(
+        "--lams",
+        default=None,
+        help="the per-token rule at each of these λ too (comma-separated, e.g. 0.5,2,8): a point each",
+    )
     sets = "; ".join(f"{task}: {', '.join(sets)}" for task, sets in HELD_OUT.items())
     parser.add_argument(
         "--set", dest="set_name", default=None, help=f"held-out set (default: the task's first) — {sets}"
@@ -53,17 +58,20 @@ def add_frontier_arguments(parser) -> None:
 def run_frontier(args) -> int:
     from tqdm.auto import tqdm
 
-    from ..eval.frontier import evaluate_heads
+    from ..eval.frontier import FRONTIER_DECODING, evaluate_heads
     from ..eval.held_out import held_out_examples
     from ..models.heads import resolve_head_path
 
-    weights = parse_weights(args.weights)
+    weights, lams = parse_weights(args.weights), parse_lams(args.lams)
+    decoding = shared.decode_config(args, FRONTIER_DECODING)
     for head in args.head:  # before the models load: the heads and the held-out set exist
         resolve_head_path(head)
     examples = held_out_examples(args.task, args.limit, args.data, args.set_name)
     pair = shared.pair_from_args(args)
     bar = tqdm(
-        desc=f"frontier {args.task}", unit="decode", total=len(examples) * (len(weights) + len(args.head))
+        desc=f"frontier {args.task}",
+        unit="decode",
+        total=len(examples) * (len(weights) + len(lams) + len(args.head)),
     )
     report, points = evaluate_heads(
         pair,
@@ -71,15 +79,14 @@ def run_frontier(args) -> int:
         args.head,
         weights,
         args.limit,
-        args.data,
-        args.n_draft,
-        args.max_new_tokens,
-        args.temperature,
-        args.write_card,
-        shared.command_line(),
+        data=args.data,
+        decoding=decoding,
+        write_card=args.write_card,
+        command=shared.command_line(),
         progress=lambda *_: bar.update(1),
         set_name=args.set_name,
         log_path=args.log,
+        lams=lams,
     )
     bar.close()
     print_frontier(report)
@@ -87,6 +94,16 @@ def run_frontier(args) -> int:
     if args.json:
         write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def parse_lams(spec: str | None) -> list[float]:
+    try:
+        lams = [float(lam) for lam in (spec or "").split(",") if lam.strip()]
+    except ValueError:
+        raise ValueError(f"--lams must be comma-separated numbers, not {spec!r}") from None
+    if not all(lam >= 0 for lam in lams):
+        raise ValueError(f"--lams must be ≥ 0, not {spec!r}")
+    return lams
 
 
 def parse_weights(spec: str) -> list[float]:
@@ -108,7 +125,7 @@ def print_frontier(report: dict) -> None:
     if "log" in report:
         print(f"log: {report['log']['path']} ({report['log']['decodes_reused']} decodes read back)")
     print(pd.DataFrame(report["points"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    for name, m in report["heads"].items():
+    for name, m in {**report["rules"], **report["heads"]}.items():
         acceptance = m["acceptance_margin"]
         print(
             f"{name}: {m['verdict']['text']}\n{name}: acceptance margin at the head's quality "

@@ -16,6 +16,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="static")
     parser.add_argument("--w", type=float, default=0.5, help="static ensemble weight in [0, 1] (1 = exact)")
     parser.add_argument(
+        "--lam",
+        type=float,
+        default=1.0,
+        help="--mode cost: λ ≥ 0, what a kept draft may cost the target's likelihood, in nats",
+    )
+    parser.add_argument(
         "--head", default=None, help="head file (.safetensors) or name in heads/, for --mode dynamic"
     )
     parser.add_argument("--n-draft", type=int, default=4)

@@ -49,11 +49,12 @@ def decode_config(args, base=None):
     their defaults), checked now, before any model loads; a head stays named until the pair is loaded."""
     from ..core.config import DecodeConfig
 
-    n_draft = getattr(args, "n_draft", None)
+    n_draft, head = getattr(args, "n_draft", None), getattr(args, "head", None)
     given = {
         "mode": getattr(args, "mode", None),
         "ensemble_weight": getattr(args, "w", None),
-        "head": getattr(args, "head", None),
+        "head": head if isinstance(head, str) else None,  # the frontier's --head lists heads to evaluate
+        "lam": getattr(args, "lam", None),
         "n_draft": n_draft if isinstance(n_draft, int) else None,  # the bench's may be "auto"
         "max_new_tokens": getattr(args, "max_new_tokens", None),
         "temperature": getattr(args, "temperature", None),

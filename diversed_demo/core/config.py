@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# ar: the target alone; exact: nu = p; static: nu = w·p + (1 − w)·q; dynamic: w_t from a head.
-MODES = ("ar", "exact", "static", "dynamic")
+# ar: the target alone; exact: nu = p; static: nu = w·p + (1 − w)·q; cost: w_t from p and q by the
+# per-token rule at λ (cost_rule.py); dynamic: w_t from a learned head.
+MODES = ("ar", "exact", "static", "cost", "dynamic")
 MAX_N_DRAFT = 32
 MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 
@@ -25,6 +26,7 @@ class DecodeConfig:
     mode: str = "static"
     ensemble_weight: float = 0.5  # w, for mode "static"
     head: object = None  # mode "dynamic": a loaded head, or its name until the caller loads it
+    lam: float = 1.0  # mode "cost": λ, what a rejected draft is worth in nats of the target's likelihood
     n_draft: int = 4
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -41,6 +43,8 @@ class DecodeConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.mode == "static" and not (isinstance(w, (int, float)) and 0.0 <= w <= 1.0):
             raise ValueError(f"the ensemble weight w must be a number in [0, 1], not {w!r}")
+        if self.mode == "cost" and not (isinstance(self.lam, (int, float)) and 0 <= self.lam < float("inf")):
+            raise ValueError(f"λ (lam) must be a number ≥ 0, not {self.lam!r}")
         if self.mode == "dynamic" and self.head is None:
             raise ValueError("dynamic mode needs a head (--head PATH)")
         if self.mode != "ar" and not (isinstance(n, int) and 1 <= n <= MAX_N_DRAFT):

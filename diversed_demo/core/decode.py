@@ -49,7 +49,10 @@ def verify_step(scored, fed: int, draft_tokens, draft_probs, draft_hidden, weigh
     logits, target_hidden, aux = scored
     n = len(draft_tokens)
     target_probs = sampler.probs(logits)
-    w = weigh(target_hidden[:n], draft_hidden).float() if n else target_probs.new_ones(0)
+    if n:
+        w = weigh(target_probs[:n], draft_probs, draft_tokens, target_hidden[:n], draft_hidden).float()
+    else:
+        w = target_probs.new_ones(0)
     if sampler.greedy:
         n_accepted, next_token, accept_probs = verify_block_greedy(draft_tokens, draft_probs, target_probs, w)
     else:
@@ -143,7 +146,7 @@ def start_row(pair, prompt_ids: list[int], config: DecodeConfig) -> Row:
     _, _, temperature, top_p = config.batch_settings
     sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(config.seed))
     draft = make_draft(pair, config.mode)
-    weigh = weight_rule(config.mode, config.ensemble_weight, config.head)
+    weigh = weight_rule(config, sampler.greedy)
     return Row(
         torch.tensor(prompt_ids, device=device), draft, weigh, sampler, make_lookup(config, sampler, draft)
     )

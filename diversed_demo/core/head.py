@@ -1,10 +1,13 @@
-"""The ensemble weight w_t of each drafted position: a constant for exact (w = 1) and static modes, or a
-learned head reading both models' last hidden states (files and pair binding: models/heads.py)."""
+"""The ensemble weight w_t of each drafted position: a constant for exact (w = 1) and static modes, the
+per-token rule from p and q (cost_rule.py), or a learned head reading both models' last hidden states
+(files and pair binding: models/heads.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .cost_rule import cost_weights, greedy_cost_weights
 
 
 class ConstantHead:
@@ -63,9 +66,17 @@ class EnsembleHead(nn.Module):
         return self(target_hidden, draft_hidden)
 
 
-def weight_rule(mode: str, ensemble_weight: float = 0.5, head=None):
-    """w_t for every mode from one callable (target_hidden [n, H], draft_hidden [n, Hd]) -> [n]:
-    exact is w = 1, static a constant, dynamic the head."""
-    if mode == "dynamic":
-        return head.ensemble_weight
-    return ConstantHead(1.0 if mode in ("exact", "ar") else float(ensemble_weight)).ensemble_weight
+def weight_rule(config, greedy: bool):
+    """w_t for every mode from one callable
+    (target_probs [n, V], draft_probs [n, V], draft_tokens [n], target_hidden [n, H], draft_hidden [n, Hd])
+    -> [n]: exact is w = 1, static a constant, cost the per-token rule at λ, dynamic the head."""
+    if config.mode == "dynamic":
+        return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(
+            target_hidden, draft_hidden
+        )
+    if config.mode == "cost" and greedy:
+        return lambda p, q, x, *hidden: greedy_cost_weights(p, q, x, config.lam)
+    if config.mode == "cost":
+        return lambda p, q, x, *hidden: cost_weights(p, q, config.lam)
+    constant = ConstantHead(1.0 if config.mode in ("exact", "ar") else float(config.ensemble_weight))
+    return lambda p, q, x, target_hidden, draft_hidden: constant.ensemble_weight(target_hidden, draft_hidden)

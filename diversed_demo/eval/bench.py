@@ -55,11 +55,17 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
             if not 0 <= w <= 1:
                 raise ValueError(f"mode {name!r}: the weight must be in [0, 1]")
             modes[name] = base.replace(mode="static", ensemble_weight=w)
+        elif kind == "cost" and arg:
+            try:
+                lam = float(arg)
+            except ValueError:
+                raise ValueError(f"mode {name!r}: λ must be a number") from None
+            modes[name] = base.replace(mode="cost", lam=lam)
         elif kind == "dynamic" and arg:
             head = load_head(arg, pair) if pair is not None else resolve_head_path(arg)
             modes[name] = base.replace(mode="dynamic", head=head)
         else:
-            raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w> or dynamic:<head>")
+            raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w>, cost:<λ> or dynamic:<head>")
         modes[name] = modes[name].replace(prompt_lookup=kind != "ar" and not option)
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")

@@ -37,12 +37,7 @@ def decode_examples(
     prompts = [encode_prompt(pair.tokenizer, example.prompt) for example, _, _ in jobs]
     for prompt_ids in prompts:
         check_context(pair, prompt_ids, decoding.max_new_tokens)
-    configs = [
-        decoding.replace(mode="dynamic", head=how["head"], seed=index)
-        if "head" in how
-        else decoding.replace(mode="static", ensemble_weight=how["w"], seed=index)
-        for _, index, how in jobs
-    ]
+    configs = [decoding.replace(**point_settings(how), seed=index) for _, index, how in jobs]
     records = []
     for prompt_ids, (example, _, how), tally in zip(prompts, jobs, decode_batch(pair, prompts, configs)):
         summary = tally.summary
@@ -59,10 +54,19 @@ def decode_examples(
                 "quality": quality,
                 "counts": asdict(summary.counts),
                 "mean_w": summary.mean_w,
-                "token_w": tally.token_w if "head" in how else [],
+                "token_w": tally.token_w if "w" not in how else [],
             }
         )
     return records
+
+
+def point_settings(how: dict) -> dict:
+    """A point's decoding mode: a static w ({"w": w}), the per-token rule ({"lam": λ}) or a head."""
+    if "head" in how:
+        return {"mode": "dynamic", "head": how["head"]}
+    if "lam" in how:
+        return {"mode": "cost", "lam": how["lam"]}
+    return {"mode": "static", "ensemble_weight": how["w"]}
 
 
 def sweep(
@@ -74,10 +78,11 @@ def sweep(
     progress=None,
     log: DecodeLog | None = None,
     decoding: DecodeConfig = FRONTIER_DECODING,
+    lams=(),
 ) -> list[Point]:
     """`sweep_steps` run to the end: its points, with `progress(label, example number, examples)` called
     after each decode."""
-    steps = sweep_steps(pair, examples, task, weights, heads, log, decoding)
+    steps = sweep_steps(pair, examples, task, weights, heads, log, decoding, lams)
     while True:
         try:
             update = next(steps)
@@ -88,10 +93,17 @@ def sweep(
 
 
 def sweep_steps(
-    pair, examples, task: str, weights=DEFAULT_WEIGHTS, heads=None, log=None, decoding=FRONTIER_DECODING
+    pair,
+    examples,
+    task: str,
+    weights=DEFAULT_WEIGHTS,
+    heads=None,
+    log=None,
+    decoding=FRONTIER_DECODING,
+    lams=(),
 ):
-    """Static points for each w, then one point per head ({name: head}), every one over the same examples,
-    decoded by `decoding` (its N, length and temperature):
+    """Static points for each w, a point of the per-token rule for each λ, then one point per head
+    ({name: head}), every one over the same examples, decoded by `decoding` (its N, length and temperature):
     a generator that yields (label, example number, examples) after each decode and returns the points, so
     that a caller can stop between batches.
 
@@ -99,6 +111,7 @@ def sweep_steps(
     has every point on (nearly) the same examples; with a `log`, decodes it already holds are read back
     instead of run again."""
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
+    points += [(Point(f"cost:{lam:g}", None), {"lam": lam}, f"cost:{lam:g}|") for lam in lams]
     points += [
         (Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{weights_key(head)}")
         for name, head in (heads or {}).items()
@@ -165,29 +178,26 @@ def evaluate_heads(
     weights: list[float],
     limit: int | None,
     data=None,
-    n_draft: int = 4,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
+    decoding: DecodeConfig = FRONTIER_DECODING,
     write_card: bool = False,
     command: str = "",
     progress=None,
     set_name: str | None = None,
     log_path: str | None = None,
+    lams=(),
 ) -> tuple[dict, list[Point]]:
-    """The static frontier and each head (a name or path) on a held-out set of the task: (report, points).
+    """The static frontier, the per-token rule at each λ and each head (a name or path) on a held-out set
+    of the task: (report, points).
     With write_card, each head's figures join its card (<head>.json beside its file) and its metadata.
     With log_path, every decode is logged there, and a rerun with the same settings resumes from it."""
     set_name = held_out_set(task, set_name)
     paths = head_labels([resolve_head_path(h) for h in head_specs])
     heads = {name: load_head(str(path), pair) for name, path in paths.items()}
     examples = held_out_examples(task, limit, data, set_name)
-    decoding = FRONTIER_DECODING.replace(
-        n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature
-    )
-    settings = {"n_draft": n_draft, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    settings = {name: getattr(decoding, name) for name in ("n_draft", "max_new_tokens", "temperature")}
     settings["held_out"] = HELD_OUT[task][set_name]
     log = None if log_path is None else DecodeLog(log_path, log_settings(pair, task, set_name, settings))
-    points = sweep(pair, examples, task, weights, heads, progress=progress, log=log, decoding=decoding)
+    points = sweep(pair, examples, task, weights, heads, progress, log, decoding, lams)
     static = [p for p in points if p.w is not None]
     report = {
         "task": task,
@@ -195,6 +205,11 @@ def evaluate_heads(
         "examples": len(examples),
         "settings": settings,
         "points": [p.row() for p in points],
+        "rules": {
+            p.label: {**frontier_margin(static, p), "versus_exact": versus_exact(static, p)}
+            for p in points
+            if p.label.startswith("cost:")
+        },
         "heads": {},
     }
     if log is not None:

@@ -11,8 +11,8 @@ from ..core.stats import Counts
 
 @dataclass
 class Point:
-    label: str  # "static:<w>" or "dynamic:<head>"
-    w: float | None  # the static weight; None for a head
+    label: str  # "static:<w>", "cost:<λ>" or "dynamic:<head>"
+    w: float | None  # the static weight; None for the rule and a head
     counts: list[Counts] = field(default_factory=list)  # per example
     quality: list[float] = field(default_factory=list)
     mean_w: list[float] = field(default_factory=list)

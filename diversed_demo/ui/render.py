@@ -16,7 +16,13 @@ from ..runtime.theory import analytic_speedup
 from .runs import Comparison, DecodeRun
 
 # The decoder's modes (core.config.MODES) as the page names them; logic keys on the codes.
-MODE_LABELS = {"ar": "Target only", "exact": "Exact SD", "static": "Static ensemble", "dynamic": "DIVERSED"}
+MODE_LABELS = {
+    "ar": "Target only",
+    "exact": "Exact SD",
+    "static": "Static ensemble",
+    "cost": "Per-token rule",
+    "dynamic": "DIVERSED",
+}
 
 KIND_LABELS = {
     "accepted": "accepted draft token",
@@ -33,8 +39,14 @@ KIND_COLORS = {
     "bonus": "#2563eb",
     "ar": "#64748b",
 }
-STATIC_COLOR, HEAD_COLOR, THEORY_COLOR = "#d97706", "#7c3aed", "#94a3b8"
-MODE_COLORS = {"ar": "#64748b", "exact": "#2563eb", "static": STATIC_COLOR, "dynamic": HEAD_COLOR}
+STATIC_COLOR, RULE_COLOR, HEAD_COLOR, THEORY_COLOR = "#d97706", "#0d9488", "#7c3aed", "#94a3b8"
+MODE_COLORS = {
+    "ar": "#64748b",
+    "exact": "#2563eb",
+    "static": STATIC_COLOR,
+    "cost": RULE_COLOR,
+    "dynamic": HEAD_COLOR,
+}
 
 
 def token_title(event) -> str:

@@ -237,15 +237,16 @@ def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:
 
 
 def speed_sentence(comparison: Comparison) -> str:
-    """The measured speed-ups of the three speculative modes over the target alone, in plain words."""
+    """The measured speed-ups of the speculative modes over the target alone, in plain words."""
     base, phrases = comparison.runs.get("ar"), []
-    for mode in ("exact", "static", "dynamic"):
+    for mode in ("exact", "static", "cost", "dynamic"):
         run = comparison.runs.get(mode)
         ratio = speedup(run, base) if run is not None and run.done else None
         if ratio is not None:
             name = {
                 "exact": "exact speculative decoding",
                 "static": f"a fixed w = {run.settings.ensemble_weight:g}",
+                "cost": f"the per-token rule (λ = {run.settings.lam:g})",
                 "dynamic": "DIVERSED",
             }[mode]
             phrases.append(f"{name} {ratio:.2f}×" + (" (slower)" if ratio < 1 else ""))

@@ -15,12 +15,15 @@ from .handlers import bind
 from .opening import Defaults
 from .runs import APP_CONFIG, NO_HEAD
 
+LAM_MAX = 10  # nats: past a few, the rule keeps nearly every draft
+
 
 @dataclass
 class Sidebar:
     """The sidebar's components: the tabs read them, and the Train tab updates the head."""
 
     w: gr.Slider
+    lam: gr.Slider
     head: gr.Dropdown
     n_draft: gr.Slider
     max_new_tokens: gr.Slider
@@ -29,11 +32,14 @@ class Sidebar:
 
     @property
     def inputs(self) -> list:
-        """The components a decode reads, in `settings_from`'s order after the mode."""
-        return [self.w, self.head, self.n_draft, self.max_new_tokens, self.temperature, self.seed]
+        """The components a decode reads, in `settings_from`'s order after the mode (λ last: the API's
+        callers from before it keep their order)."""
+        return [self.w, self.head, self.n_draft, self.max_new_tokens, self.temperature, self.seed, self.lam]
 
 
-def settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed) -> DecodeConfig:
+def settings_from(
+    mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam=APP_CONFIG.lam
+) -> DecodeConfig:
     """The app's config of a decode in `mode` (a code of core.config.MODES) from the sidebar's values."""
     if seed is None or not 0 <= float(seed) <= MAX_SEED or float(seed) != int(seed):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
@@ -42,6 +48,7 @@ def settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed
     return APP_CONFIG.replace(
         mode=mode,
         ensemble_weight=float(w),
+        lam=float(lam),
         head=head_name or None,
         n_draft=int(n_draft),
         max_new_tokens=int(max_new_tokens),
@@ -106,6 +113,15 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
             info="1 = exact SD; lower accepts more drafts",
             elem_id="w-slider",
         )
+        lam = gr.Slider(
+            0,
+            LAM_MAX,
+            value=start.settings.lam,
+            step=0.25,
+            label="per-token rule λ",
+            info="keeps a draft where it costs the target's likelihood less than λ",
+            elem_id="lam-slider",
+        )
         head = gr.Dropdown(
             list(heads),
             value=start.settings.head_name,
@@ -123,4 +139,4 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
         bind(switch_head, head_cards(heads)), [head, temperature], head, api_visibility="private"
     )
     app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
-    return Sidebar(w, head, n_draft, max_new_tokens, temperature, seed)
+    return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed)

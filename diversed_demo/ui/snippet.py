@@ -33,7 +33,7 @@ def models_code(target: str, draft: str, feature_draft: bool, local: bool) -> st
         )
     if local:
         return (
-            "from diversed_demo.models import load_pair  # this pair, as the app loaded it\n"
+            "from diversed_demo import load_pair  # this pair, as the app loaded it\n"
             f"pair = load_pair({json.dumps(target)}"
             + ("" if draft.startswith("assets/") else f", {json.dumps(draft)}")
             + ")\n"

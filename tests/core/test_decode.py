@@ -11,6 +11,7 @@ from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 from diversed_demo.core import decode, draft, stats
 from diversed_demo.core.config import DecodeConfig
+from diversed_demo.core.cost_rule import cost_weights
 from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
 from diversed_demo.core.head import ConstantHead
@@ -89,7 +90,12 @@ class TiltedHead:
 def next_distributions(pair, context, w_or_head):
     """Exact p, q and nu for the token after `context`, and w there."""
     p, q, t, d = reference_step(pair, context)
-    w = w_or_head.ensemble_weight(t[None], d[None])[0] if hasattr(w_or_head, "ensemble_weight") else w_or_head
+    if hasattr(w_or_head, "ensemble_weight"):  # a head
+        w = w_or_head.ensemble_weight(t[None], d[None])[0]
+    elif callable(w_or_head):  # a rule from p and q
+        w = w_or_head(p, q)
+    else:
+        w = w_or_head
     return p, q, ensemble_probs(p, q, w), float(w)
 
 
@@ -114,13 +120,15 @@ def first_two_law(pair, prompt, w_or_head, eos):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["exact", "static", "dynamic"])
+@pytest.mark.parametrize("mode", ["exact", "static", "cost", "dynamic"])
 def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair, mode):
     pair, prompt, samples = any_pair, PROMPTS[0], 3000
     if mode == "exact":
         w_or_head, kwargs = 1.0, {}
     elif mode == "static":
         w_or_head, kwargs = 0.4, {"ensemble_weight": 0.4}
+    elif mode == "cost":  # a λ where both kinds of tiny draft meet positions of w_t = 0 and of w_t = 1
+        w_or_head, kwargs = (lambda p, q: cost_weights(p[None], q[None], 5.0)[0]), {"lam": 5.0}
     else:
         w_or_head = TiltedHead(pair.target.config.hidden_size)
         kwargs = {"head": w_or_head}

@@ -275,8 +275,7 @@ def test_a_cards_drawn_evaluation_is_of_the_decoding_its_head_was_trained_for(
             [str(path)],
             [0.0, 1.0],
             limit=2,
-            max_new_tokens=4,
-            temperature=temperature,
+            decoding=DecodeConfig(max_new_tokens=4, temperature=temperature),
             write_card=True,
             set_name="arithmetic",
         )

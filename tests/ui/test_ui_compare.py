@@ -13,17 +13,18 @@ from diversed_demo.core.stats import Summary
 from diversed_demo.ui import render, runs, trace
 from diversed_demo.ui.tabs import compare, decode
 
-LABELS = ["Target only", "Exact SD", "Static ensemble"]
+LABELS = ["Target only", "Exact SD", "Static ensemble", "Per-token rule"]
 
 
 @pytest.fixture(scope="module")
 def comparison(pair):
-    """Target only, exact SD and the static ensemble on one typed prompt, without a head."""
+    """Target only, exact SD, the static ensemble and the per-token rule on one typed prompt, without a
+    head."""
     return list(runs.stream_comparison(pair, UI_PROMPT, decode_settings()))[-1]
 
 
-def test_a_comparison_runs_target_only_exact_sd_and_the_static_ensemble(comparison):
-    assert list(comparison.runs) == ["ar", "exact", "static"]
+def test_a_comparison_runs_target_only_exact_sd_the_static_ensemble_and_the_rule(comparison):
+    assert list(comparison.runs) == ["ar", "exact", "static", "cost"]
 
 
 def test_without_a_head_a_comparison_skips_diversed_and_says_why(comparison):
@@ -48,14 +49,14 @@ def test_a_typed_prompt_is_scored_by_fidelity(comparison):
     assert (compare.comparison_table(comparison)["metric"] == "fidelity").all()
 
 
-def test_the_acceptance_chart_draws_the_two_drafting_modes(comparison):
+def test_the_acceptance_chart_draws_the_three_drafting_modes(comparison):
     acceptance, _elapsed = render.comparison_charts(comparison)
-    assert len(acceptance.data) == 2
+    assert len(acceptance.data) == 3
 
 
 def test_the_elapsed_chart_draws_every_mode_by_its_label(comparison):
     _acceptance, elapsed = render.comparison_charts(comparison)
-    assert len(elapsed.data) == 3
+    assert len(elapsed.data) == 4
     assert [chart.name for chart in elapsed.data] == LABELS
 
 
@@ -157,7 +158,7 @@ def compared(pair, tmp_path_factory):
 
 
 def test_the_compare_handler_ends_with_a_panel_per_mode_and_a_row_per_run(compared):
-    assert len(compared.panels) == 4 and isinstance(compared.table, pd.DataFrame) and len(compared.table) == 3
+    assert len(compared.panels) == 5 and isinstance(compared.table, pd.DataFrame) and len(compared.table) == 4
 
 
 def test_the_compare_handler_draws_both_charts(compared):
@@ -165,8 +166,8 @@ def test_the_compare_handler_draws_both_charts(compared):
     assert acceptance.data and elapsed.data
 
 
-def test_the_compare_verdict_judges_the_static_ensemble_at_its_fixed_w(compared):
-    assert "Static ensemble: kept" in compared.verdict and "a fixed w = 0.5" in compared.verdict
+def test_the_compare_verdict_judges_the_per_token_rule_and_quotes_the_fixed_ws_speed(compared):
+    assert "Per-token rule: kept" in compared.verdict and "a fixed w = 0.5" in compared.verdict
 
 
 def test_the_compare_trace_names_runs_as_the_page_does(compared):
@@ -181,7 +182,7 @@ def test_a_compared_run_loads_from_the_trace_by_its_label(compared):
 
 def test_replay_offers_each_compared_run_the_last_one_first(compared):
     picker = decode.on_trace_chosen(compared.trace)
-    assert picker["choices"] == LABELS and picker["value"] == "Static ensemble"
+    assert picker["choices"] == LABELS and picker["value"] == "Per-token rule"
 
 
 def test_replaying_a_compared_run_shows_that_runs_mode(compared):

@@ -20,7 +20,7 @@ from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..result_tables import BENCH_REPORTS
-from ..runs import Comparison, speed_sentence, speedup, stream_comparison, throttled
+from ..runs import APP_CONFIG, Comparison, speed_sentence, speedup, stream_comparison, throttled
 from ..shipped_files import dig, read_json, shown_path
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
@@ -54,15 +54,29 @@ def quality_against_exact(comparison: Comparison, mode: str) -> str | None:
 
 
 def compare_verdict(comparison: Comparison, running: bool = False) -> str:
-    """The measured speed-ups of all three modes over target only, then DIVERSED's (or the static
-    ensemble's) acceptance, quality against exact SD and departure, and that one prompt cannot judge
-    quality (the Results tab can)."""
-    mode = "dynamic" if "dynamic" in comparison.runs else "static"
-    run = comparison.runs.get(mode)
-    if running or run is None or not run.done:
+    """The measured speed-ups of the modes over target only, then each per-token verifier's (the rule's
+    and DIVERSED's, else the static ensemble's) acceptance, quality against exact SD and departure, and
+    that one prompt cannot judge quality (the Results tab can)."""
+    judged = [mode for mode in ("cost", "dynamic") if mode in comparison.runs] or ["static"]
+    runs = [comparison.runs.get(mode) for mode in judged]
+    if running or any(run is None or not run.done for run in runs):
         return (
             '<div class="dd-verdict" data-state="running">The verdict appears when every mode has run.</div>'
         )
+    sentences = [
+        f"{html.escape(MODE_LABELS[mode])}: {html.escape('; '.join(verdict_parts(comparison, mode)))}."
+        for mode in judged
+    ]
+    return (
+        f'<div class="dd-verdict" data-state="done"><b>{html.escape(speed_sentence(comparison))}</b> '
+        f"{' '.join(sentences)} "
+        f'<span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
+    )
+
+
+def verdict_parts(comparison: Comparison, mode: str) -> list[str]:
+    """One verifier's acceptance, its quality against exact SD's and where it departs from target only."""
+    run = comparison.runs[mode]
     parts = [f"kept {fmt(run.acceptance_rate, '.0%')} of the drafted tokens, τ {fmt(run.tau, '.2f')}"]
     quality = quality_against_exact(comparison, mode)
     if quality is not None:
@@ -73,11 +87,7 @@ def compare_verdict(comparison: Comparison, running: bool = False) -> str:
         if departs is None
         else f"departs from target only at token {departs + 1}"
     )
-    return (
-        f'<div class="dd-verdict" data-state="done"><b>{html.escape(speed_sentence(comparison))}</b> '
-        f"{html.escape(MODE_LABELS[mode])}: {html.escape('; '.join(parts))}. "
-        f'<span class="dd-caveat">{html.escape(CAVEAT)}</span></div>'
-    )
+    return parts
 
 
 def comparison_table(comparison: Comparison) -> pd.DataFrame:
@@ -116,13 +126,14 @@ def on_compare(
     max_new_tokens,
     temperature,
     seed,
+    lam=APP_CONFIG.lam,
     request: gr.Request = None,
 ):
-    """Stream the comparison: (four panels, two charts, table, verdict, trace files)."""
+    """Stream the comparison: (a panel per mode, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
     last_chart = -math.inf
     with user_errors():
-        settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed)
+        settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam)
         comparison = Comparison()
         with DECODE_SLOTS.hold(request):
             comparing = MODEL_THREAD.iterate(lambda: stream_comparison(pair, prompt, settings, example))
@@ -184,7 +195,8 @@ def build_compare_tab(
     with gr.Tab("Compare", id="compare"):
         gr.Markdown(
             "One prompt through each mode in turn, **all with the same seed**, so differences come "
-            "from the verifier alone. Static uses the sidebar's w, DIVERSED its head. ▶ marks the "
+            "from the verifier alone. Static uses the sidebar's w; the per-token rule its λ (it relaxes "
+            "where the draft's token costs the target little); DIVERSED its head. ▶ marks the "
             "first token where an output departs from target-only decoding ("
             + greedy_exactness(pair)
             + "; above 0 it may, since its random draws differ while its law is the target's)."

@@ -15,7 +15,7 @@ from ..examples import example_choices, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
-from ..runs import DecodeRun, resolve_head, stream_decode, throttled
+from ..runs import APP_CONFIG, DecodeRun, resolve_head, stream_decode, throttled
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import load_trace, read_trace, run_labels, trace_files
@@ -30,12 +30,22 @@ DECODE_CONCURRENCY = 2  # decodes running at once (2 CPU cores on the free Space
 
 @on_gpu
 def on_generate(
-    pair, prompt, mode, w, head_name, n_draft, max_new_tokens, temperature, seed, request: gr.Request = None
+    pair,
+    prompt,
+    mode,
+    w,
+    head_name,
+    n_draft,
+    max_new_tokens,
+    temperature,
+    seed,
+    lam=APP_CONFIG.lam,
+    request: gr.Request = None,
 ):
     """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
     last_chart, run = -math.inf, None
     with user_errors():
-        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed)
+        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam)
         head = MODEL_THREAD.call(resolve_head, pair, settings)
         with DECODE_SLOTS.hold(request):
             decoding = MODEL_THREAD.iterate(lambda: stream_decode(pair, prompt, settings, head))
@@ -148,7 +158,7 @@ def build_decode_tab(pair, examples: list[Example], sidebar: Sidebar, start: Def
                 label="mode",
                 scale=2,
                 min_width=240,
-                info="w and the head are set in the sidebar",
+                info="w, λ and the head are set in the sidebar",
                 elem_id="mode",
             )
         prompt = gr.Textbox(
