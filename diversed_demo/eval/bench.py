@@ -95,6 +95,8 @@ class BenchRuns:
     totals: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(float))))
     # category -> mode -> quality per question, in order (the goals pair them across modes)
     scores: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    # category -> mode -> fidelity per question, in order: pairs any two modes on any task
+    fidelities: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     theirs: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> transformers' runs
     ours: dict = field(default_factory=lambda: defaultdict(Counts))  # mode -> ours, where compared
     greedy_identical: dict = field(default_factory=lambda: defaultdict(list))
@@ -106,6 +108,7 @@ class BenchRuns:
         if "quality" in figures:
             self.scores[category][name].append(figures["quality"])
         for where in (category, "overall"):
+            self.fidelities[where][name].append(figures["fidelity"])
             self.counts[where][name] += counts
             for key, value in figures.items():
                 self.totals[where][name][key] += value

@@ -89,6 +89,7 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
         }
         if runs.scores[category][name]:
             table[name]["quality_scores"] = runs.scores[category][name]
+        table[name]["fidelity_scores"] = runs.fidelities[category][name]
     return table
 
 

@@ -8,7 +8,7 @@ static frontier, and cards.py keeps the result beside the head.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..core.config import DecodeConfig, check_context
@@ -21,7 +21,7 @@ from .decode_log import DecodeLog, weights_key
 from .held_out import HELD_OUT, held_out_examples, held_out_set
 from .margins import frontier_margin, versus_exact
 from .point import Point
-from .rewards import task_reward
+from .rewards import fidelity, task_reward
 
 DEFAULT_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 FRONTIER_DECODING = DecodeConfig(max_new_tokens=64)  # N, length and temperature of a frontier's decodes
@@ -41,17 +41,13 @@ def decode_examples(
     records = []
     for prompt_ids, (example, _, how), tally in zip(prompts, jobs, decode_batch(pair, prompts, configs)):
         summary = tally.summary
-        quality = task_reward(
-            task,
-            example,
-            summary.text,
-            pair=pair,
-            prompt_ids=prompt_ids,
-            output_ids=summary.token_ids or [pair.tokenizer.eos_token_id],
-        )
+        output_ids = summary.token_ids or [pair.tokenizer.eos_token_id]
+        quality = task_reward(task, example, summary.text, pair, prompt_ids, output_ids)
         records.append(
             {
                 "quality": quality,
+                # The target's log-probability of the text, every task's second measure.
+                "fidelity": quality if task == "general" else fidelity(pair, prompt_ids, output_ids),
                 "counts": asdict(summary.counts),
                 "mean_w": summary.mean_w,
                 "token_w": tally.token_w if "w" not in how else [],
@@ -147,6 +143,10 @@ def sweep_steps(
         for key, (point, _, _) in zip(row, points):
             record = records[key]
             point.quality.append(record["quality"])
+            # Logs written before fidelity was kept have it only where it is the quality (general).
+            kept = record.get("fidelity", record["quality"] if task == "general" else None)
+            if kept is not None:
+                point.fidelity.append(kept)
             point.counts.append(Counts(**record["counts"]))
             if record["mean_w"] is not None:
                 point.mean_w.append(record["mean_w"])
@@ -205,24 +205,29 @@ def evaluate_heads(
         "examples": len(examples),
         "settings": settings,
         "points": [p.row() for p in points],
-        "rules": {
-            p.label: {**frontier_margin(static, p), "versus_exact": versus_exact(static, p)}
-            for p in points
-            if p.label.startswith("cost:")
-        },
+        "rules": {p.label: judged(static, p) for p in points if p.label.startswith("cost:")},
         "heads": {},
     }
     if log is not None:
         report["log"] = {"path": str(log.path), "decodes_reused": log.reused}
     for name, head in heads.items():
         point = next(p for p in points if p.label == f"dynamic:{name}")
-        report["heads"][name] = {
-            **frontier_margin(static, point),
-            "versus_exact": versus_exact(static, point),
-        }
+        report["heads"][name] = judged(static, point)
         if write_card:
             write_evaluation(paths[name], head, report, name, point, static, command)
     return report, points
+
+
+def judged(static: list[Point], point: Point) -> dict:
+    """A per-token verifier's point against the static frontier: in the task's quality (its margins and
+    verdict), against exact decoding, and in fidelity (the target's log-probability of the text)."""
+    verdict = {**frontier_margin(static, point), "versus_exact": versus_exact(static, point)}
+    points = [*static, point]
+    if all(len(p.fidelity) == len(p.quality) for p in points):  # decoded with fidelity kept
+        on_fidelity = [replace(p, quality=p.fidelity) for p in points]
+        verdict["fidelity"] = frontier_margin(on_fidelity[:-1], on_fidelity[-1])
+        verdict["fidelity_versus_exact"] = versus_exact(on_fidelity[:-1], on_fidelity[-1])
+    return verdict
 
 
 def write_evaluation(

@@ -15,6 +15,7 @@ class Point:
     w: float | None  # the static weight; None for the rule and a head
     counts: list[Counts] = field(default_factory=list)  # per example
     quality: list[float] = field(default_factory=list)
+    fidelity: list[float] = field(default_factory=list)  # the target's mean log-probability of each text
     mean_w: list[float] = field(default_factory=list)
     token_w: list[float] = field(default_factory=list)  # w_t at every position a draft token competed
 
@@ -40,6 +41,7 @@ class Point:
             "w": self.w,
             "acceptance": self.acceptance,
             "quality": self.mean_quality,
+            "fidelity": float(np.mean(self.fidelity)) if self.fidelity else None,
             "tokens_per_second": self.tokens_per_second,
             "mean_w": float(np.mean(self.mean_w)) if self.mean_w else None,
             # a head that only learned a bias has std ≈ 0: the spread is what per-token w buys

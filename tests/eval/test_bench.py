@@ -272,3 +272,22 @@ def test_the_batch_bench_decodes_the_same_rows_both_ways(any_pair):
     ) and "3 decodes of each of 2 questions" in batch_markdown(report)
     with pytest.raises(ValueError, match="at least 2 rows"):
         run_batch_bench(any_pair, examples, modes, rows=1)
+
+
+def test_the_per_token_rule_is_a_bench_mode_with_its_lam(pair):
+    modes = parse_modes("ar,cost:2.5,cost:0/no-lookup", pair)
+    assert modes["cost:2.5"] == BENCH_DECODING.replace(mode="cost", lam=2.5, prompt_lookup=True)
+    assert modes["cost:0/no-lookup"].lam == 0 and not modes["cost:0/no-lookup"].prompt_lookup
+    with pytest.raises(ValueError, match="λ must be a number"):
+        parse_modes("ar,cost:much", pair)
+    with pytest.raises(ValueError, match="λ"):
+        parse_modes("ar,cost:-1", pair)
+
+
+def test_the_bench_report_keeps_each_questions_fidelity_per_mode(pair):
+    examples = [Example("the cat sat on the", "general", category="writing"), Example("one two", "general")]
+    modes = parse_modes("ar,exact,cost:3", pair, BENCH_DECODING.replace(max_new_tokens=6))
+    report = run_bench(pair, examples, modes, n_draft=2)
+    for name in modes:
+        scores = report["overall"][name]["fidelity_scores"]
+        assert len(scores) == 2 and report["overall"][name]["fidelity"] == pytest.approx(sum(scores) / 2)

@@ -302,3 +302,19 @@ def test_a_decode_log_is_of_one_dtype(tmp_path):
     DecodeLog(path, log_settings(fp32, "general", "spec_bench", settings))
     with pytest.raises(ValueError, match="log of another evaluation"):
         DecodeLog(path, log_settings(bf16, "general", "spec_bench", settings))
+
+
+def test_the_per_token_rule_is_a_point_of_the_sweep_judged_in_quality_and_fidelity(pair):
+    from diversed_demo.eval.frontier import judged
+
+    examples = [Example(p, "general") for p in ["the cat sat on", "one two three", "a dog ran", "the big"]]
+    decoding = DecodeConfig(max_new_tokens=8)
+    points = sweep(pair, examples, "general", weights=(0.0, 1.0), lams=(0.0, 1e6), decoding=decoding)
+    by_label = {p.label: p for p in points}
+    assert list(by_label) == ["static:0", "static:1", "cost:0", "cost:1e+06"]
+    # A λ above any draft's cost keeps every draft, as w = 0 does: the same decodes, seed for seed.
+    assert by_label["cost:1e+06"].quality == by_label["static:0"].quality
+    assert by_label["cost:1e+06"].acceptance == 1.0 and by_label["static:1"].acceptance < 1.0
+    assert all(len(p.fidelity) == len(examples) for p in points)
+    verdict = judged([by_label["static:0"], by_label["static:1"]], by_label["cost:0"])
+    assert {"verdict", "versus_exact", "fidelity", "fidelity_versus_exact"} <= set(verdict)

@@ -22,8 +22,22 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
 * **Exact speculative decoding** is w = 1: the output follows the target's distribution exactly.
 * **Static ensemble**: one w for every token. The acceptance rate is then 1 − w·TV(p, q): lower w
   accepts more drafts (faster) and moves the output towards the draft.
+* **Per-token rule**: w_t from p and q alone, with one knob λ and no training. It relaxes (w_t = 0, the
+  draft's token is kept) where the draft's token costs the target little, and checks exactly (w_t = 1)
+  elsewhere: w_t = 1 where CE(q, p) − H(p) > λ·TV(p, q). That is the best per-token choice for the
+  target's likelihood of the text plus λ times the acceptance. Greedy, it keeps the draft's own token
+  where its log-probability under the target is within λ of the target's best.
 * **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
   trained with sequence-level RL to keep quality where it matters and relax where it does not.
+
+## Why a per-token w is judged on quality
+At one position, a verifier with weight w keeps the draft with probability 1 − w·TV(p, q), and the token
+it emits differs from the target's own law by TV(ν, p) = (1 − w)·TV(p, q). So every verifier, one fixed w
+or a different w at each token, trades acceptance for distance from the target along the same straight
+line: measured that way, the static dial is already the best there is, because everything is. A per-token
+w can only win on other measures: the target's likelihood of the text (fidelity), or the task's own score
+(ROUGE-2, the right answer, tests passed). That is where the Results and the dial judge the per-token rule
+and the heads against the static dial.
 
 ## Glossary
 * **Target**: the model whose text we want (here SmolLM2-135M-Instruct). **Draft**: a much smaller,
@@ -41,8 +55,9 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
   may also propose a run of up to 7 copies alone, without asking the draft: its q(x) is then 1.
 * **w**: the dial. The check compares each draft token with ν = w·p + (1 − w)·q, a mix of the target's
   (p) and the draft's (q) distributions. w = 1 is exact; lower w keeps more guesses.
-* **Static ensemble**: one w for every token. **DIVERSED head**: a small trained network that picks
-  w_t for each token from both models' hidden states.
+* **Static ensemble**: one w for every token. **Per-token rule**: w_t from the two distributions alone
+  (λ, in the sidebar, is what a kept draft may cost). **DIVERSED head**: a small trained network that
+  picks w_t for each token from both models' hidden states.
 * **Acceptance**: the share of drafted tokens that are kept. **Per-token acceptance α**: the chance
   that one drafted token is kept. **τ**: tokens produced per target pass (1 for target-only).
 * **Speed-up**: tokens per second against target-only decoding, measured in the same run.
