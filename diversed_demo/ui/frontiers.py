@@ -9,9 +9,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..common.paths import RESULTS_DIR
 from ..runtime.theory import alpha_from_acceptance
 from .cards import FRONTIER_COMMAND, card_task, frontier_at, head_cards, is_greedy, trained_greedy
-from .shipped_files import dig, shown_path
+from .shipped_files import dig, read_json, shown_path
+
+RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task
+RULE_REPORTS = {
+    task: RESULTS_DIR / "rule" / f"{task}-{held_out}-T1.json"
+    for task, held_out in (
+        ("general", "spec_bench"),
+        ("summarization", "spec_bench"),
+        ("math", "arithmetic"),
+        ("code", "mbpp"),
+    )
+}
 
 
 @dataclass
@@ -28,19 +40,26 @@ class Frontier:
 def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
     """The dial's points from frontier rows (frontier.Point.row(), as in the cards or a live sweep).
 
-    One row per point: label, kind (static/head), w (the mean w_t for heads), acceptance (accepted/drafted),
-    alpha (per-token acceptance inferred from it), tokens_per_second, quality (the task reward).
+    One row per point: label, kind (static, rule: the per-token rule at a λ, or head), w (the mean w_t for
+    the rule and heads), acceptance (accepted/drafted), alpha (per-token acceptance inferred from it),
+    tokens_per_second, quality (the task reward).
     """
     out = []
     for row in rows:
-        static = row.get("w") is not None
+        static, name = row.get("w") is not None, str(row.get("point", "head"))
+        kind = "static" if static else "rule" if name.startswith("cost:") else "head"
         acceptance = row.get("acceptance")
+        label = (
+            f"w = {row['w']:.2f}"
+            if kind == "static"
+            else name.replace("cost:", "λ = ")
+            if kind == "rule"
+            else name.removeprefix("dynamic:")
+        )
         out.append(
             {
-                "label": f"w = {row['w']:.2f}"
-                if static
-                else str(row.get("point", "head")).removeprefix("dynamic:"),
-                "kind": "static" if static else "head",
+                "label": label,
+                "kind": kind,
                 "w": row["w"] if static else row.get("mean_w"),
                 "acceptance": acceptance,
                 "alpha": alpha_from_acceptance(acceptance, n_draft) if acceptance is not None else math.nan,
@@ -81,6 +100,24 @@ def frontier_note(frontier: dict, card_path: Path, n_draft: int) -> str:
         f"new tokens; from {shown_path(card_path)}, written by "
         f"`{frontier.get('command', FRONTIER_COMMAND)}`"
     )
+
+
+def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS) -> dict[str, Frontier]:
+    """Per task, the shipped evaluation of the per-token rule at T = 1 (results/rule/): its static points,
+    the rule at each λ and the task's head, all on the same held-out prompts, with their verdicts."""
+    by_task = {}
+    for task, path in reports.items():
+        report, _ = read_json(path)
+        if not report:
+            continue
+        n_draft = int(dig(report, "settings", "n_draft") or 4)
+        rules = {
+            label.replace("cost:", "per-token rule λ = "): m for label, m in report.get("rules", {}).items()
+        }
+        verdicts = {name: m["verdict"] for name, m in {**rules, **report.get("heads", {})}.items()}
+        note = frontier_note({**report, "command": f"bash {RULE_COMMAND}"}, path, n_draft)
+        by_task[task] = Frontier(task, points_frame(report["points"], n_draft), n_draft, note, verdicts)
+    return by_task
 
 
 def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> dict[str, Frontier]:

@@ -319,6 +319,21 @@ def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
             ay=-30 if exact else 30,
             font=dict(size=11, color="#475569"),
         )
+    rule = points[points["kind"] == "rule"].sort_values("acceptance")
+    if not rule.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=rule["acceptance"],
+                y=rule["quality"],
+                text=rule["label"],
+                mode="markers+lines",
+                name="per-token rule (one point a λ)",
+                marker=dict(color=RULE_COLOR, size=9, symbol="diamond"),
+                line=dict(color=RULE_COLOR, dash="dot"),
+                hovertemplate="per-token rule %{text}<br>acceptance %{x:.3f}<br>quality %{y:.4g}"
+                "<extra></extra>",
+            )
+        )
     for _, head in points[points["kind"] == "head"].iterrows():
         fig.add_trace(
             go.Scatter(

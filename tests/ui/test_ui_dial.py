@@ -155,9 +155,9 @@ def test_the_sweep_hands_control_back_after_each_decode(sweep):
     assert len(sweep.running) == len(sweep.calls)
 
 
-def test_the_sweep_measures_each_static_w_and_the_head(sweep):
-    assert list(sweep.points["label"]) == ["w = 0.00", "w = 1.00", sweep.head]
-    assert list(sweep.points["kind"]) == ["static", "static", "head"]
+def test_the_sweep_measures_each_static_w_the_rule_at_each_lam_and_the_head(sweep):
+    assert list(sweep.points["label"]) == ["w = 0.00", "w = 1.00", "λ = 0.5", "λ = 2", "λ = 8", sweep.head]
+    assert list(sweep.points["kind"]) == ["static", "static", "rule", "rule", "rule", "head"]
 
 
 def test_at_w_0_the_sweep_accepts_every_drafted_token(sweep):
@@ -171,7 +171,7 @@ def test_the_sweeps_expected_tv_is_one_minus_exact_sds_alpha(sweep):
 
 def test_the_sweeps_progress_rises_to_1_once_per_decode(sweep):
     calls = sweep.calls
-    assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 3 * 2
+    assert calls == sorted(calls) and calls[-1] == 1.0 and len(calls) == 6 * 2  # 6 points, 2 prompts
 
 
 def test_the_sweeps_quality_is_a_mean_log_probability(sweep):
@@ -184,7 +184,7 @@ def test_the_sweeps_note_says_these_are_your_measurements(sweep):
 
 
 def test_the_sweeps_table_lists_every_point(sweep):
-    assert len(sweep.table) == 3
+    assert len(sweep.table) == 6
 
 
 def test_the_sweep_draws_every_chart(sweep):
@@ -222,3 +222,32 @@ def test_nan_quality_does_not_break_the_dial_figures():
     row = {"point": "static:0.5", "w": 0.5, "acceptance": 0.4, "tokens_per_second": 10.0, "quality": math.nan}
     points = frontiers.points_frame([row], 4)
     assert all(chart.data for chart in dial.dial_figures(points, 4, 0.1, ""))
+
+
+def test_the_rules_shipped_evaluation_is_drawn_as_a_curve_beside_the_frontier_and_the_head(tmp_path):
+    from diversed_demo.ui.frontiers import rule_frontiers
+    from diversed_demo.ui.render import quality_figure
+
+    rows = [
+        {"point": "static:0", "w": 0.0, "acceptance": 0.9, "quality": -3.0},
+        {"point": "static:1", "w": 1.0, "acceptance": 0.2, "quality": -2.0},
+        {"point": "cost:2", "w": None, "acceptance": 0.4, "quality": -2.1, "mean_w": 0.6},
+        {"point": "cost:8", "w": None, "acceptance": 0.8, "quality": -2.6, "mean_w": 0.2},
+        {"point": "dynamic:general", "w": None, "acceptance": 0.3, "quality": -2.2, "mean_w": 0.7},
+    ]
+    verdict = {"kind": "beyond", "text": "beyond the static frontier"}
+    report = {
+        "examples": 100,
+        "settings": {"n_draft": 4, "max_new_tokens": 64, "temperature": 1.0, "held_out": "Spec-Bench"},
+        "points": rows,
+        "rules": {"cost:2": {"verdict": verdict}, "cost:8": {"verdict": verdict}},
+        "heads": {"general": {"verdict": {"kind": "unresolved", "text": "on it"}}},
+    }
+    path = tmp_path / "general-spec_bench-T1.json"
+    path.write_text(json.dumps(report))
+    frontier = rule_frontiers({"general": path})["general"]
+    assert list(frontier.points["kind"]) == ["static", "static", "rule", "rule", "head"]
+    assert list(frontier.verdicts) == ["per-token rule λ = 2", "per-token rule λ = 8", "general"]
+    drawn = {trace.name: trace for trace in quality_figure(frontier.points).data}
+    assert list(drawn["per-token rule (one point a λ)"].x) == [0.4, 0.8]
+    assert rule_frontiers({"general": tmp_path / "absent.json"}) == {}

@@ -12,11 +12,12 @@ import pandas as pd
 from ...core.config import DecodeConfig
 from ...eval.frontier import FRONTIER_DECODING, sweep_steps
 from ...eval.tasks import TASKS, Example
+from ...models.embedded import EMBEDDED
 from ...models.heads import load_head
 from ...runtime.model_thread import MODEL_THREAD
 from ..cards import FRONTIER_COMMAND, is_greedy
 from ..cost_presets import CostPreset, cost_presets
-from ..frontiers import expected_tv, points_frame, shipped_frontiers, verdict_markdown
+from ..frontiers import expected_tv, points_frame, rule_frontiers, shipped_frontiers, verdict_markdown
 from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import (
@@ -91,17 +92,20 @@ def preset_cost(presets: list[CostPreset], label):
     return next((p.cost_ratio for p in presets if p.label == label), gr.skip())
 
 
+SWEEP_LAMS = (0.5, 2.0, 8.0)  # the per-token rule's λ in a live sweep: from near exact to most drafts kept
+
+
 def sweep_rows(pair, chosen, task, weights, tokens, n_draft, temperature, progress, idle):
-    """The frontier rows of static w (and w = 1) and every head of the pair on the chosen examples: a
-    generator that yields `idle` after each decode, where a Stop or a disconnect can end it, and returns
-    the rows."""
+    """The frontier rows of static w (and w = 1), the per-token rule at each of SWEEP_LAMS and every head
+    of the pair on the chosen examples: a generator that yields `idle` after each decode, where a Stop or a
+    disconnect can end it, and returns the rows."""
     weights = sorted({float(w) for w in weights} | {1.0})  # w = 1 anchors the E[TV] estimate
     heads = {name: load_head(name, pair) for name in head_choices(pair)}
-    total = (len(weights) + len(heads)) * len(chosen)
+    total = (len(weights) + len(SWEEP_LAMS) + len(heads)) * len(chosen)
     decoding = FRONTIER_DECODING.replace(
         n_draft=int(n_draft), max_new_tokens=int(tokens), temperature=float(temperature)
     )
-    steps = sweep_steps(pair, chosen, task, weights=weights, heads=heads, decoding=decoding)
+    steps = sweep_steps(pair, chosen, task, weights, heads, decoding=decoding, lams=SWEEP_LAMS)
     done = 0
     while True:
         try:
@@ -255,6 +259,8 @@ def build_dial_tab(
     """The dial at the opening settings (`start`): the first task with a shipped frontier card,
     drawn at once, and the first cost preset."""
     frontiers = {greedy: shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
+    if pair.target_name == EMBEDDED:  # the rule's shipped evaluations are of the embedded pair, at T = 1
+        frontiers[False] |= rule_frontiers()
     presets = cost_presets()
     start_task = next((t for t in TASKS if t in frontiers[False]), "general")
     *figures, start_note, start_verdict, start_points = shipped_dial(
