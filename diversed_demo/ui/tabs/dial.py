@@ -36,8 +36,10 @@ CHART_IDS = ("dial-quality", "dial-acceptance", "dial-projection")
 INTRO = (
     "**The dial.** A lower w keeps more of the draft's guesses, so decoding is faster, and lets the text "
     "drift towards the draft's. Each orange point is one static w, measured on held-out prompts; the "
-    "curve they trace is the **static frontier**. A purple star is a trained **DIVERSED head**, which "
-    "picks w token by token: a star above the curve means better quality at the same acceptance. "
+    "curve they trace is the **static frontier**. Teal diamonds are the **per-token rule** at a few λ: "
+    "w token by token from the two models' distributions, with no training. A purple star is a trained "
+    "**DIVERSED head**, which picks w token by token from the models' hidden states: a point above the "
+    "curve means better quality at the same acceptance. "
     "Quality is the task's own score: ROUGE-2 for summaries, the right final number for math, tests "
     "passed for code, and for general chat how likely the target finds the text (fidelity)."
 )
