@@ -54,7 +54,8 @@ LEDE = (
     "<b>target</b> model checks all the guesses in one pass, keeping those it agrees with. DIVERSED "
     "loosens that check with a dial <b>w</b>, so more guesses are kept: the text comes faster and stays "
     "close to the target's. Start with <b>Compare</b>: one prompt, decoded by the target alone, by exact "
-    "speculative decoding, with a fixed w and with a trained DIVERSED head."
+    "speculative decoding, with a fixed w, with a per-token rule that relaxes where the draft's token costs "
+    "the target little, and with a trained DIVERSED head."
 )
 
 
