@@ -9,13 +9,15 @@ from pathlib import Path
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from ..eval.tasks import Example
+from ..models.embedded import EMBEDDED
 from ..models.heads import HeadError, list_heads, load_head
 from ..runtime.costs import choose_n_draft, measure_costs
 from ..runtime.dtype_choice import choice_note
 from .cards import head_cards, trained_greedy
+from .frontiers import RULE_REPORTS
 from .render import MODE_LABELS
 from .runs import APP_CONFIG
-from .shipped_files import dig, shown_path
+from .shipped_files import dig, read_json, shown_path
 from .space import zero_gpu_space
 
 
@@ -133,10 +135,40 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     return with_draft_length(start, slowest_mode_fastest(chosen), alphas, costs)
 
 
+def rule_opening(start: Defaults, task: str | None, reports: dict[str, Path] = RULE_REPORTS) -> Defaults:
+    """`start` moved to the per-token rule at T = 1 where its shipped evaluation on the task's held-out
+    prompts (results/rule/) put it beyond the static frontier in the task's own score: at the λ of highest
+    acceptance among those, the head kept for Compare. Else `start`, its why saying what was found."""
+    report, _ = read_json(reports[task]) if task in reports else (None, "")
+    if not report:
+        return start
+    beyond = [
+        (row["acceptance"], label)
+        for label, m in report["rules"].items()
+        for row in report["points"]
+        if row["point"] == label and m["verdict"]["kind"] == "beyond"
+    ]
+    measured = f"{report['examples']} held-out {task} prompts at T = 1 ({shown_path(reports[task])})"
+    if not beyond:
+        return replace(
+            start, why=f"{start.why} The per-token rule was not beyond the static frontier on {measured}."
+        )
+    acceptance, label = max(beyond)
+    lam = float(label.removeprefix("cost:"))
+    settings = start.settings.replace(mode="cost", lam=lam, temperature=1.0, max_new_tokens=64)
+    note = f"Opened on the per-token rule at λ = {lam:g}, T = 1, where it beat the static frontier."
+    verdict = report["rules"][label]["verdict"]["text"]
+    why = f"The per-token rule at λ = {lam:g}, measured on {measured}: {verdict}."
+    return replace(start, settings=settings, note=note, why=why)
+
+
 def measured_opening(pair, examples: list[Example]) -> Defaults:
     """What the launchers open the app at: the arrival settings, at the draft length timed on this pair,
     and, where the dtype was chosen by measurement, which one and why."""
-    start = opening_draft_length(pair, examples, arrival_defaults(examples, list_heads(pair)))
+    start = arrival_defaults(examples, list_heads(pair))
+    if pair.target_name == EMBEDDED and examples:  # the rule's shipped evaluations are of the embedded pair
+        start = rule_opening(start, examples[0].task)
+    start = opening_draft_length(pair, examples, start)
     runtime = f" How the pair runs here, as it opened: {pair.runtime}." if pair.runtime else ""
     if pair.dtype_choice is None:
         return replace(start, why=f"{start.why}{runtime}")

@@ -150,3 +150,35 @@ def test_compare_opens_where_its_slowest_mode_is_fastest():
     exact = {"bounds": {1: 1.10, 2: 1.05, 3: 0.90}}  # accepts little: the shortest
     assert opening.slowest_mode_fastest({"DIVERSED": diversed}) == 3
     assert opening.slowest_mode_fastest({"DIVERSED": diversed, "Exact SD": exact}) == 1
+
+
+def rule_report(tmp_path, kinds: dict[str, str]):
+    """A shipped evaluation of the rule (results/rule/'s form) with each λ's verdict kind: {task: path}."""
+    report = {
+        "examples": 100,
+        "points": [{"point": label, "acceptance": 0.3 + 0.1 * i} for i, label in enumerate(kinds)],
+        "rules": {
+            label: {"verdict": {"kind": kind, "text": f"{kind} the frontier"}}
+            for label, kind in kinds.items()
+        },
+    }
+    path = tmp_path / "summarization-spec_bench-T1.json"
+    path.write_text(json.dumps(report))
+    return {"summarization": path}
+
+
+def test_the_app_opens_on_the_rule_at_t1_where_its_evaluation_put_it_beyond_the_frontier(tmp_path):
+    start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x", temperature=0.0), 0, "", "")
+    reports = rule_report(tmp_path, {"cost:0.5": "beyond", "cost:2": "beyond", "cost:8": "below"})
+    opened = opening.rule_opening(start, "summarization", reports)
+    assert (opened.settings.mode, opened.settings.lam, opened.settings.temperature) == ("cost", 2.0, 1.0)
+    assert opened.settings.head == "x"  # Compare still runs the head
+    assert "λ = 2" in opened.note and "beyond the frontier" in opened.why and "100 held-out" in opened.why
+
+
+def test_where_the_rule_was_not_beyond_the_app_opens_as_before_and_says_so(tmp_path):
+    start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x", temperature=0.0), 0, "", "")
+    reports = rule_report(tmp_path, {"cost:2": "unresolved"})
+    opened = opening.rule_opening(start, "summarization", reports)
+    assert opened.settings == start.settings and "not beyond the static frontier" in opened.why
+    assert opening.rule_opening(start, "code", reports) == start  # no evaluation of the task: unchanged
