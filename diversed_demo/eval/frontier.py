@@ -141,17 +141,21 @@ def sweep_steps(
             yield key.split("|")[0], i + 1, len(examples)
     for row in keys:
         for key, (point, _, _) in zip(row, points):
-            record = records[key]
-            point.quality.append(record["quality"])
-            # Logs written before fidelity was kept have it only where it is the quality (general).
-            kept = record.get("fidelity", record["quality"] if task == "general" else None)
-            if kept is not None:
-                point.fidelity.append(kept)
-            point.counts.append(Counts(**record["counts"]))
-            if record["mean_w"] is not None:
-                point.mean_w.append(record["mean_w"])
-            point.token_w.extend(record["token_w"])
+            add_record(point, records[key], task)
     return [point for point, _, _ in points]
+
+
+def add_record(point: Point, record: dict, task: str) -> None:
+    """One decode's figures into its point."""
+    point.quality.append(record["quality"])
+    # Logs written before fidelity was kept have it only where it is the quality (general).
+    kept = record.get("fidelity", record["quality"] if task == "general" else None)
+    if kept is not None:
+        point.fidelity.append(kept)
+    point.counts.append(Counts(**record["counts"]))
+    if record["mean_w"] is not None:
+        point.mean_w.append(record["mean_w"])
+    point.token_w.extend(record["token_w"])
 
 
 def head_labels(paths: list) -> dict:

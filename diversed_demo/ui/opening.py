@@ -150,9 +150,7 @@ def rule_opening(start: Defaults, task: str | None, reports: dict[str, Path] = R
     ]
     measured = f"{report['examples']} held-out {task} prompts at T = 1 ({shown_path(reports[task])})"
     if not beyond:
-        return replace(
-            start, why=f"{start.why} The per-token rule was not beyond the static frontier on {measured}."
-        )
+        return replace(start, why=f"{start.why} {not_beyond(report, measured)}")
     acceptance, label = max(beyond)
     lam = float(label.removeprefix("cost:"))
     settings = start.settings.replace(mode="cost", lam=lam, temperature=1.0, max_new_tokens=64)
@@ -160,6 +158,21 @@ def rule_opening(start: Defaults, task: str | None, reports: dict[str, Path] = R
     verdict = report["rules"][label]["verdict"]["text"]
     why = f"The per-token rule at λ = {lam:g}, measured on {measured}: {verdict}."
     return replace(start, settings=settings, note=note, why=why)
+
+
+def not_beyond(report: dict, measured: str) -> str:
+    """Why the app does not open on the rule: not beyond in the task's score; and where it was beyond in
+    the target's likelihood of the text, at which λ."""
+    in_fidelity = [
+        label.removeprefix("cost:")
+        for label, m in report["rules"].items()
+        if m.get("fidelity", {}).get("verdict", {}).get("kind") == "beyond"
+    ]
+    likelihood = f" (it was at λ = {', '.join(in_fidelity)} in the target's likelihood of the text)"
+    return (
+        f"The per-token rule was not beyond the static frontier in the task's own score on {measured}"
+        f"{likelihood if in_fidelity else ''}, so the app opens where the small target's text reads best."
+    )
 
 
 def measured_opening(pair, examples: list[Example]) -> Defaults:

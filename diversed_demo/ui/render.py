@@ -286,6 +286,20 @@ def acceptance_figure(points, expected_tv: float) -> go.Figure:
     return fig
 
 
+def rule_trace(rule) -> go.Scatter:
+    """The per-token rule's points (one a λ) as a dotted curve of diamonds."""
+    return go.Scatter(
+        x=rule["acceptance"],
+        y=rule["quality"],
+        text=rule["label"],
+        mode="markers+lines",
+        name="per-token rule (one point a λ)",
+        marker=dict(color=RULE_COLOR, size=9, symbol="diamond"),
+        line=dict(color=RULE_COLOR, dash="dot"),
+        hovertemplate="per-token rule %{text}<br>acceptance %{x:.3f}<br>quality %{y:.4g}<extra></extra>",
+    )
+
+
 def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
     """Quality against the acceptance rate: the static frontier as a curve (each w on hover, its two ends
     named), and each head as a large star of its own in the legend."""
@@ -321,19 +335,7 @@ def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
         )
     rule = points[points["kind"] == "rule"].sort_values("acceptance")
     if not rule.empty:
-        fig.add_trace(
-            go.Scatter(
-                x=rule["acceptance"],
-                y=rule["quality"],
-                text=rule["label"],
-                mode="markers+lines",
-                name="per-token rule (one point a λ)",
-                marker=dict(color=RULE_COLOR, size=9, symbol="diamond"),
-                line=dict(color=RULE_COLOR, dash="dot"),
-                hovertemplate="per-token rule %{text}<br>acceptance %{x:.3f}<br>quality %{y:.4g}"
-                "<extra></extra>",
-            )
-        )
+        fig.add_trace(rule_trace(rule))
     for _, head in points[points["kind"] == "head"].iterrows():
         fig.add_trace(
             go.Scatter(
