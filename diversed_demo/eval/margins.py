@@ -95,12 +95,16 @@ def frontier_margin(static_points: list[Point], head_point: Point, n_boot: int =
         }
     # Beyond the frontier only where a 95% interval excludes zero: a positive estimate alone is noise as often
     # as not on a dozen prompts.
-    result["beyond_frontier"] = any(
-        result[k]["ci95"] is not None and result[k]["ci95"][0] > 0
-        for k in ("quality_margin", "acceptance_margin")
-    )
+    result["beyond_frontier"] = any(clears_zero(result[k]) for k in ("quality_margin", "acceptance_margin"))
     result["verdict"] = verdict(result, [p.mean_quality for p in static_points], n)
     return result
+
+
+def clears_zero(margin: dict) -> bool:
+    """Whether a margin is measured (the point lies within the static curve's range, so an estimate
+    exists) and its 95% interval lies above zero. Resamples may place a point outside the range the
+    estimate could not reach: their interval alone is no claim."""
+    return margin["estimate"] is not None and margin["ci95"] is not None and margin["ci95"][0] > 0
 
 
 def verdict(margin: dict, static_qualities: list[float], examples: int) -> dict:
@@ -118,11 +122,7 @@ def verdict(margin: dict, static_qualities: list[float], examples: int) -> dict:
 
     quality = margin["quality_margin"]
     if margin["beyond_frontier"]:
-        beyond = [
-            k
-            for k in ("quality_margin", "acceptance_margin")
-            if margin[k]["ci95"] is not None and margin[k]["ci95"][0] > 0
-        ]
+        beyond = [k for k in ("quality_margin", "acceptance_margin") if clears_zero(margin[k])]
         return {"kind": "beyond", "text": "beyond the static frontier: " + "; ".join(map(figures, beyond))}
     if quality["ci95"] is None:
         return {

@@ -318,3 +318,17 @@ def test_the_per_token_rule_is_a_point_of_the_sweep_judged_in_quality_and_fideli
     assert all(len(p.fidelity) == len(examples) for p in points)
     verdict = judged([by_label["static:0"], by_label["static:1"]], by_label["cost:0"])
     assert {"verdict", "versus_exact", "fidelity", "fidelity_versus_exact"} <= set(verdict)
+
+
+def test_an_interval_without_an_estimate_is_no_claim():
+    """A point just outside the static curve's range has no estimate, while some resamples fall inside
+    and give an interval: that interval alone never makes it beyond (nor breaks the verdict's words)."""
+    from diversed_demo.eval.margins import clears_zero, verdict
+
+    unmeasured = {"estimate": None, "stderr": 0.01, "ci95": [0.02, 0.05], "p_positive": 1.0}
+    measured = {"estimate": 0.03, "stderr": 0.01, "ci95": [0.01, 0.05], "p_positive": 1.0}
+    assert not clears_zero(unmeasured) and clears_zero(measured)
+    margin = {"quality_margin": unmeasured, "acceptance_margin": measured, "beyond_frontier": True}
+    said = verdict(margin, [0.1, 0.5], 100)
+    assert said["kind"] == "beyond" and "acceptance margin +0.030" in said["text"]
+    assert "quality margin" not in said["text"]
