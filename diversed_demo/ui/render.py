@@ -217,9 +217,10 @@ def run_panel_html(mode: str, comparison: Comparison) -> str:
             f'<div class="dd-panel"><div class="dd-panel-head">{html.escape(label)}</div>'
             f'<div class="dd-tokens dd-empty">{html.escape(why)}</div></div>'
         )
-    line = (
-        f"acc {fmt(run.acceptance_rate, '.0%')} · τ {fmt(run.tau, '.2f')} · "
-        f"{fmt(run.tokens_per_second, '.1f')} tok/s · {fmt(run.elapsed_s, '.1f')} s"
+    # Two short lines: five columns are narrow at 1400 px.
+    lines = (
+        f"acc {fmt(run.acceptance_rate, '.0%')} · τ {fmt(run.tau, '.2f')}",
+        f"{fmt(run.tokens_per_second, '.1f')} tok/s · {fmt(run.elapsed_s, '.1f')} s",
     )
     departs_at = comparison.departures().get(mode)
     if mode == "ar":
@@ -232,8 +233,8 @@ def run_panel_html(mode: str, comparison: Comparison) -> str:
         f'<div class="dd-panel" data-state="{"done" if run.done else "running"}"'
         f"{'' if departs_at is None else f' data-departs={departs_at}'}>"
         f'<div class="dd-panel-head">{html.escape(label)}'
-        f'<span class="dd-panel-stats">{html.escape(line)}</span>'
-        f'<span class="dd-panel-stats dd-departure">{html.escape(departure)}</span></div>'
+        + "".join(f'<span class="dd-panel-stats">{html.escape(line)}</span>' for line in lines)
+        + f'<span class="dd-panel-stats dd-departure">{html.escape(departure)}</span></div>'
         f"{render_tokens(run.events, departs_at=departs_at)}</div>"
     )
 
