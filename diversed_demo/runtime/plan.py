@@ -38,11 +38,9 @@ from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
 
-COMPILED = (
-    "background",
-    "wait",
-    "off",
-)  # when the compiled passes are built: the app's way, the bench's, never
+# When the compiled passes are built: in the background (the app's way), before load_pair returns (the
+# bench's), never.
+COMPILED = ("background", "wait", "off")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import WORDS, tiny_config, tiny_eagle3, tiny_model, tiny_q4_model, tiny_tokenizer
+from tiny import Q4_NAMES, WORDS, tiny_config, tiny_eagle3, tiny_model, tiny_q4_model, tiny_tokenizer
 
 from diversed_demo.models.gguf_cache import _converted_gguf_dir, conversion_damage
 from diversed_demo.models.loading import load_target
@@ -41,17 +41,7 @@ def truncate(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * keep)])
 
 
-GGUF_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
+GGUF_NAMES = {**Q4_NAMES, "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
 def tiny_gguf(path: Path, seed: int = 0):
