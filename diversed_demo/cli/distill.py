@@ -27,12 +27,24 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     add_distill_data_arguments(
         stages.add_parser("data", help="sample the target's own responses to training prompts (resumable)")
     )
+    merge = stages.add_parser(
+        "merge", help="merge shard folders generated apart from copies of one folder into a new one"
+    )
+    merge.add_argument("out", help="the new shard folder")
+    merge.add_argument("base", help="the folder each was copied from (its shards are taken once)")
+    merge.add_argument("folders", nargs="+", help="shard folders, in the order their shards are numbered")
+    merge.set_defaults(func=run_distill_merge)
     add_distill_train_arguments(
         stages.add_parser("train", help="train the feature draft on the generated data (resumable)")
     )
     export = stages.add_parser("export", help="copy the best draft to assets/draft with its card")
     export.add_argument("--work-dir", default="runs/distill")
     export.add_argument("--out", default=None, help="default: assets/draft")
+    export.add_argument(
+        "--earlier",
+        default=None,
+        help="comma-separated work dirs of the sittings this run continued from (--init), oldest first",
+    )
     export.set_defaults(func=run_distill_export)
     measure = stages.add_parser("measure", help="Spec-Bench figures of the embedded draft, into its card")
     measure.add_argument("--per-category", type=int, default=2)
@@ -194,10 +206,18 @@ def run_distill_train(args) -> int:
     return 0
 
 
+def run_distill_merge(args) -> int:
+    from ..distill.data import merge_shards
+
+    print(json.dumps(merge_shards(Path(args.out), Path(args.base), [Path(f) for f in args.folders])))
+    return 0
+
+
 def run_distill_export(args) -> int:
     from ..distill import card
 
-    out = card.export(args.work_dir, args.out)
+    earlier = [d.strip() for d in (args.earlier or "").split(",") if d.strip()]
+    out = card.export(args.work_dir, args.out, earlier=earlier)
     print(f"wrote {out}")
     return 0
 

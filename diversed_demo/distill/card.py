@@ -83,8 +83,29 @@ def passage_prompts_summary() -> dict:
     }
 
 
-def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
-    """The best draft of a training run, with a new card, into `out` (default assets/draft).
+STATE, DATA_SUMMARY = "state.json", "data.json"
+
+
+def portable_run(work_dir, data_dir) -> None:
+    """What `export` needs of a run, in small files beside it (its state, the data's summary), so that the
+    run travels without its checkpoint (the optimiser's moments: 60 MB) or its shards (tens of MB)."""
+    work_dir = Path(work_dir)
+    state = torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["state"]
+    (work_dir / STATE).write_text(json.dumps(state))
+    (work_dir / DATA_SUMMARY).write_text(json.dumps(data_summary(data.load_records(data_dir), data_dir)))
+
+
+def run_state(work_dir: Path) -> dict:
+    """A run's state (step, history, best): from its checkpoint, else from `portable_run`'s state.json."""
+    if (work_dir / "checkpoint.pt").exists():
+        return torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["state"]
+    return json.loads((work_dir / STATE).read_text())
+
+
+def export(work_dir, out=None, data_dir=data.SHARDS_DIR, earlier=()) -> Path:
+    """The best draft of a training run, with a new card, into `out` (default assets/draft). `earlier`: the
+    work dirs of the sittings it continued from (each started from the last one's best, `--init`), oldest
+    first; their figures go in the card too.
 
     The card is written from scratch: nothing of an earlier draft's card (or its files) may describe
     this one. `distill measure` adds the Spec-Bench figures afterwards.
@@ -93,9 +114,7 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
     best = work_dir / "best"
     if not (best / "config.json").exists():
         raise FileNotFoundError(f"{best} holds no draft yet: run `diversed-demo distill train` first")
-    checkpoint = torch.load(work_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
-    run = json.loads((work_dir / "run.json").read_text())
-    state = checkpoint["state"]
+    summary = work_dir / DATA_SUMMARY
     out.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         atomic_write(out / name, lambda tmp, name=name: shutil.copyfile(best / name, tmp))
@@ -105,31 +124,43 @@ def export(work_dir, out=None, data_dir=data.SHARDS_DIR) -> Path:
         "reads": "the target's hidden states at the inputs of layers "
         f"{json.loads((best / 'config.json').read_text())['eagle_aux_hidden_state_layer_ids']} "
         "and the next token's embedding (the target's own, not stored)",
-        "data": data_summary(data.load_records(data_dir), data_dir),
-        "training": {
-            "command": run["command"],
-            "machine": run.get("machine", "not recorded"),
-            "config": run["config"],
-            "split": run["data"],
-            "steps": state["step"],
-            "total_steps": state.get("total_steps"),
-            "wall_time_s": round(state["wall_time_s"], 1),
-            "best": state["best"],
+        "data": json.loads(summary.read_text())
+        if summary.exists()
+        else data_summary(data.load_records(data_dir), data_dir),
+        "training": sitting(work_dir)
+        | {
             "note": "held-out figures per draft position 1..N: teacher-forced on the target's own "
             "responses (an accepted chain); 1 − TV against the target's full distribution at "
             "T = 1; the checkpoint with the highest expected accepted length is kept",
-            "learning_curve": [
-                {
-                    k: h[k]
-                    for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score", "by_group")
-                    if k in h
-                }
-                for h in state["history"]
-            ],
         },
     }
+    if earlier:
+        card["training"]["earlier_sittings"] = [sitting(Path(d)) for d in earlier]
     write_card(card, out)
     return out
+
+
+def sitting(work_dir: Path) -> dict:
+    """One training run, for the card: its command, machine, settings, split, steps and learning curve."""
+    run, state = json.loads((work_dir / "run.json").read_text()), run_state(work_dir)
+    return {
+        "command": run["command"],
+        "machine": run.get("machine", "not recorded"),
+        "config": run["config"],
+        "split": run["data"],
+        "steps": state["step"],
+        "total_steps": state.get("total_steps"),
+        "wall_time_s": round(state["wall_time_s"], 1),
+        "best": state["best"],
+        "learning_curve": [
+            {
+                k: h[k]
+                for k in ("step", "train_tokens", "agreement", "one_minus_tv", "score", "by_group")
+                if k in h
+            }
+            for h in state["history"]
+        ],
+    }
 
 
 @torch.inference_mode()

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..common.files import read_jsonl_gz, write_jsonl_gz, write_text
+from ..common.files import atomic_write, read_jsonl_gz, write_jsonl_gz, write_text
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
@@ -196,6 +197,33 @@ def pending_batches(have: set[str], seed: int, batch_size: int, sources: list[st
         for i in range(0, len(todo), window)
         for j in range(0, min(window, len(todo) - i), batch_size)
     ]
+
+
+def merge_shards(out: Path, base: Path, folders: list[Path]) -> dict:
+    """Shard folders generated apart from copies of one `base` folder (one generator per group of sources, as
+    GPU generators run side by side) into one new folder `out`: the base's shards once, then each folder's
+    own (those past its copy of the base), renumbered in order; likewise the lines of their runs.jsonl. A key
+    found twice is refused: a record would be trained on twice, or held out and trained on."""
+    out, base = Path(out), Path(base)
+    if shard_paths(out):
+        raise ValueError(f"{out} already holds shards: merge into a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    copied = {path.name for path in shard_paths(base)}
+    base_runs = (base / RUNS_FILE).read_text(encoding="utf-8") if (base / RUNS_FILE).exists() else ""
+    shards = shard_paths(base) + [p for f in folders for p in shard_paths(Path(f)) if p.name not in copied]
+    seen: set[str] = set()
+    for n_shard, path in enumerate(shards):
+        keys = {r["key"] for r in read_jsonl_gz(path)}
+        if keys & seen:
+            raise ValueError(f"{path} repeats records of an earlier shard, e.g. {sorted(keys & seen)[0]}")
+        seen |= keys
+        atomic_write(out / f"shard_{n_shard:05d}.jsonl.gz", lambda tmp, path=path: shutil.copyfile(path, tmp))
+    runs = base_runs
+    for folder in map(Path, folders):
+        if (folder / RUNS_FILE).exists():
+            runs += (folder / RUNS_FILE).read_text(encoding="utf-8").removeprefix(base_runs)
+    write_text(out / RUNS_FILE, runs)
+    return {"shards": len(shards), "records": len(seen)}
 
 
 RUNS_FILE = "runs.jsonl"

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -301,6 +302,43 @@ def test_export_writes_the_best_draft_with_a_fresh_card(tmp_path, target, record
     best = load_eagle3(work / "best", target)
     for name, tensor in best.state_dict().items():
         assert torch.equal(exported.state_dict()[name], tensor), name
+
+    # The run as it comes back from a GPU machine: no 60 MB checkpoint, no shards; the same card, and the
+    # sitting it continued from beside it.
+    card.portable_run(work, tmp_path / "data")
+    travelled = tmp_path / "travelled"
+    shutil.copytree(work, travelled, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    shutil.rmtree(tmp_path / "data")
+    again = tmp_path / "again"
+    card.export(travelled, again, data_dir=tmp_path / "data", earlier=[travelled])
+    carried = card.read_card(again)
+    assert carried["data"] == written["data"]
+    assert {k: v for k, v in carried["training"].items() if k != "earlier_sittings"} == written["training"]
+    assert carried["training"]["earlier_sittings"][0]["best"] == written["training"]["best"]
+
+
+def test_shard_folders_generated_apart_merge_once_each(tmp_path):
+    """Generators filled copies of one folder side by side: the merge holds the base's records once and each
+    folder's own, numbered in order, with every run logged; a record in two folders is refused."""
+
+    def shard(folder, n, keys):
+        write_jsonl_gz(folder / f"shard_{n:05d}.jsonl.gz", [{"key": k} for k in keys])
+
+    base, one, two = (tmp_path / name for name in ("base", "one", "two"))
+    shard(base, 0, ["a/0", "a/1"])
+    data.log_run(base, {"command": "seed"})
+    for folder, keys in ((one, ["b/0"]), (two, ["c/0", "c/1"])):
+        shutil.copytree(base, folder)
+        shard(folder, 1, keys)
+        data.log_run(folder, {"command": folder.name})
+    assert data.merge_shards(tmp_path / "out", base, [one, two]) == {"shards": 3, "records": 5}
+    assert [r["key"] for r in data.load_records(tmp_path / "out")] == ["a/0", "a/1", "b/0", "c/0", "c/1"]
+    assert [run["command"] for run in data.read_runs(tmp_path / "out")] == ["seed", "one", "two"]
+    with pytest.raises(ValueError, match="already holds shards"):
+        data.merge_shards(tmp_path / "out", base, [one])
+    shard(two, 2, ["b/0"])
+    with pytest.raises(ValueError, match="repeats records.*b/0"):
+        data.merge_shards(tmp_path / "again", base, [one, two])
 
 
 def test_training_continues_from_a_saved_draft(tmp_path, target, records):
