@@ -1,4 +1,4 @@
-"""`diversed-demo train`: train an ensemble head with sequence-level RL (a flag for each number of
+"""`diversed-demo train`: train an ensemble or cost head with sequence-level RL (a flag for each number of
 HeadTrainConfig; the config's own check refuses bad values before the models load)."""
 
 from __future__ import annotations
@@ -14,6 +14,19 @@ def add_train_arguments(parser) -> None:
         "--task", default=defaults.task, help="summarization, math, code or general (fidelity)"
     )
     parser.add_argument("--prompts", dest="prompts_path", default=None, help="JSONL of {prompt, reference?}")
+    parser.add_argument(
+        "--kind",
+        choices=("ensemble", "cost"),
+        default=defaults.kind,
+        help="ensemble: w from both hidden states; cost: the per-token rule's cost corrected by them, "
+        "thresholded by the dial's λ (starts as the rule; sampled decoding only)",
+    )
+    parser.add_argument(
+        "--lams",
+        type=lams_list,
+        default=defaults.lams,
+        help="a cost head's λ, in turn per step (comma-separated; default 0.5,2,8)",
+    )
     add_head_config_arguments(parser, defaults)
     for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
         parser.set_defaults(**{name: None})
@@ -33,6 +46,11 @@ def add_train_arguments(parser) -> None:
     )
     shared.add_pair_arguments(parser)
     parser.set_defaults(func=run_train)
+
+
+def lams_list(text: str) -> tuple[float, ...]:
+    """--lams as numbers (argparse turns the ValueError into a usage message)."""
+    return tuple(float(part) for part in text.split(",") if part.strip())
 
 
 def add_head_config_arguments(parser, defaults) -> None:

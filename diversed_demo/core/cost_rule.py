@@ -23,12 +23,19 @@ from .verify import total_variation
 TINY = 1e-30  # log 0 guard: a token with p = 0 costs about 69 nats, never −inf times 0
 
 
+def position_costs(target_probs: torch.Tensor, draft_probs: torch.Tensor):
+    """Per position, from target_probs, draft_probs [n, V]: the cost of relaxing CE(q, p) − H(p) in nats,
+    its price TV(p, q), and H(p), each [n]."""
+    log_p = target_probs.clamp_min(TINY).log()
+    cross_entropy = -(draft_probs * log_p).sum(-1)
+    entropy = -(target_probs * log_p).sum(-1)
+    return cross_entropy - entropy, total_variation(target_probs, draft_probs), entropy
+
+
 def cost_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor, lam: float) -> torch.Tensor:
     """w_t ∈ {0, 1} of sampled decoding: target_probs, draft_probs [n, V] -> [n]."""
-    log_p = target_probs.clamp_min(TINY).log()
-    cross_entropy = -(draft_probs * log_p).sum(-1)  # CE(q, p)
-    entropy = -(target_probs * log_p).sum(-1)  # H(p)
-    return (cross_entropy - entropy > lam * total_variation(target_probs, draft_probs)).float()
+    cost, tv, _ = position_costs(target_probs, draft_probs)
+    return (cost > lam * tv).float()
 
 
 def greedy_cost_weights(

@@ -1,13 +1,16 @@
 """The ensemble weight w_t of each drafted position: a constant for exact (w = 1) and static modes, the
-per-token rule from p and q (cost_rule.py), or a learned head reading both models' last hidden states
-(files and pair binding: models/heads.py)."""
+per-token rule from p and q (cost_rule.py), or a learned head: EnsembleHead reads both models' last hidden
+states, CostHead corrects the rule's per-token cost and is thresholded by λ as the rule is (files and pair
+binding: models/heads.py)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
-from .cost_rule import cost_weights, greedy_cost_weights
+from .cost_rule import cost_weights, greedy_cost_weights, position_costs
 
 
 class ConstantHead:
@@ -66,10 +69,71 @@ class EnsembleHead(nn.Module):
         return self(target_hidden, draft_hidden)
 
 
+# The width, in nats of cost, of the smoothed threshold σ((ĉ − λ·TV)/COST_SOFTNESS) that training
+# differentiates through; decoding uses the hard threshold.
+COST_SOFTNESS = 0.25
+LAM_OFFSET = 0.1  # log(λ + this) feeds the correction: finite at λ = 0, near log λ for the dial's values
+
+
+class CostHead(nn.Module):
+    """A learned verifier that is a curve on the dial: it prices relaxing each drafted position with a cost
+    ĉ_t in nats, and λ thresholds it as the per-token rule does: w_t = 1 where ĉ_t > λ·TV(p, q), else 0.
+
+    ĉ_t = CE(q, p) − H(p) + r_t: the rule's own cost (its optimum of fidelity + λ·acceptance) plus a learned
+    correction r_t = MLP([LN(h_target); LN(h_draft); asinh of CE − H, TV and H(p); log(λ + 0.1)]) whose last
+    layer starts at 0. An untrained head is therefore the rule at every λ; a task reward moves r_t only
+    where the task's score says relaxing costs more or less than the target's likelihood shows. Sampled
+    decoding only: greedy verification has no law to weigh (its heads are EnsembleHeads).
+    """
+
+    kind = "cost"
+
+    def __init__(
+        self, target_hidden: int, draft_hidden: int, hidden_size: int = 64, meta: dict | None = None
+    ):
+        super().__init__()
+        self.config = {
+            "kind": self.kind,
+            "target_hidden": target_hidden,
+            "draft_hidden": draft_hidden,
+            "hidden_size": hidden_size,
+        }
+        self.meta = dict(meta or {})
+        self.norm = nn.LayerNorm(target_hidden + draft_hidden, elementwise_affine=False)
+        features = target_hidden + draft_hidden + 4
+        self.mlp = nn.Sequential(nn.Linear(features, hidden_size), nn.GELU(), nn.Linear(hidden_size, 1))
+        with torch.no_grad():  # r_t = 0: the rule, until training says otherwise
+            self.mlp[-1].weight.zero_()
+            self.mlp[-1].bias.zero_()
+
+    def cost(self, target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam: float) -> torch.Tensor:
+        """ĉ_t [...] from the hidden states [..., H] and the rule cost CE − H, TV and H(p) [...]."""
+        hidden = self.norm(torch.cat([target_hidden, draft_hidden], dim=-1).float())
+        price = torch.full_like(tv, math.log(lam + LAM_OFFSET))
+        terms = torch.stack([torch.asinh(rule_cost), tv, torch.asinh(target_entropy), price], dim=-1)
+        return rule_cost + self.mlp(torch.cat([hidden, terms.float()], dim=-1)).squeeze(-1)
+
+    def forward(self, target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam: float) -> torch.Tensor:
+        """The smoothed w_t [...] that training differentiates: σ((ĉ_t − λ·TV)/COST_SOFTNESS)."""
+        cost = self.cost(target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam)
+        return torch.sigmoid((cost - lam * tv) / COST_SOFTNESS)
+
+    def weights(self, target_probs, draft_probs, lam: float, target_hidden, draft_hidden) -> torch.Tensor:
+        """w_t ∈ {0, 1} [n] of decoding, from p, q [n, V] and the hidden states [n, H]."""
+        rule_cost, tv, target_entropy = position_costs(target_probs, draft_probs)
+        cost = self.cost(target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam)
+        return (cost > lam * tv).float()
+
+
 def weight_rule(config, greedy: bool):
     """w_t for every mode from one callable
     (target_probs [n, V], draft_probs [n, V], draft_tokens [n], target_hidden [n, H], draft_hidden [n, Hd])
-    -> [n]: exact is w = 1, static a constant, cost the per-token rule at λ, dynamic the head."""
+    -> [n]: exact is w = 1, static a constant, cost the per-token rule at λ, dynamic the head (a CostHead
+    at the config's λ)."""
+    if config.mode == "dynamic" and isinstance(config.head, CostHead):
+        return lambda p, q, x, target_hidden, draft_hidden: config.head.weights(
+            p, q, config.lam, target_hidden, draft_hidden
+        )
     if config.mode == "dynamic":
         return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(
             target_hidden, draft_hidden

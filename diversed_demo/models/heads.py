@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..common.files import atomic_write, cache_dir
 from ..common.paths import HEADS_DIR
-from ..core.head import EnsembleHead
+from ..core.head import CostHead, EnsembleHead
 from .pair import text_config
 
 HEAD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
@@ -69,14 +69,22 @@ def sampled_twin(name: str) -> str:
     return name.removesuffix("-greedy")
 
 
-def new_head(pair, **kwargs) -> EnsembleHead:
+HEAD_KINDS = {"ensemble": EnsembleHead, "cost": CostHead}  # a file's config names its kind; none: ensemble
+
+
+def new_head(pair, kind: str = "ensemble", **kwargs) -> EnsembleHead | CostHead:
+    """A fresh head of `kind` for this pair (kwargs: its constructor's; a CostHead takes hidden_size only)."""
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}: choose from {', '.join(HEAD_KINDS)}")
+    if kind == "cost":
+        kwargs = {k: v for k, v in kwargs.items() if k == "hidden_size"}
     identity = pair_identity(pair)
-    head = EnsembleHead(identity["target_hidden"], identity["draft_hidden"], **kwargs)
+    head = HEAD_KINDS[kind](identity["target_hidden"], identity["draft_hidden"], **kwargs)
     head.meta["pair"] = identity
     return head.to(pair.target.device)
 
 
-def save_head(head: EnsembleHead, path) -> Path:
+def save_head(head: EnsembleHead | CostHead, path) -> Path:
     """Write weights and metadata atomically (a crash never leaves a half-written head)."""
     from safetensors.torch import save_file
 
@@ -142,13 +150,17 @@ def resolve_head_path(path_or_name) -> Path:
     raise HeadError(f"no head {path_or_name!r}: not a file, nor a name in {user_heads_dir()} or {HEADS_DIR}")
 
 
-def load_head(path_or_name, pair) -> EnsembleHead:
+def load_head(path_or_name, pair) -> EnsembleHead | CostHead:
     from safetensors.torch import load_file
 
     path = resolve_head_path(path_or_name)
     info = read_head_metadata(path)
     check_head_pair(info["meta"].get("pair", {}), pair_identity(pair), str(path))
-    head = EnsembleHead(**info["config"], meta=info["meta"])
+    config = dict(info["config"])
+    kind = config.pop("kind", "ensemble")
+    if kind not in HEAD_KINDS:
+        raise HeadError(f"{path}: a head of kind {kind!r}, which this version does not know")
+    head = HEAD_KINDS[kind](**config, meta=info["meta"])
     try:
         head.load_state_dict(load_file(str(path)))
     except RuntimeError as err:

@@ -41,6 +41,11 @@ class HeadTrainConfig:
     epochs: int | None = None
     warmup_steps: int = 2
     grad_clip: float = 1.0
+    # "ensemble": w_t from both hidden states (EnsembleHead); "cost": the rule's per-token cost corrected by
+    # the hidden states, thresholded by λ (CostHead: starts as the rule; sampled decoding only). A cost
+    # head trains at each λ of `lams` in turn, so that the dial moves it along its own curve.
+    kind: str = "ensemble"
+    lams: tuple[float, ...] = (0.5, 2.0, 8.0)
     hidden_size: int = 64  # 0: the paper's linear head
     w_min: float = 0.0
     w_init: float = 0.7
@@ -52,6 +57,8 @@ class HeadTrainConfig:
     resume: bool = True  # continue from run_dir's checkpoint if there is one
 
     def __post_init__(self):
+        if self.kind == "cost" and self.dense_fidelity is None:
+            self.dense_fidelity = 1.0  # the rule's objective, fidelity + λ·acceptance, which the reward bends
         for key, value in TASK_DEFAULTS.get(self.task, TASK_DEFAULTS["*"]).items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
@@ -106,6 +113,15 @@ def check_config(config: HeadTrainConfig) -> None:
         )
     if config.target_acceptance is not None and not (0 < config.target_acceptance < 1 and config.penalty > 0):
         raise ValueError("target_acceptance needs 0 < target < 1 and penalty > 0")
+    if config.kind not in ("ensemble", "cost"):
+        raise ValueError(f"kind must be 'ensemble' or 'cost', not {config.kind!r}")
+    if config.kind == "cost" and (config.temperature == 0 or config.target_acceptance is not None):
+        raise ValueError(
+            "a cost head serves sampled decoding (temperature > 0) and takes λ from the dial (lams), "
+            "not a target acceptance"
+        )
+    if config.kind == "cost" and not (config.lams and all(lam >= 0 for lam in config.lams)):
+        raise ValueError(f"lams must be one or more λ ≥ 0, not {config.lams!r}")
 
 
 def training_examples(config: HeadTrainConfig):

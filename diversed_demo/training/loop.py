@@ -91,7 +91,9 @@ def start_or_resume(pair, config: HeadTrainConfig, examples, checkpoint: Path, p
 
     accelerator = Accelerator(cpu=pair.target.device.type == "cpu")
     torch.manual_seed(config.seed)
-    head = new_head(pair, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init)
+    head = new_head(
+        pair, config.kind, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init
+    )
     head.meta.update(task=config.task, training=asdict(config))
     optimizer, scheduler = adamw_with_schedule(
         head.parameters(), config.lr, config.warmup_steps, config.steps, weight_decay=0.01
@@ -146,6 +148,8 @@ def starting_lam(config: HeadTrainConfig, history: list[dict], warm: dict | None
 def training_step(pair, run: HeadRun, config: HeadTrainConfig, examples, step: int, started: float) -> dict:
     """Rollouts of step `step`'s prompts by the current head, their rewards, and the head's updates on them;
     returns the step's record (with next_lam where λ adapts)."""
+    if config.kind == "cost":  # the dial's λ in turn: the head learns its whole curve
+        run.lam = config.lams[step % len(config.lams)]
     rollouts, rewards = rollouts_and_rewards(pair, run, config, examples, step)
     advantages = group_advantages(rewards, config.rollouts_per_prompt)
     loss, acceptance, mean_w = update_head(run, config, rollouts, advantages)
@@ -185,6 +189,7 @@ def rollouts_and_rewards(
         config.temperature,
         run.generator,
         config.n_draft,
+        run.lam,
     )
     rollouts = [every.select(slice(i * group, (i + 1) * group)) for i in range(len(batch))]
     rewards = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.head import CostHead
 from .config import GREEDY_SOFTNESS
 from .rollouts import Rollouts
 
@@ -19,6 +20,23 @@ def draft_share(w: torch.Tensor, positions: Rollouts, hard: bool = False) -> tor
     limit = torch.nan_to_num(limit, nan=0.0)  # a NaN in the unused branch would still poison the gradient
     greedy = (w < limit).float() if hard else torch.sigmoid((limit - w) / GREEDY_SOFTNESS)
     return torch.where(sampled, 1 - w, greedy)
+
+
+def head_weights(head, positions: Rollouts, lam: float, hard: bool = False) -> torch.Tensor:
+    """w_t [B, T] at recorded positions: an EnsembleHead's from the hidden states; a CostHead's smoothed
+    threshold at λ (training's), or with `hard` the threshold decoding applies."""
+    model = getattr(head, "module", head)  # as the accelerator may have wrapped it
+    if not isinstance(model, CostHead):
+        return head(positions.target_hidden, positions.draft_hidden)
+    args = (
+        positions.target_hidden,
+        positions.draft_hidden,
+        positions.cross_entropy - positions.target_entropy,
+        positions.tv,
+        positions.target_entropy,
+        lam,
+    )
+    return (model.cost(*args) > lam * positions.tv).float() if hard else head(*args)
 
 
 def lam_for_acceptance(positions: Rollouts, target: float) -> float:
@@ -51,7 +69,7 @@ def head_loss(
 ):
     """Policy-gradient term, acceptance term and, optionally, the dense fidelity term and the augmented
     Lagrangian's penalty on the gap to a target acceptance; returns (loss, acceptance, mean_w)."""
-    w = head(rollouts.target_hidden, rollouts.draft_hidden)
+    w = head_weights(head, rollouts, lam)
     mask = rollouts.mask
     log_nu = torch.log(w * rollouts.target_prob + (1 - w) * rollouts.draft_prob + 1e-12)
     tokens = mask.sum().clamp_min(1)

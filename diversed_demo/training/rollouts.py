@@ -48,6 +48,7 @@ def sample_rollouts(
     temperature: float,
     generator: torch.Generator,
     n_draft: int = 4,
+    lam: float = 1.0,
 ) -> Rollouts:
     """One decode of each prompt (ids; repeat a prompt for a group of rollouts) by the speculative decoder
     itself, with the head choosing w_t; all as one batch, so each target pass serves every rollout.
@@ -60,8 +61,8 @@ def sample_rollouts(
     seeds = [int(torch.randint(2**31 - 1, (), generator=generator)) for _ in prompts]
     blocks = [[] for _ in prompts]  # per rollout, what each of its verification steps recorded
     outputs = [[] for _ in prompts]
-    decoding = DecodeConfig(
-        "dynamic", head=head, n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature
+    decoding = DecodeConfig(  # λ: a CostHead's threshold
+        "dynamic", head=head, n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=temperature, lam=lam
     )
     for r, step in decode_rows(pair, prompts, [decoding.replace(seed=seed) for seed in seeds]):
         recorded = decided_positions(step, temperature)

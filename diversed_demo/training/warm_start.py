@@ -9,7 +9,7 @@ from ..core.head import ConstantHead
 from ..core.prompt import encode_prompt
 from .config import HeadTrainConfig
 from .diagnostics import frontier_gain, what_separates
-from .objective import draft_share, lam_for_acceptance
+from .objective import draft_share, head_weights, lam_for_acceptance
 from .rollouts import Rollouts, flat_positions, sample_rollouts
 
 WARM_START_BATCH = 8  # prompts decoded together: a few rows cost the target little more than one
@@ -33,7 +33,7 @@ def fit_to_positions(
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        target_share = 1 - draft_share(head(train.target_hidden, train.draft_hidden), train)[kept]
+        target_share = 1 - draft_share(head_weights(head, train, lam), train)[kept]
         loss = torch.nn.functional.binary_cross_entropy(target_share.clamp(1e-6, 1 - 1e-6), label, weight)
         loss.backward()
         optimizer.step()
@@ -76,10 +76,12 @@ def warm_start(
         if config.target_acceptance is not None
         else config.lam
     )
-    losses = fit_to_positions(head, fit, lam, config.warm_start_steps, config.warm_start_lr)
+    # A CostHead starts as the rule, the optimum this fit aims at: it is measured, not fitted.
+    steps = 0 if config.kind == "cost" else config.warm_start_steps
+    losses = fit_to_positions(head, fit, lam, steps, config.warm_start_lr)
     with torch.no_grad():
         w = {
-            split: head(r.target_hidden, r.draft_hidden)[0]
+            split: head_weights(head, r, lam, hard=True)[0]
             for split, r in (("fit", fit), ("held_back", held_back))
         }
         figures = {"fit": frontier_gain(w["fit"], fit), "held_back": frontier_gain(w["held_back"], held_back)}

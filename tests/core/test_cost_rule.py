@@ -10,6 +10,7 @@ import torch
 from stats import chi_square_pvalue
 
 from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights
+from diversed_demo.core.head import CostHead
 from diversed_demo.core.verify import ensemble_probs, total_variation, verify_block, verify_block_greedy
 
 
@@ -97,3 +98,19 @@ def test_greedy_keeps_the_drafts_own_token_within_lam_of_the_targets_best_and_ch
         n_accepted == 1 and int(next_token) == 0
     )  # the far token is checked, and the target's best replaces it
     assert greedy_cost_weights(p, q, drafted, lam=3.0).tolist() == [0.0, 0.0, 1.0]  # a copy: always checked
+
+
+def test_an_untrained_cost_head_is_the_rule_at_every_lam_and_a_trained_one_departs_from_it():
+    """A CostHead starts as the per-token rule (its correction is 0), so the dial moves it along the rule's
+    curve; once its correction is non-zero its w_t differ from the rule's at the same λ."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.softmax(2 * torch.randn(400, 30, generator=g), -1)
+    q = torch.softmax(2 * torch.randn(400, 30, generator=g), -1)
+    target_hidden, draft_hidden = torch.randn(400, 16, generator=g), torch.randn(400, 12, generator=g)
+    head = CostHead(16, 12, hidden_size=8)
+    for lam in (0.0, 0.5, 2.0, 8.0):
+        assert torch.equal(head.weights(p, q, lam, target_hidden, draft_hidden), cost_weights(p, q, lam))
+    with torch.no_grad():
+        head.mlp[-1].bias.fill_(-50.0)  # relaxing looks cheap everywhere: keeps every draft
+    assert head.weights(p, q, 2.0, target_hidden, draft_hidden).eq(0).all()
+    assert cost_weights(p, q, 2.0).eq(1).any()

@@ -14,7 +14,7 @@ from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.cost_rule import cost_weights
 from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
-from diversed_demo.core.head import ConstantHead
+from diversed_demo.core.head import ConstantHead, CostHead
 from diversed_demo.core.verify import ensemble_probs, total_variation
 from diversed_demo.models.eagle import Eagle3Draft, target_features
 from diversed_demo.models.loading import check_tokenizers, load_models
@@ -87,10 +87,23 @@ class TiltedHead:
         return torch.sigmoid(torch.cat([target_hidden, draft_hidden], -1) @ self.weight)
 
 
+def cost_head(pair, scale: float = 3.0) -> CostHead:
+    """A CostHead whose correction varies with the hidden states (a seeded random last layer)."""
+    torch.manual_seed(11)
+    hidden = pair.target.config.hidden_size  # the tiny drafts share it (as TiltedHead assumes)
+    head = CostHead(hidden, hidden, hidden_size=8)
+    with torch.no_grad():
+        head.mlp[-1].weight.normal_(0, scale)
+    return head.eval()
+
+
 def next_distributions(pair, context, w_or_head):
     """Exact p, q and nu for the token after `context`, and w there."""
     p, q, t, d = reference_step(pair, context)
-    if hasattr(w_or_head, "ensemble_weight"):  # a head
+    if isinstance(w_or_head, tuple):  # a CostHead and its λ
+        head, lam = w_or_head
+        w = head.weights(p[None], q[None], lam, t[None], d[None])[0]
+    elif hasattr(w_or_head, "ensemble_weight"):  # a head
         w = w_or_head.ensemble_weight(t[None], d[None])[0]
     elif callable(w_or_head):  # a rule from p and q
         w = w_or_head(p, q)
@@ -120,7 +133,7 @@ def first_two_law(pair, prompt, w_or_head, eos):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["exact", "static", "cost", "dynamic"])
+@pytest.mark.parametrize("mode", ["exact", "static", "cost", "dynamic", "cost-head"])
 def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair, mode):
     pair, prompt, samples = any_pair, PROMPTS[0], 3000
     if mode == "exact":
@@ -129,6 +142,9 @@ def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair
         w_or_head, kwargs = 0.4, {"ensemble_weight": 0.4}
     elif mode == "cost":  # a λ where both kinds of tiny draft meet positions of w_t = 0 and of w_t = 1
         w_or_head, kwargs = (lambda p, q: cost_weights(p[None], q[None], 5.0)[0]), {"lam": 5.0}
+    elif mode == "cost-head":  # a trained-looking correction: w_t departs from the rule's
+        head = cost_head(pair)
+        w_or_head, kwargs, mode = (head, 5.0), {"head": head, "lam": 5.0}, "dynamic"
     else:
         w_or_head = TiltedHead(pair.target.config.hidden_size)
         kwargs = {"head": w_or_head}

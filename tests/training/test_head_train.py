@@ -591,3 +591,34 @@ def test_tokens_are_told_apart_by_kind(text, kind):
     from diversed_demo.training.diagnostics import token_kind
 
     assert token_kind(text) == kind
+
+
+def test_a_cost_head_starts_as_the_rule_trains_along_its_lams_and_round_trips(pair, tmp_path):
+    """A cost head's warm start measures the rule it starts as (no fit: it holds the whole per-token
+    optimum on held-back positions); RL then visits each λ of `lams` in turn and moves the correction; the
+    saved file loads as a CostHead that serves the dial's λ in decoding."""
+    from diversed_demo.core.head import CostHead
+
+    records = []
+    result = run_training(
+        pair,
+        tmp_path,
+        lam=1.0,
+        steps=6,
+        callback=records.append,
+        kind="cost",
+        lams=(0.5, 4.0),
+        warm_start_prompts=4,
+        dense_fidelity=0.0,  # the reward alone: the correction has to move
+    )
+    warm = load_head(result.path, pair).meta["warm_start"]
+    held_back = warm["held_back"]
+    assert held_back["fidelity"] == pytest.approx(held_back["oracle_fidelity"], abs=1e-5)
+    assert [r["lam"] for r in records] == [0.5, 4.0] * 3
+    loaded = load_head(result.path, pair)
+    assert isinstance(loaded, CostHead) and loaded.mlp[-1].weight.abs().sum() > 0
+    summary, events = generate(pair, "the cat sat", mode="dynamic", head=loaded, lam=4.0, n_draft=3, seed=1)
+    drafted = [e for e in events if e.kind in ("accepted", "rejected")]
+    assert drafted and all(e.w in (0.0, 1.0) for e in drafted)
+    with pytest.raises(ValueError, match="sampled decoding"):
+        run_training(pair, tmp_path, lam=1.0, kind="cost", temperature=0.0)
