@@ -60,18 +60,20 @@ def run_frontier(args) -> int:
 
     from ..eval.frontier import FRONTIER_DECODING, evaluate_heads
     from ..eval.held_out import held_out_examples
-    from ..models.heads import resolve_head_path
+    from ..models.heads import read_head_metadata, resolve_head_path
 
     weights, lams = parse_weights(args.weights), parse_lams(args.lams)
     decoding = shared.decode_config(args, FRONTIER_DECODING)
-    for head in args.head:  # before the models load: the heads and the held-out set exist
-        resolve_head_path(head)
+    head_points = 0  # before the models load: the heads and the held-out set exist
+    for head in args.head:  # a cost head is a curve: a point per λ
+        cost = read_head_metadata(resolve_head_path(head))["config"].get("kind") == "cost"
+        head_points += max(1, len(lams)) if cost else 1
     examples = held_out_examples(args.task, args.limit, args.data, args.set_name)
     pair = shared.pair_from_args(args)
     bar = tqdm(
         desc=f"frontier {args.task}",
         unit="decode",
-        total=len(examples) * (len(weights) + len(lams) + len(args.head)),
+        total=len(examples) * (len(weights) + len(lams) + head_points),
     )
     report, points = evaluate_heads(
         pair,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..core.config import DecodeConfig, check_context
 from ..core.generate import decode_batch
+from ..core.head import COST_HEAD_LAM, CostHead
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
 from ..models.heads import load_head, pair_identity, resolve_head_path, trained_for_greedy
@@ -58,8 +59,8 @@ def decode_examples(
 
 def point_settings(how: dict) -> dict:
     """A point's decoding mode: a static w ({"w": w}), the per-token rule ({"lam": λ}) or a head."""
-    if "head" in how:
-        return {"mode": "dynamic", "head": how["head"]}
+    if "head" in how:  # a CostHead's point has its λ too
+        return {"mode": "dynamic", "head": how["head"], **({"lam": how["lam"]} if "lam" in how else {})}
     if "lam" in how:
         return {"mode": "cost", "lam": how["lam"]}
     return {"mode": "static", "ensemble_weight": how["w"]}
@@ -88,6 +89,14 @@ def sweep(
             progress(*update)
 
 
+def head_points(name: str, head, lams) -> list[tuple[str, dict]]:
+    """A head's points (label, how): one for an EnsembleHead; a CostHead's curve, one per λ of the rule's
+    (its default λ alone where the sweep has none)."""
+    if not isinstance(head, CostHead):
+        return [(f"dynamic:{name}", {"head": head})]
+    return [(f"dynamic:{name}@{lam:g}", {"head": head, "lam": lam}) for lam in (lams or [COST_HEAD_LAM])]
+
+
 def sweep_steps(
     pair,
     examples,
@@ -109,8 +118,9 @@ def sweep_steps(
     points = [(Point(f"static:{w:g}", w), {"w": w}, f"static:{w:g}|") for w in weights]
     points += [(Point(f"cost:{lam:g}", None), {"lam": lam}, f"cost:{lam:g}|") for lam in lams]
     points += [
-        (Point(f"dynamic:{name}", None), {"head": head}, f"dynamic:{name}|{weights_key(head)}")
+        (Point(label, None), how, f"{label}|{weights_key(head)}")
         for name, head in (heads or {}).items()
+        for label, how in head_points(name, head, lams)
     ]
     keys = [
         [
@@ -215,10 +225,16 @@ def evaluate_heads(
     if log is not None:
         report["log"] = {"path": str(log.path), "decodes_reused": log.reused}
     for name, head in heads.items():
-        point = next(p for p in points if p.label == f"dynamic:{name}")
-        report["heads"][name] = judged(static, point)
-        if write_card:
-            write_evaluation(paths[name], head, report, name, point, static, command)
+        curve = {
+            label: next(p for p in points if p.label == label) for label, _ in head_points(name, head, lams)
+        }
+        for label, point in curve.items():
+            report["heads"][label.removeprefix("dynamic:")] = judged(static, point)
+        if write_card:  # a CostHead's card holds its point at its default λ, else its curve's first
+            label = f"dynamic:{name}@{COST_HEAD_LAM:g}"
+            label = label if label in curve else next(iter(curve))
+            point_name = label.removeprefix("dynamic:")
+            write_evaluation(paths[name], head, report, point_name, curve[label], static, command)
     return report, points
 
 

@@ -40,21 +40,24 @@ class Frontier:
 def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
     """The dial's points from frontier rows (frontier.Point.row(), as in the cards or a live sweep).
 
-    One row per point: label, kind (static, rule: the per-token rule at a λ, or head), w (the mean w_t for
-    the rule and heads), acceptance (accepted/drafted), alpha (per-token acceptance inferred from it),
-    tokens_per_second, quality (the task reward).
+    One row per point: label, kind (static; rule: the per-token rule at a λ; curve: a cost head at a λ,
+    its point named "dynamic:<name>@<λ>"; head), w (the mean w_t for the rule and heads), acceptance
+    (accepted/drafted), alpha (per-token acceptance inferred from it), tokens_per_second, quality (the task
+    reward).
     """
     out = []
     for row in rows:
         static, name = row.get("w") is not None, str(row.get("point", "head"))
-        kind = "static" if static else "rule" if name.startswith("cost:") else "head"
+        kind = (
+            "static" if static else "rule" if name.startswith("cost:") else "curve" if "@" in name else "head"
+        )
         acceptance = row.get("acceptance")
         label = (
             f"w = {row['w']:.2f}"
             if kind == "static"
             else name.replace("cost:", "λ = ")
             if kind == "rule"
-            else name.removeprefix("dynamic:")
+            else name.removeprefix("dynamic:").replace("@", " λ = ")
         )
         out.append(
             {

@@ -251,7 +251,7 @@ def acceptance_figure(points, expected_tv: float) -> go.Figure:
     """Per-token acceptance α against w: the static points, the theory line 1 − w·E[TV], heads at their
     mean w_t. `points` is a frame of the dial's points (frontiers.points_frame)."""
     fig = figure("per-token acceptance vs w", DIAL_HEIGHT, "w", "per-token acceptance α")
-    static, heads = points[points["kind"] == "static"], points[points["kind"] == "head"]
+    static, heads = points[points["kind"] == "static"], points[points["kind"].isin(["head", "curve"])]
     if not math.isnan(expected_tv):
         fig.add_trace(
             go.Scatter(
@@ -285,6 +285,20 @@ def acceptance_figure(points, expected_tv: float) -> go.Figure:
         )
     fig.update_xaxes(range=[-0.05, 1.05])
     return fig
+
+
+def head_curve_trace(name: str, curve) -> go.Scatter:
+    """A cost head's points (one a λ, as the rule's) as a solid curve of stars."""
+    return go.Scatter(
+        x=curve["acceptance"],
+        y=curve["quality"],
+        text=curve["label"],
+        mode="markers+lines",
+        name=f"learned head {name} (one point a λ)",
+        marker=dict(color=HEAD_COLOR, size=13, symbol="star"),
+        line=dict(color=HEAD_COLOR),
+        hovertemplate="%{text}<br>acceptance %{x:.3f}<br>quality %{y:.4g}<extra></extra>",
+    )
 
 
 def rule_trace(rule) -> go.Scatter:
@@ -337,6 +351,9 @@ def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
     rule = points[points["kind"] == "rule"].sort_values("acceptance")
     if not rule.empty:
         fig.add_trace(rule_trace(rule))
+    curves = points[points["kind"] == "curve"]
+    for name, curve in curves.groupby(curves["label"].str.split(" λ = ").str[0], sort=False):
+        fig.add_trace(head_curve_trace(name, curve.sort_values("acceptance")))
     for _, head in points[points["kind"] == "head"].iterrows():
         fig.add_trace(
             go.Scatter(
@@ -380,7 +397,8 @@ def projection_figure(points, n_draft: int, cost_ratio: float) -> go.Figure:
             hovertemplate="%{text}<br>α %{x:.3f}<br>projected %{y:.2f}×<extra></extra>",
             name="settings at their α",
             marker=dict(
-                color=[HEAD_COLOR if k == "head" else STATIC_COLOR for k in measured["kind"]], size=9
+                color=[HEAD_COLOR if k in ("head", "curve") else STATIC_COLOR for k in measured["kind"]],
+                size=9,
             ),
         )
     )

@@ -118,7 +118,7 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
             LAM_MAX,
             value=start.settings.lam,
             step=0.25,
-            label="per-token rule λ",
+            label="per-token λ (the rule and cost heads)",
             info="keeps a draft where it costs the target's likelihood less than λ",
             elem_id="lam-slider",
         )

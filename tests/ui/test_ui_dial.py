@@ -224,7 +224,7 @@ def test_nan_quality_does_not_break_the_dial_figures():
     assert all(chart.data for chart in dial.dial_figures(points, 4, 0.1, ""))
 
 
-def test_the_rules_shipped_evaluation_is_drawn_as_a_curve_beside_the_frontier_and_the_head(tmp_path):
+def test_the_rules_shipped_evaluation_is_drawn_as_a_curve_beside_the_frontier_and_the_heads(tmp_path):
     from diversed_demo.ui.frontiers import rule_frontiers
     from diversed_demo.ui.render import quality_figure
 
@@ -234,6 +234,8 @@ def test_the_rules_shipped_evaluation_is_drawn_as_a_curve_beside_the_frontier_an
         {"point": "cost:2", "w": None, "acceptance": 0.4, "quality": -2.1, "mean_w": 0.6},
         {"point": "cost:8", "w": None, "acceptance": 0.8, "quality": -2.6, "mean_w": 0.2},
         {"point": "dynamic:general", "w": None, "acceptance": 0.3, "quality": -2.2, "mean_w": 0.7},
+        {"point": "dynamic:general-cost@8", "w": None, "acceptance": 0.85, "quality": -2.5, "mean_w": 0.1},
+        {"point": "dynamic:general-cost@2", "w": None, "acceptance": 0.45, "quality": -2.05, "mean_w": 0.5},
     ]
     verdict = {"kind": "beyond", "text": "beyond the static frontier"}
     report = {
@@ -246,8 +248,14 @@ def test_the_rules_shipped_evaluation_is_drawn_as_a_curve_beside_the_frontier_an
     path = tmp_path / "general-spec_bench-T1.json"
     path.write_text(json.dumps(report))
     frontier = rule_frontiers({"general": path})["general"]
-    assert list(frontier.points["kind"]) == ["static", "static", "rule", "rule", "head"]
+    assert list(frontier.points["kind"]) == ["static", "static", "rule", "rule", "head", "curve", "curve"]
     assert list(frontier.verdicts) == ["per-token rule λ = 2", "per-token rule λ = 8", "general"]
     drawn = {trace.name: trace for trace in quality_figure(frontier.points).data}
     assert list(drawn["per-token rule (one point a λ)"].x) == [0.4, 0.8]
+    # a cost head is the third curve, one point a λ, in order of acceptance
+    assert list(drawn["learned head general-cost (one point a λ)"].x) == [0.45, 0.85]
+    assert list(drawn["learned head general-cost (one point a λ)"].text) == [
+        "general-cost λ = 2",
+        "general-cost λ = 8",
+    ]
     assert rule_frontiers({"general": tmp_path / "absent.json"}) == {}
