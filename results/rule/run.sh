@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# The per-token rule against the static frontier and each task's shipped head, at T = 1 on held-out sets:
-# every decode is logged, so a rerun (or a run stopped midway) reads back what is done and goes on.
-# Usage: bash results/rule/run.sh  (about 45 minutes on 2 CPU cores; SCALE=0.5 halves every set)
+# The per-token rule against the static frontier and each task's heads on held-out sets, at T = 1 (the
+# shipped head and the cost head, a curve: results/rule/train_cost_heads.sh) or greedy (T=0: the greedy
+# head; the rule's greedy form keeps the draft's token within λ nats of the target's best). Every decode is
+# logged, so a rerun (or a run stopped midway) reads back what is done and goes on.
+# Usage: bash results/rule/run.sh; T=0 bash results/rule/run.sh  (each about an hour on 2 CPU cores from
+# no log; SCALE=0.5 halves every set)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SCALE=${SCALE:-1}
+SCALE=${SCALE:-1} T=${T:-1}
+if [[ $T == 0 ]]; then kind=greedy lams=0.5,1.5,4; else kind=T1 lams=0.5,2,8; fi
 for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:100 code:mbpp:40; do
   IFS=: read -r task set limit <<< "$spec"
   limit=$(python3 -c "print(max(2, round($limit * $SCALE)))")
-  .venv/bin/diversed-demo frontier --task "$task" --set "$set" --limit "$limit" --head "$task" \
-    --weights 0,0.25,0.5,0.75,1 --lams 0.5,2,8 --temperature 1 --max-new-tokens 64 --n-draft 4 \
-    --dtype bfloat16 --log "results/rule/logs/$task-$set-T1.jsonl" --json "results/rule/$task-$set-T1.json" \
-    --plot "results/rule/$task-$set-T1.html"
+  common=(--task "$task" --set "$set" --limit "$limit" --weights 0,0.25,0.5,0.75,1 --lams "$lams"
+    --temperature "$T" --max-new-tokens 64 --n-draft 4 --dtype bfloat16 --log "results/rule/logs/$task-$set-$kind.jsonl")
+  if [[ $T == 0 ]]; then heads=(--head "$task-greedy"); else heads=(--head "$task" --head "$task-cost"); fi
+  .venv/bin/diversed-demo frontier "${common[@]}" "${heads[@]}" \
+    --json "results/rule/$task-$set-$kind.json" --plot "results/rule/$task-$set-$kind.html"
+  if [[ $T != 0 ]]; then  # the cost head's card (heads/<task>-cost.json), from the decodes just logged
+    .venv/bin/diversed-demo frontier "${common[@]}" --head "$task-cost" --write-card >/dev/null
+  fi
 done

@@ -198,21 +198,26 @@ def test_the_recipe_reproduces_the_shipped_heads_settings():
     from diversed_demo.training.config import HeadTrainConfig
 
     command, twins, acceptance = recipe()
-    assert command[:2] == ["diversed-demo", "train"] and twins[:2] == ["diversed-demo", "train"]
-    assert sorted(acceptance) == sorted(p.stem for p in HEADS.glob("*.json"))
+    text = sections((ROOT / "docs" / "training.md").read_text())[
+        "Cost heads: a learned verifier that is a curve"
+    ]
+    costs = shlex.split(code_blocks(text, "bash")[0].replace("\\\n", " "))
+    cost_heads = {f"{task}-cost": "" for task in ("general", "summarization", "math", "code")}
+    assert command[:2] == twins[:2] == costs[:2] == ["diversed-demo", "train"]
+    assert sorted(acceptance | cost_heads) == sorted(p.stem for p in HEADS.glob("*.json"))
     fields = HeadTrainConfig.__dataclass_fields__
-    for head, target in acceptance.items():
-        task = head.removesuffix("-greedy")
+    for head, target in (acceptance | cost_heads).items():
+        task = head.removesuffix("-greedy").removesuffix("-cost")
+        recipe_of = twins if head.endswith("-greedy") else costs if head.endswith("-cost") else command
         argv = [
-            a.replace("<task>", task).replace("<A>", target).replace("<name>", head)
-            for a in (twins if head.endswith("-greedy") else command)[2:]
+            a.replace("<task>", task).replace("<A>", target).replace("<name>", head) for a in recipe_of[2:]
         ]
         args = build_parser().parse_args(["train", *argv])
         made = HeadTrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
         shipped = json.loads((HEADS / f"{head}.json").read_text())["training"]
         for key, value in shipped.items():
             if key not in ("name", "out", "run_dir", "prompts_path", "resume"):
-                assert getattr(made, key) == value, (head, key)
+                assert json.loads(json.dumps(getattr(made, key))) == value, (head, key)  # tuples as lists
 
 
 # --- commands, links, names ------------------------------------------------------------------------

@@ -28,7 +28,10 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
   target's likelihood of the text plus λ times the acceptance. Greedy, it keeps the draft's own token
   where its log-probability under the target is within λ of the target's best.
 * **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
-  trained with sequence-level RL to keep quality where it matters and relax where it does not.
+  trained with sequence-level RL to keep quality where it matters and relax where it does not. A **cost
+  head** (`<task>-cost`) learns instead a correction to the rule's cost of relaxing, from the hidden
+  states, and is thresholded by the same λ: it starts as the rule, moves only where the task's score
+  disagrees with the target's likelihood, and the λ slider moves it along its own curve.
 
 ## Why a per-token w is judged on quality
 At one position, a verifier with weight w keeps the draft with probability 1 − w·TV(p, q), and the token
