@@ -20,7 +20,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bench.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     bench.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: the shared one)")
     bench.add_argument(
-        "--modes", default="ar,exact,static:0.5", help="ar, exact and static:<w>, comma-separated"
+        "--modes", default="ar,exact,static:0.5", help="ar, exact, static:<w> and cost:<λ>, comma-separated"
     )
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--n-draft", type=int, default=4, help="tokens the EAGLE-3 draft proposes per step")
@@ -30,6 +30,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--dtype", default="float32", help="float32 (default: vLLM's greedy SD is lossless in it)"
     )
     bench.add_argument("--compile", action="store_true", help="let vLLM torch.compile (slow start on a CPU)")
+    bench.add_argument(
+        "--drafting",
+        choices=("probabilistic", "greedy"),
+        default="probabilistic",
+        help="probabilistic (default): drafts sampled from q, which reaches the verifier as this project's "
+        "decoder has it; greedy: vLLM's default, q a point mass on the draft's argmax",
+    )
     bench.add_argument("--target", default=None, help="a local model folder (default: the embedded target)")
     bench.add_argument("--draft", default=None, help="an EAGLE-3 draft folder (default: assets/draft)")
     bench.add_argument("--json", default=None, help="write the report here")
@@ -55,7 +62,7 @@ def bench_command(args) -> int:
     draft = args.draft or default_draft()
     report = run(
         target, draft, examples, modes, args.n_draft, args.max_new_tokens, args.temperature, args.seed,
-        dtype=args.dtype, compile=args.compile,
+        dtype=args.dtype, compile=args.compile, drafting=args.drafting,
     )  # fmt: skip
     table = markdown_table(report)
     print(table)

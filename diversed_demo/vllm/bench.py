@@ -1,10 +1,11 @@
 """The project's Spec-Bench measurement, run by vLLM offline (the `LLM` API) in place of this project's
 decoder.
 
-Two engines stay up side by side: the target alone (mode ar) and the target with its EAGLE-3 draft (exact
-and every static w: w is per request, so one engine serves them all). For each first-turn question the
-modes run back to back in a rotating order, one prompt at a time, as `diversed-demo bench` does; the
-report has the same `overall` figures per mode (tokens_per_second, acceptance_rate, tau, speedup).
+Two engines stay up side by side: the target alone (mode ar) and the target with its EAGLE-3 draft (exact,
+every static w and the per-token rule at every λ: each is per request, so one engine serves them all).
+For each first-turn question the modes run back to back in a rotating order, one prompt at a time, as
+`diversed-demo bench` does; the report has the same `overall` figures per mode (tokens_per_second,
+acceptance_rate, tau, speedup).
 """
 
 from __future__ import annotations
@@ -21,25 +22,32 @@ from ..core.prompt import encode_prompt
 from ..core.stats import Counts
 from ..eval.bench_report import identical_to_target_only
 from .engine import engine_kwargs, spec_counters
-from .rule import WEIGHT_KEY
+from .rule import LAMBDA_KEY, WEIGHT_KEY
 
 
 def check_modes(modes: dict) -> None:
-    """vLLM runs ar, exact and static:<w> (eval.bench.parse_modes's spec); a dynamic head needs a vLLM hook
-    that does not exist yet (docs/vllm.md)."""
+    """vLLM runs ar, exact, static:<w> and cost:<λ> (eval.bench.parse_modes's spec); a dynamic head needs a
+    vLLM hook that does not exist yet (docs/vllm.md)."""
     for name, config in modes.items():
         if config.mode == "dynamic":
             raise ValueError(
-                f"mode {name!r}: vLLM cannot run a dynamic head yet (see docs/vllm.md); use static:<w>"
+                f"mode {name!r}: vLLM cannot run a dynamic head yet (see docs/vllm.md); use static:<w> or "
+                "cost:<λ>"
             )
 
 
 def sampling_params(config, max_new_tokens: int, temperature: float, seed: int):
-    """vLLM's SamplingParams for one mode (a DecodeConfig): static modes carry their w per request, as a
-    client would."""
+    """vLLM's SamplingParams for one mode (a DecodeConfig): static modes carry their w per request, the
+    per-token rule its λ, as a client would."""
     from vllm import SamplingParams
 
-    extra = {WEIGHT_KEY: config.ensemble_weight} if config.mode == "static" else None
+    extra = (
+        {WEIGHT_KEY: config.ensemble_weight}
+        if config.mode == "static"
+        else {LAMBDA_KEY: config.lam}
+        if config.mode == "cost"
+        else None
+    )
     return SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed, extra_args=extra)
 
 
@@ -159,9 +167,11 @@ def run(
         "seed": seed,
         "target": str(target),
         "draft": str(draft),
+        "drafting": engine.get("drafting", "greedy"),
         **machine_settings(dtype),
     }
-    engines = {"ar": LLM(**engine_kwargs(target, None, seed=seed, **engine))}
+    alone = {k: v for k, v in engine.items() if k != "drafting"}  # no draft, no drafting
+    engines = {"ar": LLM(**engine_kwargs(target, None, seed=seed, **alone))}
     engines["sd"] = LLM(**engine_kwargs(target, draft, n_draft, seed=seed, **engine))
     tokenizer = engines["sd"].get_tokenizer()
     figures = run_vllm_bench(engines, tokenizer, examples, modes, max_new_tokens, temperature, seed)
@@ -174,7 +184,8 @@ def markdown_table(report: dict) -> str:
     s = report["settings"]
     lines = [
         f"vLLM ({s['engine']}) on {s['examples']} Spec-Bench first turns, {s['max_new_tokens']} new tokens, "
-        f"T = {s['temperature']}, N = {s['n_draft']}, {s['dtype']}, {s['device']} "
+        f"T = {s['temperature']}, N = {s['n_draft']}, {s.get('drafting', 'greedy')} drafting, {s['dtype']}, "
+        f"{s['device']} "
         f"({s['cpu']}, {s['threads']} threads; load average {s['load_average_at_start'][0]:.2f} at start, "
         f"{s['load_average_at_end'][0]:.2f} at end)",
         "",

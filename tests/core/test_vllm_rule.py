@@ -6,12 +6,14 @@ import math
 import pytest
 import torch
 
+from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights
 from diversed_demo.core.verify import verify_block_greedy
 from diversed_demo.vllm.rule import (
     ensemble_argmax,
     ensemble_uniforms,
     parse_ensemble_weight,
-    request_weight,
+    request_verifier,
+    rule_weights,
     token_weights,
 )
 
@@ -39,12 +41,41 @@ def test_a_bad_weight_is_refused_with_what_was_wrong(value, message):
         parse_ensemble_weight(value)
 
 
-def test_a_request_without_a_weight_gets_the_server_default():
-    assert request_weight(None, 1.0) == 1.0
-    assert request_weight({"other": 3}, 0.7) == 0.7
-    assert request_weight({"diversed_w": 0.2}, 0.7) == 0.2
+def test_a_request_without_a_verifier_gets_the_servers_and_its_own_replaces_it():
+    nan = math.nan
+    w, lam = request_verifier(None, 1.0, nan)
+    assert w == 1.0 and math.isnan(lam)  # exact, no rule
+    assert request_verifier({"other": 3}, 0.7, nan)[0] == 0.7
+    assert request_verifier({"diversed_w": 0.2}, 0.7, nan)[0] == 0.2
+    assert request_verifier({"diversed_lambda": 2}, 0.7, nan) == (1.0, 2.0)  # the rule, not the server's w
+    assert request_verifier(None, 1.0, 4.0) == (1.0, 4.0)  # a server that serves the rule
+    w, lam = request_verifier({"diversed_w": 0.5}, 1.0, 4.0)  # a request's own w replaces the server's rule
+    assert w == 0.5 and math.isnan(lam)
     with pytest.raises(ValueError):
-        request_weight({"diversed_w": 2}, 0.7)
+        request_verifier({"diversed_w": 2}, 0.7, nan)
+    with pytest.raises(ValueError, match="diversed_lambda must be a finite number ≥ 0, not -1"):
+        request_verifier({"diversed_lambda": -1}, 1.0, nan)
+    with pytest.raises(ValueError, match="diversed_lambda must be a number ≥ 0, not 'x'"):
+        request_verifier({"diversed_lambda": "x"}, 1.0, nan)
+    with pytest.raises(ValueError, match="not both"):
+        request_verifier({"diversed_w": 0.5, "diversed_lambda": 1}, 1.0, nan)
+
+
+@pytest.mark.parametrize("drafting", ["point mass", "probabilistic"])
+def test_the_plugins_rule_is_the_projects_rule_fed_the_same_q(drafting):
+    """rule_weights (what the plugin computes inside vLLM's rejection step) equals core/cost_rule.py on the
+    same p and q: q the draft's distribution, or for vLLM's greedy drafting the point mass on x."""
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(2 * torch.randn(300, 20, generator=g), -1)
+    q_full = torch.softmax(2 * torch.randn(300, 20, generator=g), -1)
+    x = q_full.argmax(-1) if drafting == "point mass" else torch.multinomial(q_full, 1, generator=g)[:, 0]
+    q = torch.nn.functional.one_hot(x, 20).float() if drafting == "point mass" else q_full
+    lams = torch.tensor([0.0, 0.5, 2.0, 8.0]).repeat(75)
+    greedy = torch.arange(300) % 3 == 0
+    got = rule_weights(p, x, None if drafting == "point mass" else q_full, lams, greedy)
+    sampled, greedy_w = cost_weights(p, q, lams), greedy_cost_weights(p, q, x, lams)
+    assert torch.equal(got, torch.where(greedy, greedy_w, sampled))
+    assert got.eq(0).any() and got.eq(1).any()
 
 
 def test_request_weights_spread_over_their_drafted_tokens():

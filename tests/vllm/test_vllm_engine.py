@@ -22,14 +22,16 @@ def prompts(embedded_engine):
     return [encode_prompt(embedded_engine.get_tokenizer(), q) for q in QUESTIONS]
 
 
-def generate(llm, prompts, temperature=0.0, w=None, seed=0):
-    """(token ids per prompt, acceptance over the batch) for one request per prompt."""
+def generate(llm, prompts, temperature=0.0, w=None, seed=0, lam=None):
+    """(token ids per prompt, acceptance over the batch) for one request per prompt, at a static w or under
+    the per-token rule at λ."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from diversed_demo.vllm.engine import spec_counters
 
-    extra = None if w is None else {"diversed_w": w}
+    extra = {**({} if w is None else {"diversed_w": w}), **({} if lam is None else {"diversed_lambda": lam})}
+    extra = extra or None
     params = SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, extra_args=extra)
     before = spec_counters(llm)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -74,6 +76,26 @@ def test_sampled_requests_accept_more_as_w_falls(embedded_engine, prompts):
     assert generate(embedded_engine, prompts, 1.0, 0.5, seed=3) == generate(
         embedded_engine, prompts, 1.0, 0.5, 3
     )
+
+
+def test_the_rule_accepts_more_as_lambda_rises_greedy_and_sampled(embedded_engine, prompts):
+    for temperature in (0.0, 1.0):
+        exact = generate(embedded_engine, prompts, temperature, w=1.0, seed=3)[1]
+        rule = {
+            lam: generate(embedded_engine, prompts, temperature, seed=3, lam=lam)[1] for lam in (0.5, 8.0)
+        }
+        assert exact <= rule[0.5] < rule[8.0], (temperature, exact, rule)
+
+
+def test_a_bad_lambda_or_both_verifiers_are_refused_and_the_engine_keeps_serving(embedded_engine, prompts):
+    from vllm.exceptions import VLLMValidationError
+
+    for bad in (-1, math.inf, "2"):
+        with pytest.raises(VLLMValidationError, match="diversed_lambda must be"):
+            generate(embedded_engine, prompts[:1], lam=bad)
+    with pytest.raises(VLLMValidationError, match="not both"):
+        generate(embedded_engine, prompts[:1], w=0.5, lam=2.0)
+    assert len(generate(embedded_engine, prompts[:1], lam=2.0)[0][0]) > 0
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1, math.nan, "abc", "0.5", True, [0.5]])

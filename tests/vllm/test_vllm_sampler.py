@@ -9,6 +9,7 @@ import torch
 from scipy.stats import chi2_contingency, chisquare
 from vllm_helpers import sampling_metadata
 
+from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights
 from diversed_demo.core.verify import ensemble_probs, verify_block, verify_block_greedy
 
 VOCAB, N = 6, 2
@@ -26,15 +27,17 @@ def block(seed: int):
     return target_logits, draft_probs
 
 
-def vllm_outcomes(target_logits, drafts, draft_probs, w, temperature=1.0, generators=None):
+def vllm_outcomes(target_logits, drafts, draft_probs, w, temperature=1.0, generators=None, lam=None):
     """B requests through the plugin's rejection_sample, one per row of drafts [B, N]: (accepted, next token)
-    per request. draft_probs [N, V] or None (vLLM's greedy drafting: a point mass)."""
+    per request. draft_probs [N, V] or None (vLLM's greedy drafting: a point mass); `lam`: every request
+    under the per-token rule at that λ instead of a static w."""
     from diversed_demo.vllm import sampler
 
     batch = drafts.shape[0]
     flat_drafts = drafts.reshape(-1).to(torch.int32).contiguous()
     weights = None if w is None else torch.as_tensor(w, dtype=torch.float32).expand(batch).contiguous()
-    token = sampler.STEP_WEIGHTS.set(weights)
+    lams = None if lam is None else torch.full((batch,), float(lam))
+    token, lam_token = sampler.STEP_WEIGHTS.set(weights), sampler.STEP_LAMBDAS.set(lams)
     try:
         output = sampler.ensemble_rejection_sample(
             flat_drafts,
@@ -48,12 +51,14 @@ def vllm_outcomes(target_logits, drafts, draft_probs, w, temperature=1.0, genera
         )
     finally:
         sampler.STEP_WEIGHTS.reset(token)
+        sampler.STEP_LAMBDAS.reset(lam_token)
     accepted = (output != -1).sum(1) - 1
     return [(int(a), int(output[i, a])) for i, a in enumerate(accepted)]
 
 
 def reference_outcomes(target_logits, drafts, draft_probs, w, seed):
-    """The same blocks through core/verify.py's verify_block (q one-hot for a point-mass draft)."""
+    """The same blocks through core/verify.py's verify_block (q one-hot for a point-mass draft); w a number,
+    or a function of (p, q) [N, V] giving w_t [N] (the per-token rule)."""
     generator = torch.Generator().manual_seed(seed)
     outcomes = []
     for row in drafts:
@@ -61,7 +66,8 @@ def reference_outcomes(target_logits, drafts, draft_probs, w, seed):
         # the bonus as vLLM gives it: argmax p (its own sampler draws it; only the rule is compared here)
         target_probs = torch.cat([target_logits[:N].softmax(-1), torch.nn.functional.one_hot(
             target_logits[N].argmax(), VOCAB).float()[None]])  # fmt: skip
-        n_accepted, next_token, _ = verify_block(row, q, target_probs, w, generator)
+        w_t = w(target_probs[:N], q) if callable(w) else w
+        n_accepted, next_token, _ = verify_block(row, q, target_probs, w_t, generator)
         outcomes.append((n_accepted, int(next_token)))
     return outcomes
 
@@ -90,6 +96,41 @@ def test_acceptance_law_matches_the_projects_verify(kernels, drafting, w):
         assert ours == reference
     else:
         assert chi2_contingency(table).pvalue > P_VALUE
+
+
+@pytest.mark.parametrize("drafting", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("lam", [0.5, 3.0])
+def test_the_rules_law_matches_the_projects_verify_fed_its_w_t(kernels, drafting, lam):
+    """`diversed_lambda`: vLLM with the plugin computes each drafted token's w_t from the p and q it holds
+    (a point mass under greedy drafting) and gives the law of (tokens kept, next token) that
+    core/verify.py gives with the project's own rule's w_t."""
+    torch.manual_seed(13)
+    target_logits, draft_probs = block(seed=6)
+    batch = 3000
+    if drafting == "greedy":
+        drafts, draft_probs = draft_probs.argmax(-1).repeat(batch, 1), None
+    else:
+        drafts = torch.multinomial(draft_probs, batch, replacement=True).T.contiguous()
+    ours = vllm_outcomes(target_logits, drafts, draft_probs, None, lam=lam)
+    reference = reference_outcomes(
+        target_logits, drafts, draft_probs, lambda p, q: cost_weights(p, q, lam), 5
+    )
+    table = contingency(ours, reference)
+    assert table.shape[1] > 1 and chi2_contingency(table).pvalue > P_VALUE
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 3.0])
+def test_greedy_requests_under_the_rule_keep_drafts_within_lam_of_the_targets_best(kernels, lam):
+    generator = torch.Generator().manual_seed(8)
+    for _ in range(40):
+        target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 2
+        drafts = torch.randint(VOCAB, (1, N), generator=generator)
+        (ours,) = vllm_outcomes(target_logits, drafts, None, None, temperature=0.0, lam=lam)
+        point_mass = torch.nn.functional.one_hot(drafts[0], VOCAB).float()
+        p = target_logits.softmax(-1)
+        w_t = greedy_cost_weights(p[:N], point_mass, drafts[0], lam)
+        n_ref, next_ref, _ = verify_block_greedy(drafts[0], point_mass, p, w_t)
+        assert ours == (n_ref, int(next_ref))
 
 
 @pytest.mark.parametrize("w", [0.2, 0.6])
@@ -131,9 +172,9 @@ def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
     weights = torch.tensor([1.0, 0.5] * (batch // 2))
     temperatures = [1.0, 1.0, 0.0, 0.0] * (batch // 4)
 
-    def run(step_weights):
+    def run(step_weights, step_lams=None):
         generators = {i: torch.Generator().manual_seed(100 + i) for i in range(batch)}
-        token = sampler.STEP_WEIGHTS.set(step_weights)
+        token, lam_token = sampler.STEP_WEIGHTS.set(step_weights), sampler.STEP_LAMBDAS.set(step_lams)
         try:
             return sampler.ensemble_rejection_sample(
                 drafts,
@@ -147,8 +188,19 @@ def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
             )
         finally:
             sampler.STEP_WEIGHTS.reset(token)
+            sampler.STEP_LAMBDAS.reset(lam_token)
 
     upstream, mixed = run(None), run(weights)
+    # rows of no verifier, a static w and the rule (λ = 2) side by side: the plain rows are still vLLM's own
+    nan, kind = float("nan"), [i % 3 if i < batch - batch % 3 else 0 for i in range(batch)]  # 0 plain
+    three = run(
+        torch.tensor([0.5 if k == 1 else 1.0 for k in kind]),
+        torch.tensor([2.0 if k == 2 else nan for k in kind]),
+    )
+    plain = torch.tensor([k == 0 for k in kind])
+    assert torch.equal(three[plain], upstream[plain])
+    assert not torch.equal(three[~plain], upstream[~plain])
+    assert torch.equal(run(None, torch.full((batch,), nan)), upstream)  # NaN everywhere: no rule at all
     exact_rows = weights == 1
     assert torch.equal(mixed[exact_rows], upstream[exact_rows])
     assert not torch.equal(mixed[~exact_rows], upstream[~exact_rows])  # the relaxed rows did change
@@ -156,7 +208,7 @@ def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
 
 def runner(default=None, **request_args):
     """A stand-in for vLLM's model runner: its config, its requests and their order in the batch."""
-    config = {} if default is None else {"diversed_w": default}
+    config = default if isinstance(default, dict) else {} if default is None else {"diversed_w": default}
     return SimpleNamespace(
         vllm_config=SimpleNamespace(additional_config=config),
         requests={
@@ -165,6 +217,16 @@ def runner(default=None, **request_args):
         input_batch=SimpleNamespace(req_ids=list(request_args)),
         device=torch.device("cpu"),
     )
+
+
+def test_each_request_gets_its_own_lambda_or_the_servers(kernels):
+    from diversed_demo.vllm.sampler import batch_verifiers
+
+    weights, lams = batch_verifiers(runner(a=None, b={"diversed_lambda": 2}), 2)
+    assert weights is None and lams[0].isnan() and lams[1] == 2.0
+    assert batch_verifiers(runner(a=None, b={"diversed_w": 0.5}), 2)[1] is None  # no rule in this step
+    with pytest.raises(ValueError, match="additional_config's diversed_lambda must be a finite number"):
+        batch_verifiers(runner({"diversed_lambda": -1}, a=None), 1)
 
 
 def test_each_request_gets_its_own_weight_or_the_server_default(kernels):

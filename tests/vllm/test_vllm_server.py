@@ -82,6 +82,24 @@ def test_a_chat_request_with_w_in_extra_body_returns_text(server_url):
     assert reply.choices[0].message.content.strip()
 
 
+def test_a_chat_request_under_the_rule_returns_text_and_a_bad_lambda_gets_a_400(server_url):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="none")
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=32,
+        temperature=1.0,
+        extra_body={"diversed_lambda": 2.0},
+    )
+    assert reply.choices[0].message.content.strip()
+    with pytest.raises(openai.BadRequestError, match="diversed_lambda must be"):
+        client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=8, extra_body={"diversed_lambda": -1}
+        )
+
+
 def test_a_bad_w_gets_a_400_that_names_it(server_url):
     import openai
 
