@@ -20,7 +20,7 @@ from ..models.heads import load_head, pair_identity, resolve_head_path, trained_
 from .cards import evaluation_key, write_head_card
 from .decode_log import DecodeLog, weights_key
 from .held_out import HELD_OUT, held_out_examples, held_out_set
-from .margins import frontier_margin, versus_exact
+from .margins import frontier_margin, versus_exact, versus_point
 from .point import Point
 from .rewards import fidelity, task_reward
 
@@ -230,6 +230,11 @@ def evaluate_heads(
         }
         for label, point in curve.items():
             report["heads"][label.removeprefix("dynamic:")] = judged(static, point)
+            rule = next(
+                (p for p in points if "@" in label and p.label == "cost:" + label.split("@")[1]), None
+            )
+            if rule is not None:  # a cost head against the rule it started as, at the same λ
+                report["heads"][label.removeprefix("dynamic:")]["versus_rule"] = versus_point(rule, point)
         if write_card:  # a CostHead's card holds its point at its default λ, else its curve's first
             label = f"dynamic:{name}@{COST_HEAD_LAM:g}"
             label = label if label in curve else next(iter(curve))

@@ -31,6 +31,23 @@ def versus_exact(static_points: list[Point], head_point: Point) -> dict | None:
     }
 
 
+def versus_point(other: Point, point: Point) -> dict:
+    """`point` against `other` (say a cost head against the rule at its λ) on the same examples and seeds:
+    paired mean differences of quality and of fidelity, with their standard errors, and both acceptances."""
+    quality, quality_se = mean_and_se([a - b for a, b in zip(point.quality, other.quality)])
+    figures = {
+        "against": other.label,
+        "quality_difference": quality,
+        "quality_stderr": quality_se,
+        "examples": len(other.quality),
+        "acceptance": {"against": other.acceptance, "point": point.acceptance},
+    }
+    if len(point.fidelity) == len(other.fidelity) == len(point.quality):
+        fidelity, fidelity_se = mean_and_se([a - b for a, b in zip(point.fidelity, other.fidelity)])
+        figures |= {"fidelity_difference": fidelity, "fidelity_stderr": fidelity_se}
+    return figures
+
+
 def _best_where_at_least(curve, x0):
     """The largest y on the piecewise-linear curve [(x, y), …] over the places where x ≥ x0; None where x0
     lies outside the curve's range of x (no claim either way)."""

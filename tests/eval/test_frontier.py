@@ -332,3 +332,37 @@ def test_an_interval_without_an_estimate_is_no_claim():
     said = verdict(margin, [0.1, 0.5], 100)
     assert said["kind"] == "beyond" and "acceptance margin +0.030" in said["text"]
     assert "quality margin" not in said["text"]
+
+
+def test_a_cost_head_is_a_curve_judged_against_the_static_frontier_and_the_rule_at_each_lam(pair, tmp_path):
+    """A cost head is swept at each λ of the rule: a point per λ, each judged against the static frontier and,
+    paired example by example, against the rule at the same λ; an untrained one is the rule there, decode
+    for decode. Its card holds its point at the default λ."""
+    import json
+
+    from diversed_demo.core.head import COST_HEAD_LAM
+    from diversed_demo.eval.frontier import evaluate_heads
+    from diversed_demo.models.heads import save_head
+
+    head = new_head(pair, "cost", hidden_size=8)
+    head.meta.update(task="general", training={"temperature": 1.0})
+    path = save_head(head, tmp_path / "c.safetensors")
+    lams = [0.5, COST_HEAD_LAM]
+    report, points = evaluate_heads(
+        pair,
+        "general",
+        [str(path)],
+        [0.0, 1.0],
+        limit=3,
+        decoding=DecodeConfig(max_new_tokens=6, temperature=1.0),
+        write_card=True,
+        set_name="spec_bench",
+        lams=lams,
+    )
+    by_label = {p.label: p for p in points}
+    for lam in lams:
+        versus = report["heads"][f"c@{lam:g}"]["versus_rule"]
+        assert versus["against"] == f"cost:{lam:g}" and versus["fidelity_difference"] == 0.0
+        assert by_label[f"dynamic:c@{lam:g}"].quality == by_label[f"cost:{lam:g}"].quality
+    card = json.loads(path.with_suffix(".json").read_text())
+    assert card["frontier"]["head_point"]["point"] == f"dynamic:c@{COST_HEAD_LAM:g}"
