@@ -14,15 +14,16 @@ from ..runtime.theory import alpha_from_acceptance
 from .cards import FRONTIER_COMMAND, card_task, frontier_at, head_cards, is_greedy, trained_greedy
 from .shipped_files import dig, read_json, shown_path
 
-RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task
-RULE_REPORTS = {
-    task: RESULTS_DIR / "rule" / f"{task}-{held_out}-T1.json"
-    for task, held_out in (
-        ("general", "spec_bench"),
-        ("summarization", "spec_bench"),
-        ("math", "arithmetic"),
-        ("code", "mbpp"),
-    )
+RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task (T=0: greedy)
+RULE_SETS = (
+    ("general", "spec_bench"),
+    ("summarization", "spec_bench"),
+    ("math", "arithmetic"),
+    ("code", "mbpp"),
+)
+RULE_REPORTS = {task: RESULTS_DIR / "rule" / f"{task}-{held_out}-T1.json" for task, held_out in RULE_SETS}
+RULE_REPORTS_GREEDY = {
+    task: RESULTS_DIR / "rule" / f"{task}-{held_out}-greedy.json" for task, held_out in RULE_SETS
 }
 
 
@@ -105,9 +106,10 @@ def frontier_note(frontier: dict, card_path: Path, n_draft: int) -> str:
     )
 
 
-def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS) -> dict[str, Frontier]:
-    """Per task, the shipped evaluation of the per-token rule at T = 1 (results/rule/): its static points,
-    the rule at each λ and the task's head, all on the same held-out prompts, with their verdicts."""
+def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS, command: str = f"bash {RULE_COMMAND}") -> dict:
+    """Per task, the shipped evaluation of the per-token rule (results/rule/; at T = 1 by default,
+    RULE_REPORTS_GREEDY for greedy): its static points, the rule at each λ and the task's heads (a cost
+    head as a curve), all on the same held-out prompts, with their verdicts: {task: Frontier}."""
     by_task = {}
     for task, path in reports.items():
         report, _ = read_json(path)
@@ -118,7 +120,7 @@ def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS) -> dict[str, Frontie
             label.replace("cost:", "per-token rule λ = "): m for label, m in report.get("rules", {}).items()
         }
         verdicts = {name: m["verdict"] for name, m in {**rules, **report.get("heads", {})}.items()}
-        note = frontier_note({**report, "command": f"bash {RULE_COMMAND}"}, path, n_draft)
+        note = frontier_note({**report, "command": command}, path, n_draft)
         by_task[task] = Frontier(task, points_frame(report["points"], n_draft), n_draft, note, verdicts)
     return by_task
 

@@ -113,3 +113,76 @@ def bench_markdown(name: str) -> str:
         except (KeyError, TypeError, ValueError) as err:
             why = f"{path.name} is not a bench report ({type(err).__name__}: {err})"
     return f"*Not measured yet ({why}): `{command}` writes it.*"
+
+
+VERIFIER_COLUMNS = [
+    "task",
+    "decoding",
+    "setting",
+    "acceptance",
+    "quality",
+    "fidelity",
+    "vs static w: quality",
+    "vs static w: fidelity",
+    "vs the rule at its λ: fidelity",
+    "prompts",
+]
+
+
+def margin_ci_text(judged: dict | None) -> str:
+    """'beyond: +0.396 [+0.220, +0.574]' from a verdict block (its margin and 95% interval), or ''."""
+    margin = dig(judged, "quality_margin")
+    if not isinstance(margin, dict) or margin.get("estimate") is None:
+        return "no claim" if judged else ""
+    low, high = margin.get("ci95") or (None, None)
+    interval = f"[{fmt(low, '+.3f')}, {fmt(high, '+.3f')}]"
+    return f"{dig(judged, 'verdict', 'kind')}: {fmt(margin['estimate'], '+.3f')} {interval}"
+
+
+def versus_rule_text(versus: dict | None) -> str:
+    """'+0.012 ± 0.030' (the head's fidelity minus the rule's, paired), or ''."""
+    if not isinstance(versus, dict) or versus.get("fidelity_difference") is None:
+        return ""
+    return f"{fmt(versus['fidelity_difference'], '+.3f')} ± {fmt(versus.get('fidelity_stderr'), '.3f')}"
+
+
+def verifier_rows(report: dict, decoding: str) -> list[dict]:
+    """One rule report's rows: each static w, the rule at each λ and each head (a cost head at each λ)."""
+    judged = {f"cost:{k.removeprefix('cost:')}": v for k, v in report.get("rules", {}).items()}
+    judged |= {f"dynamic:{name}": v for name, v in report.get("heads", {}).items()}
+    rows = []
+    for row in report.get("points", []):
+        name, verdict = str(row.get("point")), judged.get(str(row.get("point")))
+        setting = (
+            f"static w = {row['w']:g}"
+            if row.get("w") is not None
+            else name.replace("cost:", "per-token rule λ = ")
+            if name.startswith("cost:")
+            else "head " + name.removeprefix("dynamic:").replace("@", " λ = ")
+        )
+        rows.append(
+            {
+                "task": report.get("task"),
+                "decoding": decoding,
+                "setting": setting,
+                "acceptance": fmt(row.get("acceptance")),
+                "quality": fmt(row.get("quality"), ".4g"),
+                "fidelity": fmt(row.get("fidelity"), ".3f"),
+                "vs static w: quality": margin_ci_text(verdict),
+                "vs static w: fidelity": margin_ci_text(dig(verdict, "fidelity")),
+                "vs the rule at its λ: fidelity": versus_rule_text(dig(verdict, "versus_rule")),
+                "prompts": row.get("examples"),
+            }
+        )
+    return rows
+
+
+def verifier_table(reports: dict[str, dict[str, Path]]) -> pd.DataFrame:
+    """The per-token verifiers against static w, from the rule's reports ({decoding: {task: path}}): every
+    point of each, judged in the task's score and in fidelity, with the 95% intervals."""
+    rows = []
+    for decoding, paths in reports.items():
+        for path in paths.values():
+            report, _ = read_json(path)
+            rows += verifier_rows(report, decoding) if report else []
+    return pd.DataFrame(rows, columns=VERIFIER_COLUMNS)

@@ -96,3 +96,62 @@ def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatc
     )
     path.write_text(json.dumps(report))
     assert markdown_table(report) in result_tables.bench_markdown(name)
+
+
+def test_the_verifier_table_judges_every_point_of_the_rules_reports_and_the_cost_head_against_the_rule(
+    tmp_path,
+):
+    import json
+
+    from diversed_demo.ui.result_tables import verifier_table
+
+    margin = {"estimate": 0.4, "stderr": 0.1, "ci95": [0.2, 0.6]}
+    judged = {"quality_margin": margin, "verdict": {"kind": "beyond"}}
+    report = {
+        "task": "general",
+        "points": [
+            {
+                "point": "static:1",
+                "w": 1.0,
+                "acceptance": 0.2,
+                "quality": -2.0,
+                "fidelity": -2.0,
+                "examples": 9,
+            },
+            {
+                "point": "cost:2",
+                "w": None,
+                "acceptance": 0.3,
+                "quality": -2.1,
+                "fidelity": -2.1,
+                "examples": 9,
+            },
+            {
+                "point": "dynamic:g@2",
+                "w": None,
+                "acceptance": 0.3,
+                "quality": -2.0,
+                "fidelity": -2.0,
+                "examples": 9,
+            },
+        ],
+        "rules": {"cost:2": {**judged, "fidelity": judged}},
+        "heads": {
+            "g@2": {
+                **judged,
+                "fidelity": judged,
+                "versus_rule": {"fidelity_difference": 0.1, "fidelity_stderr": 0.05},
+            }
+        },
+    }
+    path = tmp_path / "general-spec_bench-T1.json"
+    path.write_text(json.dumps(report))
+    table = verifier_table({"T = 1": {"general": path}, "greedy": {"general": tmp_path / "absent.json"}})
+    assert list(table["setting"]) == ["static w = 1", "per-token rule λ = 2", "head g λ = 2"]
+    rule, head = table.iloc[1], table.iloc[2]
+    assert (
+        rule["vs static w: fidelity"] == "beyond: +0.400 [+0.200, +0.600]"
+        and rule["vs the rule at its λ: fidelity"] == ""
+    )
+    assert head["vs the rule at its λ: fidelity"] == "+0.100 ± 0.050"
+    assert table.iloc[0]["vs static w: quality"] == ""  # a static point is the frontier itself

@@ -17,7 +17,15 @@ from ...models.heads import load_head
 from ...runtime.model_thread import MODEL_THREAD
 from ..cards import FRONTIER_COMMAND, is_greedy
 from ..cost_presets import CostPreset, cost_presets
-from ..frontiers import expected_tv, points_frame, rule_frontiers, shipped_frontiers, verdict_markdown
+from ..frontiers import (
+    RULE_COMMAND,
+    RULE_REPORTS_GREEDY,
+    expected_tv,
+    points_frame,
+    rule_frontiers,
+    shipped_frontiers,
+    verdict_markdown,
+)
 from ..handlers import DECODE_SLOTS, bind, user_errors
 from ..opening import Defaults
 from ..render import (
@@ -261,8 +269,9 @@ def build_dial_tab(
     """The dial at the opening settings (`start`): the first task with a shipped frontier card,
     drawn at once, and the first cost preset."""
     frontiers = {greedy: shipped_frontiers(heads, 0.0 if greedy else 1.0) for greedy in (False, True)}
-    if pair.target_name == EMBEDDED:  # the rule's shipped evaluations are of the embedded pair, at T = 1
+    if pair.target_name == EMBEDDED:  # the rule's shipped evaluations are of the embedded pair
         frontiers[False] |= rule_frontiers()
+        frontiers[True] |= rule_frontiers(RULE_REPORTS_GREEDY, f"T=0 bash {RULE_COMMAND}")
     presets = cost_presets()
     start_task = next((t for t in TASKS if t in frontiers[False]), "general")
     *figures, start_note, start_verdict, start_points = shipped_dial(

@@ -10,9 +10,9 @@ import gradio as gr
 
 from ...eval.tasks import TASKS
 from ..cards import FRONTIER_COMMAND
-from ..frontiers import shipped_frontiers
+from ..frontiers import RULE_COMMAND, RULE_REPORTS, RULE_REPORTS_GREEDY, rule_frontiers, shipped_frontiers
 from ..render import quality_figure
-from ..result_tables import BENCH_REPORTS, bench_markdown, frontier_table
+from ..result_tables import BENCH_REPORTS, bench_markdown, frontier_table, verifier_table
 from ..results_summary import BENCH_COMMAND, headline_data, headline_figure, headline_table
 
 INTRO = (
@@ -25,6 +25,17 @@ INTRO = (
     "the right final number (match) for math, tests passed (pass@1) for code, and fidelity (the "
     "target's mean log-probability of the text, nats per token) for general chat; speed-ups are tokens "
     "per second over the target alone, greedy, from `results/bench.json`."
+)
+
+
+VERIFIER_INTRO = (
+    "### The per-token verifiers against static w\n"
+    "On the same held-out prompts and seeds: static w as the frontier, the **per-token rule** (no training: "
+    "relax where the draft's token costs the target little, one point per λ) and the heads, a **cost head** "
+    "as a curve of its own (the rule's cost plus a learned correction, one point per λ). Every verifier lies "
+    "on one line in acceptance against distance from the target, so they are judged on what can differ: the "
+    "task's score and **fidelity** (the target's log-probability of the text). Intervals are 95% bootstrap "
+    "intervals over prompts; a cost head is also compared, prompt by prompt, with the rule at its λ."
 )
 
 
@@ -59,11 +70,40 @@ def build_frontier_figures(heads: dict[str, Path]) -> None:
                             gr.Plot(quality_figure(frontier.points, title), show_label=False, min_width=320)
 
 
+def build_verifier_section() -> None:
+    """The per-token rule and the heads (a cost head as a curve) against static w on the same prompts, at
+    T = 1 and greedy: each task's three curves, and every point's verdicts in the task's score and in
+    fidelity, with the cost heads against the rule they started as."""
+    gr.Markdown(VERIFIER_INTRO)
+    with gr.Tabs():
+        for decoding, reports, command in (
+            ("sampled (T = 1)", RULE_REPORTS, f"bash {RULE_COMMAND}"),
+            ("greedy", RULE_REPORTS_GREEDY, f"T=0 bash {RULE_COMMAND}"),
+        ):
+            with gr.Tab(decoding):
+                drawn = rule_frontiers(reports, command)
+                if not drawn:
+                    gr.Markdown(f"*Not measured yet: `{command}` writes these.*")
+                tasks = [task for task in TASKS if task in drawn]
+                for first in range(0, len(tasks), 2):
+                    with gr.Row():
+                        for task in tasks[first : first + 2]:
+                            title = f"{task} · {decoding}"
+                            gr.Plot(
+                                quality_figure(drawn[task].points, title), show_label=False, min_width=320
+                            )
+    table = verifier_table({"T = 1": RULE_REPORTS, "greedy": RULE_REPORTS_GREEDY})
+    if not table.empty:
+        with gr.Accordion("The per-token verifiers, point by point (table)", open=False):
+            gr.Dataframe(table, interactive=False, elem_id="results-verifiers", wrap=True)
+
+
 def build_results_tab(heads: dict[str, Path]) -> None:
     with gr.Tab("Results", id="results"):
         gr.Markdown(INTRO)
         build_headline(heads)
         build_frontier_figures(heads)
+        build_verifier_section()
         with gr.Accordion("Every frontier point (table)", open=False):
             rows = frontier_table(heads)
             if rows.empty:
