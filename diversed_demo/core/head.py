@@ -72,7 +72,7 @@ class EnsembleHead(nn.Module):
 # The width, in nats of cost, of the smoothed threshold σ((ĉ − λ·TV)/COST_SOFTNESS) that training
 # differentiates through; decoding uses the hard threshold.
 COST_SOFTNESS = 0.25
-COST_HEAD_LAM = 2.0  # a cost head's default setting: the middle of the λ it trains at (0.5, 2, 8)
+COST_HEAD_LAM = 4.0  # a cost head's default setting: between the λ it trains at (0.5, 2, 8), where it relaxes
 LAM_OFFSET = 0.1  # log(λ + this) feeds the correction: finite at λ = 0, near log λ for the dial's values
 
 
