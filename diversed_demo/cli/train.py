@@ -24,7 +24,7 @@ def add_train_arguments(parser) -> None:
     parser.add_argument(
         "--lams",
         type=lams_list,
-        default=defaults.lams,
+        default=",".join(f"{lam:g}" for lam in defaults.lams),  # a string: argparse parses it as given
         help="a cost head's λ, in turn per step (comma-separated; default 0.5,2,8)",
     )
     add_head_config_arguments(parser, defaults)

@@ -65,6 +65,12 @@ def trained_greedy(card: dict) -> bool:
     return trained_for_greedy(card.get("training"))
 
 
+def is_cost_head(card: dict) -> bool:
+    """Whether a card is a cost head's (a curve on the dial, drawn from the rule's reports, not a star)."""
+    training = card.get("training")
+    return isinstance(training, dict) and training.get("kind") == "cost"
+
+
 def card_task(card: dict) -> str:
     return card.get("task") or "general"
 

@@ -11,7 +11,15 @@ import pandas as pd
 
 from ..common.paths import RESULTS_DIR
 from ..runtime.theory import alpha_from_acceptance
-from .cards import FRONTIER_COMMAND, card_task, frontier_at, head_cards, is_greedy, trained_greedy
+from .cards import (
+    FRONTIER_COMMAND,
+    card_task,
+    frontier_at,
+    head_cards,
+    is_cost_head,
+    is_greedy,
+    trained_greedy,
+)
 from .shipped_files import dig, read_json, shown_path
 
 RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task (T=0: greedy)
@@ -133,7 +141,12 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> 
     a task none of whose cards has one falls back to the primary evaluations. Heads of one task were
     each evaluated with their own static sweep; the first card's sweep is drawn (the same settings and
     held-out set for the shipped ones)."""
-    cards = cards_for_temperature(head_cards(head_paths), temperature)
+    # a cost head is a curve, drawn from the rule's reports (rule_frontiers), each point against its sweep
+    cards = {
+        n: c
+        for n, c in cards_for_temperature(head_cards(head_paths), temperature).items()
+        if not is_cost_head(c)
+    }
     chosen = {name: frontier_at(card, temperature) for name, card in cards.items()}
     tasks_drawn = {card_task(cards[name]) for name, frontier in chosen.items() if frontier}
     by_task: dict[str, Frontier] = {}

@@ -109,10 +109,11 @@ def test_the_frontier_table_lists_both_twins_points_each_at_its_temperature(twin
 
 def test_each_temperature_kind_draws_the_heads_trained_for_it():
     heads = shipped_heads()
-    twins = {
-        card["task"]: name for name, card in cards.head_cards(heads).items() if cards.trained_greedy(card)
-    }
+    carded = cards.head_cards(heads)
+    twins = {card["task"]: name for name, card in carded.items() if cards.trained_greedy(card)}
     assert twins  # greedy twins ship
+
+    assert any(cards.is_cost_head(card) for card in carded.values())  # drawn as curves, not stars
     for temperature, expected in ((0.0, lambda task: [twins[task]]), (1.0, lambda task: [task])):
         drawn = frontiers.shipped_frontiers(heads, temperature)
         for task in twins:
