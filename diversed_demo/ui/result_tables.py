@@ -186,3 +186,11 @@ def verifier_table(reports: dict[str, dict[str, Path]]) -> pd.DataFrame:
             report, _ = read_json(path)
             rows += verifier_rows(report, decoding) if report else []
     return pd.DataFrame(rows, columns=VERIFIER_COLUMNS)
+
+
+def verifier_markdown(reports: dict[str, dict[str, Path]]) -> str:
+    """verifier_table as the Markdown table docs/results.md quotes (results/rule/table.py prints it)."""
+    table = verifier_table(reports)
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(str(value) for value in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)

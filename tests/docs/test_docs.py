@@ -467,6 +467,14 @@ def shipped_markdown_table(path: Path) -> str:
     return "\n".join(lines[start:end])
 
 
+def verifier_table() -> str:
+    """docs/results.md: every point of the rule's evaluations, as results/rule/table.py prints them."""
+    from diversed_demo.ui.frontiers import RULE_REPORTS, RULE_REPORTS_GREEDY
+    from diversed_demo.ui.result_tables import verifier_markdown
+
+    return verifier_markdown({"T = 1": RULE_REPORTS, "greedy": RULE_REPORTS_GREEDY})
+
+
 TABLES = {
     "README.md": [glance_table, bench_table],
     "results.md": [
@@ -474,6 +482,7 @@ TABLES = {
         bench_table,
         lambda: shipped_markdown_table(RESULTS / "table.md"),
         lambda: shipped_markdown_table(RESULTS / "batch.md"),
+        verifier_table,
     ],
     "training.md": [warm_start_table],
 }
