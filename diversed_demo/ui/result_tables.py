@@ -124,6 +124,7 @@ VERIFIER_COLUMNS = [
     "fidelity",
     "vs static w: quality",
     "vs static w: fidelity",
+    "vs the rule at its λ: quality",
     "vs the rule at its λ: fidelity",
     "prompts",
 ]
@@ -139,11 +140,11 @@ def margin_ci_text(judged: dict | None) -> str:
     return f"{dig(judged, 'verdict', 'kind')}: {fmt(margin['estimate'], '+.3f')} {interval}"
 
 
-def versus_rule_text(versus: dict | None) -> str:
-    """'+0.012 ± 0.030' (the head's fidelity minus the rule's, paired), or ''."""
-    if not isinstance(versus, dict) or versus.get("fidelity_difference") is None:
+def versus_rule_text(versus: dict | None, measure: str = "fidelity") -> str:
+    """'+0.012 ± 0.030' (the head's quality or fidelity minus the rule's, paired), or ''."""
+    if not isinstance(versus, dict) or versus.get(f"{measure}_difference") is None:
         return ""
-    return f"{fmt(versus['fidelity_difference'], '+.3f')} ± {fmt(versus.get('fidelity_stderr'), '.3f')}"
+    return f"{fmt(versus[f'{measure}_difference'], '+.3f')} ± {fmt(versus.get(f'{measure}_stderr'), '.3f')}"
 
 
 def verifier_rows(report: dict, decoding: str) -> list[dict]:
@@ -170,6 +171,7 @@ def verifier_rows(report: dict, decoding: str) -> list[dict]:
                 "fidelity": fmt(row.get("fidelity"), ".3f"),
                 "vs static w: quality": margin_ci_text(verdict),
                 "vs static w: fidelity": margin_ci_text(dig(verdict, "fidelity")),
+                "vs the rule at its λ: quality": versus_rule_text(dig(verdict, "versus_rule"), "quality"),
                 "vs the rule at its λ: fidelity": versus_rule_text(dig(verdict, "versus_rule")),
                 "prompts": row.get("examples"),
             }

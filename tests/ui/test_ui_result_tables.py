@@ -140,7 +140,12 @@ def test_the_verifier_table_judges_every_point_of_the_rules_reports_and_the_cost
             "g@2": {
                 **judged,
                 "fidelity": judged,
-                "versus_rule": {"fidelity_difference": 0.1, "fidelity_stderr": 0.05},
+                "versus_rule": {
+                    "fidelity_difference": 0.1,
+                    "fidelity_stderr": 0.05,
+                    "quality_difference": -0.02,
+                    "quality_stderr": 0.01,
+                },
             }
         },
     }
@@ -154,4 +159,5 @@ def test_the_verifier_table_judges_every_point_of_the_rules_reports_and_the_cost
         and rule["vs the rule at its λ: fidelity"] == ""
     )
     assert head["vs the rule at its λ: fidelity"] == "+0.100 ± 0.050"
+    assert head["vs the rule at its λ: quality"] == "-0.020 ± 0.010"
     assert table.iloc[0]["vs static w: quality"] == ""  # a static point is the frontier itself
