@@ -52,7 +52,7 @@ def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
     One row per point: label, kind (static; rule: the per-token rule at a λ; curve: a cost head at a λ,
     its point named "dynamic:<name>@<λ>"; head), w (the mean w_t for the rule and heads), acceptance
     (accepted/drafted), alpha (per-token acceptance inferred from it), tokens_per_second, quality (the task
-    reward).
+    reward), fidelity (the target's mean log-probability of the text, where the rows carry it).
     """
     out = []
     for row in rows:
@@ -77,10 +77,11 @@ def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
                 "alpha": alpha_from_acceptance(acceptance, n_draft) if acceptance is not None else math.nan,
                 "tokens_per_second": row.get("tokens_per_second"),
                 "quality": row.get("quality"),
+                "fidelity": row.get("fidelity"),
             }
         )
     return pd.DataFrame(
-        out, columns=["label", "kind", "w", "acceptance", "alpha", "tokens_per_second", "quality"]
+        out, columns=["label", "kind", "w", "acceptance", "alpha", "tokens_per_second", "quality", "fidelity"]
     )
 
 

@@ -315,12 +315,13 @@ def rule_trace(rule) -> go.Scatter:
     )
 
 
-def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
-    """Quality against the acceptance rate: the static frontier as a curve (each w on hover, its two ends
-    named), and each head as a large star of its own in the legend."""
-    fig = figure(
-        title, DIAL_MAIN_HEIGHT, "acceptance (share of drafted tokens kept)", "quality (task reward)"
-    )
+def quality_figure(
+    points, title: str = "quality vs acceptance", y_title: str = "quality (task reward)"
+) -> go.Figure:
+    """Quality (or, with its `y_title`, another measure in the frame's quality column) against the acceptance
+    rate: the static frontier as a curve (each w on hover, its two ends named), the rule and each cost head
+    as curves, and each head as a large star of its own in the legend."""
+    fig = figure(title, DIAL_MAIN_HEIGHT, "acceptance (share of drafted tokens kept)", y_title)
     static = points[points["kind"] == "static"].sort_values("acceptance")
     fig.add_trace(
         go.Scatter(
@@ -366,6 +367,13 @@ def quality_figure(points, title: str = "quality vs acceptance") -> go.Figure:
                 "quality %{y:.4g}<extra></extra>",
             )
         )
+    return name_hovered_measure(fig, y_title.split(" (")[0])
+
+
+def name_hovered_measure(fig: go.Figure, measure: str) -> go.Figure:
+    """The hover text names the measure drawn (fidelity, say) where it is not the task's quality."""
+    for trace in fig.data:
+        trace.hovertemplate = trace.hovertemplate.replace("quality %{y", f"{measure} %{{y")
     return fig
 
 

@@ -75,8 +75,8 @@ def build_frontier_figures(heads: dict[str, Path]) -> None:
 
 def build_verifier_section() -> None:
     """The per-token rule and the heads (a cost head as a curve) against static w on the same prompts, at
-    T = 1 and greedy: each task's three curves, and every point's verdicts in the task's score and in
-    fidelity, with the cost heads against the rule they started as."""
+    T = 1 and greedy: each task's three curves in fidelity, and every point's verdicts in the task's score
+    and in fidelity, with the cost heads against the rule they started as."""
     gr.Markdown(VERIFIER_INTRO)
     with gr.Tabs():
         for decoding, reports, command in (
@@ -91,10 +91,11 @@ def build_verifier_section() -> None:
                 for first in range(0, len(tasks), 2):
                     with gr.Row():
                         for task in tasks[first : first + 2]:
-                            title = f"{task} · {decoding}"
-                            gr.Plot(
-                                quality_figure(drawn[task].points, title), show_label=False, min_width=320
-                            )
+                            # fidelity: where the claims are; the table below has the task's scores
+                            points = drawn[task].points.assign(quality=drawn[task].points["fidelity"])
+                            title, y_title = f"{task} · {decoding} · fidelity", "fidelity (nats per token)"
+                            figure = quality_figure(points, title, y_title)
+                            gr.Plot(figure, show_label=False, min_width=320)
     table = verifier_table({"T = 1": RULE_REPORTS, "greedy": RULE_REPORTS_GREEDY})
     if not table.empty:
         with gr.Accordion("The per-token verifiers, point by point (table)", open=False):
