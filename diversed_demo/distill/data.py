@@ -207,6 +207,9 @@ def merge_shards(out: Path, base: Path, folders: list[Path]) -> dict:
     out, base = Path(out), Path(base)
     if shard_paths(out):
         raise ValueError(f"{out} already holds shards: merge into a new folder")
+    for folder in (base, *map(Path, folders)):
+        if not shard_paths(folder):
+            raise ValueError(f"{folder} holds no shards (shard_*.jsonl.gz): nothing to merge from it")
     out.mkdir(parents=True, exist_ok=True)
     copied = {path.name for path in shard_paths(base)}
     base_runs = (base / RUNS_FILE).read_text(encoding="utf-8") if (base / RUNS_FILE).exists() else ""

@@ -336,6 +336,8 @@ def test_shard_folders_generated_apart_merge_once_each(tmp_path):
     assert [run["command"] for run in data.read_runs(tmp_path / "out")] == ["seed", "one", "two"]
     with pytest.raises(ValueError, match="already holds shards"):
         data.merge_shards(tmp_path / "out", base, [one])
+    with pytest.raises(ValueError, match="absent holds no shards"):
+        data.merge_shards(tmp_path / "elsewhere", base, [one, tmp_path / "absent"])
     shard(two, 2, ["b/0"])
     with pytest.raises(ValueError, match="repeats records.*b/0"):
         data.merge_shards(tmp_path / "again", base, [one, two])
