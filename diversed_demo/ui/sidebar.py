@@ -9,7 +9,8 @@ from pathlib import Path
 import gradio as gr
 
 from ..core.config import MAX_N_DRAFT, MAX_SEED, DecodeConfig
-from ..models.heads import list_heads
+from ..core.head import COST_HEAD_LAM
+from ..models.heads import HeadError, list_heads, read_head_metadata, resolve_head_path
 from .cards import head_cards, head_for_temperature
 from .handlers import bind
 from .opening import Defaults
@@ -65,6 +66,15 @@ def refresh_heads(pair, current):
     """The head dropdown with the heads on disk now, keeping `current` where it is still there."""
     names = head_choices(pair)
     return gr.update(choices=names, value=current if current in names else (names[0] if names else None))
+
+
+def cost_head_lam(head_name):
+    """The λ slider at a cost head's default where one is picked (it decodes along λ); else left alone."""
+    try:
+        kind = read_head_metadata(resolve_head_path(head_name))["config"].get("kind")
+    except (HeadError, TypeError, ValueError, OSError):
+        return gr.skip()
+    return COST_HEAD_LAM if kind == "cost" else gr.skip()
 
 
 def switch_head(cards: dict[str, dict], head_name, temperature):
@@ -138,5 +148,6 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     temperature.change(
         bind(switch_head, head_cards(heads)), [head, temperature], head, api_visibility="private"
     )
+    head.input(cost_head_lam, head, lam, api_visibility="private")  # the visitor's pick, not a switch
     app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
     return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed)

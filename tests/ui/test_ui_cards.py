@@ -134,3 +134,14 @@ def test_broken_cards_are_skipped_not_fatal(tmp_path):
     assert frontiers.shipped_frontiers(heads) == {} and result_tables.frontier_table(heads).empty
     assert opening.arrival_defaults(ui_examples(), heads).settings.mode == "static"
     assert results_summary.headline_data(heads) == []
+
+
+def test_picking_a_cost_head_moves_the_lam_slider_to_its_default_and_nothing_else_does():
+    import gradio as gr
+
+    from diversed_demo.core.head import COST_HEAD_LAM
+    from diversed_demo.ui.sidebar import cost_head_lam
+
+    assert cost_head_lam("general-cost") == COST_HEAD_LAM
+    for other in ("general", "general-greedy", None, "../../etc/passwd", "no-such-head"):
+        assert cost_head_lam(other) == gr.skip(), other
