@@ -224,17 +224,14 @@ def evaluate_heads(
     }
     if log is not None:
         report["log"] = {"path": str(log.path), "decodes_reused": log.reused}
+    by_label = {p.label: p for p in points}
     for name, head in heads.items():
-        curve = {
-            label: next(p for p in points if p.label == label) for label, _ in head_points(name, head, lams)
-        }
-        for label, point in curve.items():
-            report["heads"][label.removeprefix("dynamic:")] = judged(static, point)
-            rule = next(
-                (p for p in points if "@" in label and p.label == "cost:" + label.split("@")[1]), None
-            )
+        curve = {label: by_label[label] for label, _ in head_points(name, head, lams)}
+        for label, how in head_points(name, head, lams):
+            verdict = report["heads"][label.removeprefix("dynamic:")] = judged(static, by_label[label])
+            rule = by_label.get(f"cost:{how['lam']:g}") if "lam" in how else None  # none without --lams
             if rule is not None:  # a cost head against the rule it started as, at the same λ
-                report["heads"][label.removeprefix("dynamic:")]["versus_rule"] = versus_point(rule, point)
+                verdict["versus_rule"] = versus_point(rule, by_label[label])
         if write_card:  # a CostHead's card holds its point at its default λ, else its curve's first
             label = f"dynamic:{name}@{COST_HEAD_LAM:g}"
             label = label if label in curve else next(iter(curve))

@@ -170,8 +170,7 @@ def run(
         "drafting": engine.get("drafting", "greedy"),
         **machine_settings(dtype),
     }
-    alone = {k: v for k, v in engine.items() if k != "drafting"}  # no draft, no drafting
-    engines = {"ar": LLM(**engine_kwargs(target, None, seed=seed, **alone))}
+    engines = {"ar": LLM(**engine_kwargs(target, None, seed=seed, **engine))}  # drafting: unused alone
     engines["sd"] = LLM(**engine_kwargs(target, draft, n_draft, seed=seed, **engine))
     tokenizer = engines["sd"].get_tokenizer()
     figures = run_vllm_bench(engines, tokenizer, examples, modes, max_new_tokens, temperature, seed)

@@ -100,17 +100,17 @@ def ensemble_uniforms(uniform_probs: torch.Tensor, weights: torch.Tensor) -> tor
 
 def ensemble_argmax(
     target_argmax: torch.Tensor,
-    target_logits: torch.Tensor,
+    target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     weights: torch.Tensor,
 ) -> torch.Tensor:
-    """argmax nu per drafted position, for greedy requests, where q is the point mass on the drafted x.
+    """argmax nu per drafted position, for greedy requests, where q is the point mass on the drafted x and
+    target_probs [num_tokens, V] is p at temperature 1 (as in greedy SD: the step's softmax of the logits).
 
     nu(x) = w·p(x) + 1 − w and nu(y) = w·p(y), so x is argmax nu iff w·(max p − p(x)) ≤ 1 − w; otherwise
     argmax nu is argmax p. vLLM's greedy kernel keeps a draft that equals the token given here and emits
     that token at the first mismatch, so this is the whole greedy rule. Rows with w = 1 are left untouched.
     """
-    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # p at temperature 1, as in greedy SD
     drafted = draft_token_ids >= 0  # vLLM pads missing drafts with −1, which must be rejected
     x = draft_token_ids.clamp_min(0).long()
     p_x = target_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)

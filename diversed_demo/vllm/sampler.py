@@ -111,7 +111,7 @@ def ensemble_rejection_sample(
             bonus_token_ids, sampling_metadata, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel,
         )  # fmt: skip
     device, meta = target_logits.device, sampling_metadata
-    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # once, for every path below
     weights = token_verdict_weights(
         weights, lams, num_draft_tokens, target_probs, draft_token_ids, draft_probs, meta
     )
@@ -128,7 +128,7 @@ def ensemble_rejection_sample(
             draft_token_ids.shape[0], num_draft_tokens, meta.generators, device
         )
     if not meta.all_random:
-        target_argmax = ensemble_argmax(target_logits.argmax(dim=-1), target_logits, draft_token_ids, weights)
+        target_argmax = ensemble_argmax(target_logits.argmax(dim=-1), target_probs, draft_token_ids, weights)
         upstream._rejection_greedy_sample(
             output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, greedy,
             max_spec_len, None, None,

@@ -103,7 +103,9 @@ def test_weight_one_leaves_the_uniforms_bit_for_bit():
 def greedy_by_kernel(target_logits, drafts, w):
     """What vLLM's greedy kernel emits given ensemble_argmax: (n_accepted, next token)."""
     n = drafts.shape[0]
-    choice = ensemble_argmax(target_logits[:n].argmax(-1), target_logits[:n], drafts, torch.full((n,), w))
+    choice = ensemble_argmax(
+        target_logits[:n].argmax(-1), target_logits[:n].softmax(-1), drafts, torch.full((n,), w)
+    )
     matches = choice.eq(drafts)
     n_accepted = int(matches.int().cumprod(0).sum())
     bonus = int(target_logits[n].argmax())
@@ -129,5 +131,7 @@ def test_greedy_rule_is_the_projects_with_a_point_mass_draft(w):
 
 def test_greedy_rule_rejects_padded_drafts():
     target_logits = torch.randn(2, 5)
-    choice = ensemble_argmax(target_logits.argmax(-1), target_logits, torch.tensor([-1, -1]), torch.zeros(2))
+    choice = ensemble_argmax(
+        target_logits.argmax(-1), target_logits.softmax(-1), torch.tensor([-1, -1]), torch.zeros(2)
+    )
     assert torch.equal(choice, target_logits.argmax(-1))
