@@ -237,6 +237,7 @@ def run_distill_measure(args) -> int:
 
 
 def run_distill_transfer(args) -> int:
+    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..distill.transfer import check_drafts, spec_bench_responses, transfer_report
     from ..models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
     from ..runtime.plan import load_pair
@@ -265,6 +266,7 @@ def run_distill_prompts(args) -> int:
     from tqdm import tqdm
 
     from ..distill import prompts
+    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..models.embedded import EMBEDDED
     from ..runtime.plan import load_pair
 
@@ -302,13 +304,6 @@ def run_distill_passages(args) -> int:
     return 0
 
 
-def use_eager_attention_on_cpu(target) -> None:
-    """Eager attention for batched one-token steps: on the CPU, SDPA's kernel took 4.6 ms a layer at 96 rows
-    where eager took under 1 (docs/measurements/distill.md)."""
-    if target.device.type == "cpu":
-        target.set_attn_implementation("eager")
-
-
 def source_list(text: str | None) -> list[str] | None:
     """--sources as a list, checked before any model loads."""
     from ..distill.data import SOURCE_GROUP
@@ -326,6 +321,7 @@ def run_distill_data(args) -> int:
     from tqdm import tqdm
 
     from ..distill import data
+    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..models.embedded import EMBEDDED
     from ..runtime.plan import load_pair
 

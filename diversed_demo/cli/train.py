@@ -3,6 +3,8 @@ HeadTrainConfig; the config's own check refuses bad values before the models loa
 
 from __future__ import annotations
 
+import argparse
+
 from . import shared
 
 
@@ -26,6 +28,19 @@ def add_train_arguments(parser) -> None:
         type=lams_list,
         default=",".join(f"{lam:g}" for lam in defaults.lams),  # a string: argparse parses it as given
         help="a cost head's λ, in turn per step (comma-separated; default 0.5,2,8)",
+    )
+    parser.add_argument(
+        "--pq-features",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="an ensemble head also reads CE − H, TV and H(p) beside the hidden states (default: when "
+        "sampling)",
+    )
+    parser.add_argument(
+        "--positions-dir",
+        default=None,
+        help="where --warm-start-positions are recorded, by task, temperature and N (default <user heads "
+        "folder>/positions)",
     )
     add_head_config_arguments(parser, defaults)
     for name in TASK_DEFAULTS["*"]:  # unset: the task's own default
@@ -58,6 +73,8 @@ def add_head_config_arguments(parser, defaults) -> None:
     helps_int = {
         "warm_start_prompts": "before RL, decode this many training prompts at static w = --w-init and fit "
         "the head offline to the per-token optimum (default 0: off)",
+        "warm_start_positions": "or fit it on this many positions recorded at scale (teacher-forced passes "
+        "over the target's own responses to the task's prompt pool, held out by prompt; default 0: off)",
         "warm_start_steps": "full-batch AdamW steps of that fit",
     }
     for name in (
@@ -72,6 +89,7 @@ def add_head_config_arguments(parser, defaults) -> None:
         "checkpoint_every",
         "seed",
         "warm_start_prompts",
+        "warm_start_positions",
         "warm_start_steps",
     ):
         parser.add_argument(

@@ -24,10 +24,11 @@ class ConstantHead:
 
 
 class EnsembleHead(nn.Module):
-    """w_t = w_min + (1 − w_min)·sigmoid(MLP([h_target; h_draft])).
+    """w_t = w_min + (1 − w_min)·sigmoid(MLP([LN(h_target); LN(h_draft)] (; the p/q terms))).
 
-    The input is layer-normalised (without affine) because the two models' hidden states live on
-    different scales. `hidden_size=0` gives the paper's linear head.
+    The hidden states are layer-normalised (without affine) because the two models' live on different
+    scales. With `pq_features`, the MLP also reads the rule's terms at the position (pq_terms: CE − H, TV,
+    H(p)), which the hidden states alone predicted poorly. `hidden_size=0` gives the paper's linear head.
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class EnsembleHead(nn.Module):
         hidden_size: int = 64,
         w_min: float = 0.0,
         w_init: float = 0.8,
+        pq_features: bool = False,
         meta: dict | None = None,
     ):
         super().__init__()
@@ -46,9 +48,11 @@ class EnsembleHead(nn.Module):
             "hidden_size": hidden_size,
             "w_min": w_min,
         }
+        if pq_features:  # absent from the files of heads that read hidden states only
+            self.config["pq_features"] = True
         self.meta = dict(meta or {})
-        features = target_hidden + draft_hidden
-        self.norm = nn.LayerNorm(features, elementwise_affine=False)
+        self.norm = nn.LayerNorm(target_hidden + draft_hidden, elementwise_affine=False)
+        features = target_hidden + draft_hidden + (PQ_TERMS if pq_features else 0)
         if hidden_size:
             self.mlp = nn.Sequential(nn.Linear(features, hidden_size), nn.GELU(), nn.Linear(hidden_size, 1))
         else:
@@ -59,14 +63,29 @@ class EnsembleHead(nn.Module):
             frac = min(max((w_init - w_min) / (1 - w_min), 1e-3), 1 - 1e-3)
             last.bias.fill_(torch.logit(torch.tensor(frac)).item())
 
-    def forward(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
-        features = torch.cat([target_hidden, draft_hidden], dim=-1).float()
-        logit = self.mlp(self.norm(features)).squeeze(-1)
+    @property
+    def reads_pq(self) -> bool:
+        return bool(self.config.get("pq_features"))
+
+    def forward(self, target_hidden, draft_hidden, terms=None) -> torch.Tensor:
+        """w_t [...] from the hidden states [..., H] and, for a head that reads them, pq_terms [..., 3]."""
+        features = self.norm(torch.cat([target_hidden, draft_hidden], dim=-1).float())
+        if self.reads_pq:
+            features = torch.cat([features, terms.float()], dim=-1)
+        logit = self.mlp(features).squeeze(-1)
         w_min = self.config["w_min"]
         return w_min + (1.0 - w_min) * torch.sigmoid(logit)
 
-    def ensemble_weight(self, target_hidden: torch.Tensor, draft_hidden: torch.Tensor) -> torch.Tensor:
-        return self(target_hidden, draft_hidden)
+    def ensemble_weight(self, target_hidden, draft_hidden, terms=None) -> torch.Tensor:
+        return self(target_hidden, draft_hidden, terms)
+
+
+PQ_TERMS = 3  # asinh(CE − H), TV, asinh(H(p)): asinh keeps the nats' long tail from swamping the rest
+
+
+def pq_terms(rule_cost: torch.Tensor, tv: torch.Tensor, target_entropy: torch.Tensor) -> torch.Tensor:
+    """The rule's terms per position as a head's inputs [..., PQ_TERMS], from CE − H, TV and H(p) [...]."""
+    return torch.stack([torch.asinh(rule_cost), tv, torch.asinh(target_entropy)], dim=-1)
 
 
 # The width, in nats of cost, of the smoothed threshold σ((ĉ − λ·TV)/COST_SOFTNESS) that training
@@ -101,7 +120,7 @@ class CostHead(nn.Module):
         }
         self.meta = dict(meta or {})
         self.norm = nn.LayerNorm(target_hidden + draft_hidden, elementwise_affine=False)
-        features = target_hidden + draft_hidden + 4
+        features = target_hidden + draft_hidden + PQ_TERMS + 1  # and log(λ + LAM_OFFSET)
         self.mlp = nn.Sequential(nn.Linear(features, hidden_size), nn.GELU(), nn.Linear(hidden_size, 1))
         with torch.no_grad():  # r_t = 0: the rule, until training says otherwise
             self.mlp[-1].weight.zero_()
@@ -110,8 +129,8 @@ class CostHead(nn.Module):
     def cost(self, target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam: float) -> torch.Tensor:
         """ĉ_t [...] from the hidden states [..., H] and the rule cost CE − H, TV and H(p) [...]."""
         hidden = self.norm(torch.cat([target_hidden, draft_hidden], dim=-1).float())
-        price = torch.full_like(tv, math.log(lam + LAM_OFFSET))
-        terms = torch.stack([torch.asinh(rule_cost), tv, torch.asinh(target_entropy), price], dim=-1)
+        price = torch.full_like(tv, math.log(lam + LAM_OFFSET))[..., None]
+        terms = torch.cat([pq_terms(rule_cost, tv, target_entropy), price], dim=-1)
         return rule_cost + self.mlp(torch.cat([hidden, terms.float()], dim=-1)).squeeze(-1)
 
     def forward(self, target_hidden, draft_hidden, rule_cost, tv, target_entropy, lam: float) -> torch.Tensor:
@@ -134,6 +153,10 @@ def weight_rule(config, greedy: bool):
     if config.mode == "dynamic" and isinstance(config.head, CostHead):
         return lambda p, q, x, target_hidden, draft_hidden: config.head.weights(
             p, q, config.lam, target_hidden, draft_hidden
+        )
+    if config.mode == "dynamic" and getattr(config.head, "reads_pq", False):
+        return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(
+            target_hidden, draft_hidden, pq_terms(*position_costs(p, q))
         )
     if config.mode == "dynamic":
         return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(

@@ -33,6 +33,7 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
         "pair": head.meta.get("pair"),
         "training": head.meta.get("training"),
         "warm_start": head.meta.get("warm_start"),
+        "held_out": head.meta.get("held_out"),  # the trained head on held-out positions (a scaled warm start)
         "train_figures": head.meta.get("train_figures"),
         "frontier": frontier,
         "evaluations": evaluations,

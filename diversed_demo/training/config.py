@@ -32,6 +32,11 @@ class HeadTrainConfig:
     # AdamW) before any RL step. With target_acceptance set, λ is then chosen on those positions so that
     # the optimum has that acceptance, and stays fixed through RL (no multiplier swings).
     warm_start_prompts: int = 0
+    # Or, at scale: fit on this many positions recorded from teacher-forced passes over the target's own
+    # responses to the task's prompt pool (training/positions.py; recorded once under positions_dir, by
+    # task, temperature and N, and shared by every head trained with those), held out by prompt.
+    warm_start_positions: int = 0
+    positions_dir: str | None = None  # default: <user heads dir>/positions
     warm_start_steps: int = 300
     warm_start_lr: float = 3e-3
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
@@ -47,6 +52,9 @@ class HeadTrainConfig:
     kind: str = "ensemble"
     lams: tuple[float, ...] = (0.5, 2.0, 8.0)
     hidden_size: int = 64  # 0: the paper's linear head
+    # An ensemble head also reads the rule's terms (CE − H, TV, H(p)) beside the hidden states; None: yes
+    # when sampling (greedy positions record one-hot limits of p and q, which decoding does not show it).
+    pq_features: bool | None = None
     w_min: float = 0.0
     w_init: float = 0.7
     seed: int = 0
@@ -57,6 +65,8 @@ class HeadTrainConfig:
     resume: bool = True  # continue from run_dir's checkpoint if there is one
 
     def __post_init__(self):
+        if self.pq_features is None:
+            self.pq_features = self.kind == "ensemble" and self.temperature != 0
         if self.kind == "cost" and self.dense_fidelity is None:
             self.dense_fidelity = 1.0  # the rule's objective, fidelity + λ·acceptance, which the reward bends
         for key, value in TASK_DEFAULTS.get(self.task, TASK_DEFAULTS["*"]).items():
@@ -120,6 +130,14 @@ def check_config(config: HeadTrainConfig) -> None:
             "a cost head serves sampled decoding (temperature > 0) and takes λ from the dial (lams), "
             "not a target acceptance"
         )
+    if config.pq_features and (config.kind != "ensemble" or config.temperature == 0):
+        raise ValueError("pq_features is for ensemble heads of sampled decoding (temperature > 0)")
+    if not isinstance(config.warm_start_positions, int) or config.warm_start_positions < 0:
+        raise ValueError(
+            f"warm_start_positions must be 0 (off) or a count, not {config.warm_start_positions!r}"
+        )
+    if config.warm_start_positions and config.warm_start_prompts:
+        raise ValueError("warm start from decoded prompts or from recorded positions, not both")
     if config.kind == "cost" and not (config.lams and all(lam >= 0 for lam in config.lams)):
         raise ValueError(f"lams must be one or more λ ≥ 0, not {config.lams!r}")
 

@@ -37,7 +37,8 @@ def fidelity_cost_quartiles(pair, config: HeadTrainConfig, prompts: int = 6) -> 
 def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
     """Expected fidelity (mean E_ν[log p] per token) of per-token weights w against a static w with the same
     expected acceptance, and against the per-token optimum (the threshold rule) with that acceptance: the
-    offline measure of how much of the possible gain over the static frontier a head captures. Greedy
+    offline measure of how much of the possible gain over the static frontier a head captures (the rule
+    at that acceptance is the optimum: the head's gain over the rule is fidelity − oracle_fidelity). Greedy
     positions are counted by the greedy rule itself (kept iff w_t is below the position's limit)."""
     tv, h, ce = positions.tv[0], positions.target_entropy[0], positions.cross_entropy[0]
     share = lambda weights: draft_share(weights, positions, hard=True)[0]  # noqa: E731
@@ -55,11 +56,14 @@ def frontier_gain(w: torch.Tensor, positions: Rollouts) -> dict:
         oracle = ((ce - h) > lam_for_acceptance(positions, acceptance) * tv).float()
     except ValueError:  # only at exact decoding's own acceptance (w ≡ 1), up to rounding
         oracle = torch.ones_like(tv)
+    head, static, rule = (fidelity(x[None]) for x in (w, torch.full_like(w, static_w), oracle))
     return {
         "acceptance": acceptance,
-        "fidelity": fidelity(w[None]),
-        "static_fidelity": fidelity(torch.full_like(w, static_w)[None]),
-        "oracle_fidelity": fidelity(oracle[None]),
+        "fidelity": head,
+        "static_fidelity": static,
+        "oracle_fidelity": rule,
+        # the share of the optimum's gain over static w the head keeps (None where there is no gain to keep)
+        "share_of_optimum": (head - static) / (rule - static) if rule - static > 1e-6 else None,
         "w_mean": float(w.mean()),
         "w_std": float(w.std()),
         "positions": len(tv),

@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..common.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from ..core.head import COST_HEAD_LAM
 from ..core.prompt import encode_prompt
 from ..eval.rewards import task_reward
 from ..models.heads import new_head, save_head, user_heads_dir
 from .config import HeadTrainConfig, check_config, training_examples
 from .objective import group_advantages, head_loss, multiplier_update
-from .optim import adamw_with_schedule, load_checkpoint, save_checkpoint
+from .positions import load_positions
 from .rollouts import Rollouts, sample_rollouts
-from .warm_start import warm_start
+from .warm_start import held_out_figures, positions_folder, warm_start
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -81,7 +83,18 @@ def train_head(
             write_checkpoint(run, step + 1)
     bar.close()
     write_checkpoint(run, config.steps)
+    if config.warm_start_positions:
+        measure_final_head(pair, run, config)
     return TrainResult(save_final_head(run, out), run.history, checkpoint=run.checkpoint)
+
+
+def measure_final_head(pair, run: HeadRun, config: HeadTrainConfig) -> None:
+    """The trained head's held-out figures on the recorded positions (after RL, where the warm start's are
+    before it), at the λ it serves with: a cost head's default and each of its lams."""
+    _, held_back = load_positions(positions_folder(config), pair.target.device)
+    lams = (COST_HEAD_LAM, *config.lams) if config.kind == "cost" else (run.lam,)
+    final = run.accelerator.unwrap_model(run.head)
+    final.meta["held_out"] = held_out_figures(final, held_back, lams)
 
 
 def start_or_resume(pair, config: HeadTrainConfig, examples, checkpoint: Path, progress: bool) -> HeadRun:
@@ -92,7 +105,12 @@ def start_or_resume(pair, config: HeadTrainConfig, examples, checkpoint: Path, p
     accelerator = Accelerator(cpu=pair.target.device.type == "cpu")
     torch.manual_seed(config.seed)
     head = new_head(
-        pair, config.kind, hidden_size=config.hidden_size, w_min=config.w_min, w_init=config.w_init
+        pair,
+        config.kind,
+        hidden_size=config.hidden_size,
+        w_min=config.w_min,
+        w_init=config.w_init,
+        pq_features=config.pq_features,
     )
     head.meta.update(task=config.task, training=asdict(config))
     optimizer, scheduler = adamw_with_schedule(
@@ -107,7 +125,7 @@ def start_or_resume(pair, config: HeadTrainConfig, examples, checkpoint: Path, p
         head.load_state_dict(saved["head"])
         generator.set_state(saved["generator"])
         start_step, history, warm = saved["step"], saved["history"], saved.get("warm_start")
-    elif config.warm_start_prompts:
+    elif config.warm_start_prompts or config.warm_start_positions:
         warm = warm_start(pair, head, examples, config, generator, progress)
         save_checkpoint(
             checkpoint,

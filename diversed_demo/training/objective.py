@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.head import CostHead
+from ..core.head import CostHead, pq_terms
 from .config import GREEDY_SOFTNESS
 from .rollouts import Rollouts
 
@@ -23,15 +23,18 @@ def draft_share(w: torch.Tensor, positions: Rollouts, hard: bool = False) -> tor
 
 
 def head_weights(head, positions: Rollouts, lam: float, hard: bool = False) -> torch.Tensor:
-    """w_t [B, T] at recorded positions: an EnsembleHead's from the hidden states; a CostHead's smoothed
+    """w_t [B, T] at recorded positions: an EnsembleHead's from the hidden states (and the p/q terms, where
+    it reads them); a CostHead's smoothed
     threshold at λ (training's), or with `hard` the threshold decoding applies."""
     model = getattr(head, "module", head)  # as the accelerator may have wrapped it
+    rule_cost = positions.cross_entropy - positions.target_entropy
     if not isinstance(model, CostHead):
-        return head(positions.target_hidden, positions.draft_hidden)
+        terms = pq_terms(rule_cost, positions.tv, positions.target_entropy) if model.reads_pq else None
+        return head(positions.target_hidden, positions.draft_hidden, terms)
     args = (
         positions.target_hidden,
         positions.draft_hidden,
-        positions.cross_entropy - positions.target_entropy,
+        rule_cost,
         positions.tv,
         positions.target_entropy,
         lam,

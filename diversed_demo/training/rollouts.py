@@ -80,21 +80,31 @@ def decided_positions(step, temperature: float) -> dict[str, torch.Tensor] | Non
     if not k:
         return None
     tokens = torch.tensor(step.new_ids[:k], device=v.target_probs.device)
-    rows_k = torch.arange(k, device=tokens.device)
-    p, q = v.target_probs[:k], v.draft_probs[:k]
-    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
-    limit = torch.full((k,), float("nan"), device=p.device)
+    return position_terms(
+        v.target_probs[:k], v.draft_probs[:k], tokens, v.draft_tokens[:k], temperature,
+        v.target_hidden[:k], v.draft_hidden[:k],
+    )  # fmt: skip
+
+
+def position_terms(
+    p, q, tokens, draft_tokens, temperature: float, target_hidden, draft_hidden
+) -> dict[str, torch.Tensor]:
+    """RECORDED at k positions from p, q [k, V], the emitted and the drafted tokens [k] and the hidden
+    states [k, H]: what decoding (decided_positions) and the teacher-forced record (positions.py) keep."""
+    rows_k = torch.arange(len(tokens), device=tokens.device)
+    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()  # of the true p, in greedy too
+    limit = torch.full((len(tokens),), float("nan"), device=p.device)
     if temperature == 0:
         # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so TV is 1
         # where the draft's token differs from the target's, H is −log p of the target's own token and CE
         # that of the draft's; whether the draft's token is kept is a threshold on w_t set by the true p
         # and q (see greedy_limit).
-        limit = greedy_limit(p, q, v.draft_tokens[:k])
+        limit = greedy_limit(p, q, draft_tokens)
         p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
     return {
         "tokens": tokens,
-        "target_hidden": v.target_hidden[:k].float(),
-        "draft_hidden": v.draft_hidden[:k].float(),
+        "target_hidden": target_hidden.float(),
+        "draft_hidden": draft_hidden.float(),
         "target_prob": p[rows_k, tokens],
         "draft_prob": q[rows_k, tokens],
         "tv": total_variation(p, q),

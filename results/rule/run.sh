@@ -17,7 +17,7 @@ for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:1
   if [[ $T == 0 ]]; then heads=(--head "$task-greedy"); else heads=(--head "$task" --head "$task-cost"); fi
   .venv/bin/diversed-demo frontier "${common[@]}" "${heads[@]}" \
     --json "results/rule/$task-$set-$kind.json" --plot "results/rule/$task-$set-$kind.html"
-  if [[ $T != 0 ]]; then  # the cost head's card (heads/<task>-cost.json), from the decodes just logged
-    .venv/bin/diversed-demo frontier "${common[@]}" --head "$task-cost" --write-card >/dev/null
+  if [[ $T != 0 ]]; then  # the sampled heads' cards (heads/<task>.json, <task>-cost.json), from these decodes
+    .venv/bin/diversed-demo frontier "${common[@]}" --head "$task" --head "$task-cost" --write-card >/dev/null
   fi
 done

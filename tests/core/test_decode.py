@@ -11,10 +11,10 @@ from tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 from diversed_demo.core import decode, draft, stats
 from diversed_demo.core.config import DecodeConfig
-from diversed_demo.core.cost_rule import cost_weights
+from diversed_demo.core.cost_rule import cost_weights, position_costs
 from diversed_demo.core.events import KINDS, TokenEvent, output_events
 from diversed_demo.core.generate import generate, speculative_generate
-from diversed_demo.core.head import ConstantHead, CostHead
+from diversed_demo.core.head import ConstantHead, CostHead, EnsembleHead, pq_terms
 from diversed_demo.core.verify import ensemble_probs, total_variation
 from diversed_demo.models.eagle import Eagle3Draft, target_features
 from diversed_demo.models.loading import check_tokenizers, load_models
@@ -97,12 +97,24 @@ def cost_head(pair, scale: float = 3.0) -> CostHead:
     return head.eval()
 
 
+def pq_head(pair) -> EnsembleHead:
+    """An EnsembleHead that reads the p/q terms, with weights large enough that w_t varies with them."""
+    torch.manual_seed(13)
+    hidden = pair.target.config.hidden_size
+    head = EnsembleHead(hidden, hidden, hidden_size=8, pq_features=True)
+    with torch.no_grad():
+        head.mlp[-1].weight.normal_(0, 3.0)
+    return head.eval()
+
+
 def next_distributions(pair, context, w_or_head):
     """Exact p, q and nu for the token after `context`, and w there."""
     p, q, t, d = reference_step(pair, context)
     if isinstance(w_or_head, tuple):  # a CostHead and its λ
         head, lam = w_or_head
         w = head.weights(p[None], q[None], lam, t[None], d[None])[0]
+    elif getattr(w_or_head, "reads_pq", False):  # a head that reads the rule's terms too
+        w = w_or_head.ensemble_weight(t[None], d[None], pq_terms(*position_costs(p[None], q[None])))[0]
     elif hasattr(w_or_head, "ensemble_weight"):  # a head
         w = w_or_head.ensemble_weight(t[None], d[None])[0]
     elif callable(w_or_head):  # a rule from p and q
@@ -133,7 +145,7 @@ def first_two_law(pair, prompt, w_or_head, eos):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["exact", "static", "cost", "dynamic", "cost-head"])
+@pytest.mark.parametrize("mode", ["exact", "static", "cost", "dynamic", "cost-head", "pq-head"])
 def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair, mode):
     pair, prompt, samples = any_pair, PROMPTS[0], 3000
     if mode == "exact":
@@ -145,6 +157,9 @@ def test_sampled_emitted_tokens_follow_nu_and_acceptance_matches_theory(any_pair
     elif mode == "cost-head":  # a trained-looking correction: w_t departs from the rule's
         head = cost_head(pair)
         w_or_head, kwargs, mode = (head, 5.0), {"head": head, "lam": 5.0}, "dynamic"
+    elif mode == "pq-head":
+        w_or_head, mode = pq_head(pair), "dynamic"
+        kwargs = {"head": w_or_head}
     else:
         w_or_head = TiltedHead(pair.target.config.hidden_size)
         kwargs = {"head": w_or_head}

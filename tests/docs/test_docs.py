@@ -415,19 +415,30 @@ def glance_table() -> str:
 
 
 def warm_start_table() -> str:
-    """docs/training.md: what each sampled head's warm start measured on its held-back positions."""
+    """docs/training.md: each shipped head's held-out positions: the warm start's (before RL) and, for a head
+    warm-started at scale, the trained head's."""
     lines = [
-        "| head | λ (from A) | held-back acceptance | head's gain over static w | per-token optimum's gain "
-        "| std of w_t | Spearman of w_t with CE − H / H(p) / TV |",
-        "|---|---|---|---|---|---|---|",
+        "| head | positions fitted / held out | λ (from A) | held-out acceptance | head's gain over static w "
+        "| per-token optimum's gain | share kept (warm start; after RL) | std of w_t "
+        "| Spearman of w_t with CE − H / H(p) / TV |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for head in HEAD_ORDER:
-        w = card(head)["warm_start"]
+        c = card(head)
+        w = c["warm_start"]
         b, s = w["held_back"], w["held_back"]["separates"]["spearman_w_vs"]
+        counts = (
+            f"{w['positions']['fit']:,} / {w['positions']['held_out']:,} (at scale)"
+            if "positions" in w
+            else f"{w['fit']['positions']:,} / {b['positions']:,} ({w['prompts']} prompts)"
+        )
+        gain, best = b["fidelity"] - b["static_fidelity"], b["oracle_fidelity"] - b["static_fidelity"]
+        after = c.get("held_out")
+        before = num(gain / best, 2) if best >= 0.02 else "–"  # a share of almost nothing says nothing
+        share = f"{before}; {num(after[0]['share_of_optimum'], 2) if after else '–'}"
         lines.append(
-            f"| `{head}` | {num(w['lam'], 2)} | {num(b['acceptance'], 3)} | "
-            f"{num(b['fidelity'] - b['static_fidelity'], 2, True)} | "
-            f"{num(b['oracle_fidelity'] - b['static_fidelity'], 2, True)} | {num(b['w_std'], 2)} | "
+            f"| `{head}` | {counts} | {num(w['lam'], 2)} | {num(b['acceptance'], 3)} | "
+            f"{num(gain, 2, True)} | {num(best, 2, True)} | {share} | {num(b['w_std'], 2)} | "
             f"{num(s['fidelity_cost'], 2, True)} / {num(s['target_entropy'], 2, True)} / "
             f"{num(s['tv'], 2, True)} |"
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "diversed_demo"
 # Bottom to top: core is the decoding algorithm over any models; models loads and runs them; eval and
 # training measure and fit heads; distill makes the draft; ui and cli face the user.
-LAYERS = ["common", "core", "models", "runtime", "eval", "training", "distill", "ui", "cli", "vllm"]
+LAYERS = ["common", "core", "models", "runtime", "eval", "distill", "training", "ui", "cli", "vllm"]
 
 
 def module_name(path: Path) -> str:

@@ -506,6 +506,82 @@ def test_the_offline_fit_learns_which_positions_to_hand_to_the_draft(pair):
     assert sum(k["positions"] for k in separates["mean_w_by_token"].values()) == len(w)
 
 
+def test_a_head_that_reads_the_pq_terms_keeps_the_optimum_where_the_hidden_states_tell_nothing(pair):
+    # The cost CE − H and TV vary per position while the hidden states are noise: only the p/q terms tell
+    # the optimum's positions apart, so only the head that reads them keeps its held-out gain.
+    from diversed_demo.training.diagnostics import frontier_gain
+    from diversed_demo.training.objective import head_weights, lam_for_acceptance
+    from diversed_demo.training.warm_start import fit_to_positions
+
+    def positions(seed):
+        g = torch.Generator().manual_seed(seed)
+        cost = 1 + 6 * torch.rand(3000, generator=g)
+        rollouts = fake_rollouts(1, 3000, tv=0.0, seed=seed, cross_entropy=cost)
+        rollouts.tv = 0.1 + 0.8 * torch.rand(1, 3000, generator=g)
+        return rollouts
+
+    train, held_back = positions(0), positions(1)
+    lam = lam_for_acceptance(train, 0.7)
+    shares = {}
+    for reads_pq in (True, False):
+        torch.manual_seed(0)
+        head = new_head(pair, hidden_size=16, w_init=0.7, pq_features=reads_pq)
+        fit_to_positions(head, train, lam, steps=300, lr=0.03)
+        with torch.no_grad():
+            shares[reads_pq] = frontier_gain(head_weights(head, held_back, lam, hard=True)[0], held_back)
+    assert shares[True]["share_of_optimum"] > 0.8
+    assert shares[False]["share_of_optimum"] < 0.3
+    assert shares[True]["oracle_fidelity"] - shares[True]["static_fidelity"] > 0.2
+
+
+@pytest.fixture
+def few_positions(monkeypatch):
+    """A small prompt pool, recorded a few prompts at a time."""
+    from diversed_demo.training import positions
+
+    prompts = [
+        f"the {a} {b} sat on the mat" for a in ("cat", "dog", "red", "big") for b in ("one", "two", "a")
+    ]
+    monkeypatch.setattr(positions, "task_prompts", lambda task: prompts)
+    monkeypatch.setattr(positions, "CHUNK_PROMPTS", 6)
+
+
+def test_a_warm_start_at_scale_fits_on_recorded_positions_and_reports_held_out_prompts(
+    feature_pair, tmp_path, few_positions
+):
+    settings = dict(warm_start_positions=60, warm_start_steps=30, target_acceptance=0.7, dense_fidelity=1.0)
+    result = run_training(
+        feature_pair, tmp_path, lam=1.0, steps=1, positions_dir=str(tmp_path / "positions"), **settings
+    )
+    warm = load_head(result.path, feature_pair).meta["warm_start"]
+    assert warm["positions"]["fit"] >= 60 and warm["positions"]["held_out"] > 0
+    assert warm["positions"]["folder"] == "general-T1-N4"
+    assert warm["held_back"]["positions"] == warm["positions"]["held_out"]
+    assert warm["fit"]["positions"] == warm["positions"]["fit"] and "share_of_optimum" in warm["held_back"]
+    head = load_head(result.path, feature_pair)
+    assert head.reads_pq  # sampled ensemble heads read the p/q terms
+    (final,) = head.meta["held_out"]  # the trained head, measured on the same held-out positions
+    assert final["positions"] == warm["positions"]["held_out"] and final["lam"] == warm["lam"]
+
+
+def test_a_cost_head_at_scale_is_measured_at_its_default_and_at_each_lam(
+    feature_pair, tmp_path, few_positions
+):
+    from diversed_demo.core.head import COST_HEAD_LAM
+
+    result = run_training(
+        feature_pair, tmp_path, lam=1.0, steps=1, kind="cost", lams=(0.5, 8.0), warm_start_positions=40,
+        positions_dir=str(tmp_path / "positions"),
+    )  # fmt: skip
+    head = load_head(result.path, feature_pair)
+    warm = head.meta["warm_start"]
+    # untrained, it is the rule: its share is 1 up to the few positions' discreteness (the optimum is met at
+    # the head's acceptance only to within a position)
+    assert warm["final_loss"] is None and warm["held_back"]["share_of_optimum"] > 0.9
+    assert [f["lam"] for f in head.meta["held_out"]] == [COST_HEAD_LAM, 0.5, 8.0]
+    assert all(f["positions"] == warm["positions"]["held_out"] for f in head.meta["held_out"])
+
+
 def test_the_greedy_fit_hands_over_by_cost_where_static_w_cannot(pair):
     # Greedy positions whose draft token always differs (TV 1); the greedy limits are random, so static w
     # keeps the draft's token where the limit is high, whatever it costs. Costly positions are told apart

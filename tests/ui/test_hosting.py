@@ -33,7 +33,7 @@ def test_a_head_name_is_never_a_path(pair, heads_dir, tmp_path):
 
 
 def test_a_checkpoint_never_unpickles_objects(tmp_path):
-    from diversed_demo.training.optim import adamw_with_schedule, load_checkpoint
+    from diversed_demo.common.optim import adamw_with_schedule, load_checkpoint
 
     optimizer, scheduler = adamw_with_schedule([torch.nn.Parameter(torch.zeros(2))], 1e-3, 1, 10)
     torch.save(

@@ -27,8 +27,9 @@ norm(max(0, p − q)); when all N pass, a **bonus** token comes from the target.
   elsewhere: w_t = 1 where CE(q, p) − H(p) > λ·TV(p, q). That is the best per-token choice for the
   target's likelihood of the text plus λ times the acceptance. Greedy, it keeps the draft's own token
   where its log-probability under the target is within λ of the target's best.
-* **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states,
-  trained with sequence-level RL to keep quality where it matters and relax where it does not. A **cost
+* **DIVERSED** learns a small head that predicts a per-token w_t from both models' hidden states (and
+  the rule's terms CE − H, TV and H(p)), fitted to the per-token optimum on 100,000 positions of the
+  target's own text, then trained with sequence-level RL to keep quality where it matters. A **cost
   head** (`<task>-cost`) learns instead a correction to the rule's cost of relaxing, from the hidden
   states, and is thresholded by the same λ: it starts as the rule, moves only where the task's score
   disagrees with the target's likelihood, and the λ slider moves it along its own curve.
@@ -60,7 +61,7 @@ and the heads against the static dial.
   (p) and the draft's (q) distributions. w = 1 is exact; lower w keeps more guesses.
 * **Static ensemble**: one w for every token. **Per-token rule**: w_t from the two distributions alone
   (λ, in the sidebar, is what a kept draft may cost). **DIVERSED head**: a small trained network that
-  picks w_t for each token from both models' hidden states.
+  picks w_t for each token from both models' hidden states and distributions.
 * **Acceptance**: the share of drafted tokens that are kept. **Per-token acceptance α**: the chance
   that one drafted token is kept. **τ**: tokens produced per target pass (1 for target-only).
 * **Speed-up**: tokens per second against target-only decoding, measured in the same run.

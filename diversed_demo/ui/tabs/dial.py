@@ -46,9 +46,9 @@ INTRO = (
     "drift towards the draft's. Each orange point is one static w, measured on held-out prompts; the "
     "curve they trace is the **static frontier**. Teal diamonds are the **per-token rule** at a few λ: "
     "w token by token from the two models' distributions, with no training. A purple star is a trained "
-    "**DIVERSED head**, which picks w token by token from the models' hidden states; a purple line of "
-    "stars is a **cost head** at the same λ (the rule's cost, corrected by what it learned). A point above "
-    "the curve means better quality at the same acceptance. "
+    "**DIVERSED head**, which picks w token by token from the models' hidden states and distributions; "
+    "a purple line of stars is a **cost head** at the same λ (the rule's cost, corrected by what it "
+    "learned). A point above the curve means better quality at the same acceptance. "
     "Quality is the task's own score: ROUGE-2 for summaries, the right final number for math, tests "
     "passed for code, and for general chat how likely the target finds the text (fidelity)."
 )

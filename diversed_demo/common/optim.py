@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.files import atomic_torch_save
+from .files import atomic_torch_save
 
 
 def adamw_with_schedule(params, lr: float, warmup_steps: int, total_steps: int, **adamw):
