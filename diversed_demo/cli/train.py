@@ -75,7 +75,7 @@ def add_head_config_arguments(parser, defaults) -> None:
         "the head offline to the per-token optimum (default 0: off)",
         "warm_start_positions": "or fit it on this many positions recorded at scale (teacher-forced passes "
         "over the target's own responses to the task's prompt pool, held out by prompt; default 0: off)",
-        "warm_start_steps": "full-batch AdamW steps of that fit",
+        "warm_start_steps": "AdamW steps of that fit (16,384 positions a step, all where fewer)",
     }
     for name in (
         "steps",

@@ -28,9 +28,9 @@ class HeadTrainConfig:
     target_acceptance: float | None = None
     penalty: float = 20.0  # ρ
     # Warm start: decode this many training prompts once at static w = w_init, then fit the head offline to
-    # the dense objective's per-token optimum over the recorded positions (full batch, warm_start_steps of
-    # AdamW) before any RL step. With target_acceptance set, λ is then chosen on those positions so that
-    # the optimum has that acceptance, and stays fixed through RL (no multiplier swings).
+    # the dense objective's per-token optimum over the recorded positions (warm_start_steps of AdamW, on
+    # warm_start.FIT_BATCH positions a step) before any RL step. With target_acceptance set, λ is then
+    # chosen on those positions so that the optimum has that acceptance, and stays fixed through RL.
     warm_start_prompts: int = 0
     # Or, at scale: fit on this many positions recorded from teacher-forced passes over the target's own
     # responses to the task's prompt pool (training/positions.py; recorded once under positions_dir, by

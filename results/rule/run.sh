@@ -4,13 +4,14 @@
 # head; the rule's greedy form keeps the draft's token within λ nats of the target's best). Every decode is
 # logged, so a rerun (or a run stopped midway) reads back what is done and goes on.
 # Usage: bash results/rule/run.sh; T=0 bash results/rule/run.sh  (each about an hour on 2 CPU cores from
-# no log; SCALE=0.5 halves every set)
+# no log; SCALE=0.5 halves every set; TASKS="math code" runs those tasks only)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SCALE=${SCALE:-1} T=${T:-1}
 if [[ $T == 0 ]]; then kind=greedy lams=0.5,1.5,4; else kind=T1 lams=0.5,2,4,8; fi
 for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:100 code:mbpp:40; do
   IFS=: read -r task set limit <<< "$spec"
+  [[ " ${TASKS:-general summarization math code} " == *" $task "* ]] || continue
   limit=$(python3 -c "print(max(2, round($limit * $SCALE)))")
   common=(--task "$task" --set "$set" --limit "$limit" --weights 0,0.25,0.5,0.75,1 --lams "$lams"
     --temperature "$T" --max-new-tokens 64 --n-draft 4 --dtype bfloat16 --log "results/rule/logs/$task-$set-$kind.jsonl")

@@ -180,7 +180,7 @@ def test_the_per_task_training_defaults_are_the_codes():
 
 def recipe() -> tuple[list[str], list[str], dict[str, str]]:
     """docs/training.md's recipe of the shipped heads: the command of the sampled heads, that of their greedy
-    twins, and each head's target acceptance."""
+    twins, and each head's setting (a sampled head's λ, a twin's target acceptance)."""
     text = sections((ROOT / "docs" / "training.md").read_text())["The recipe of the shipped heads"]
     blocks = [shlex.split(block.replace("\\\n", " ")) for block in code_blocks(text, "bash")]
     command, twins = blocks[0], blocks[1]
@@ -189,7 +189,7 @@ def recipe() -> tuple[list[str], list[str], dict[str, str]]:
     for row in rows:
         head = row[0].strip("`")
         for column, cell in zip(header[1:], row[1:]):
-            acceptance[head if column == "sampled (T = 1)" else f"{head}-greedy"] = cell.strip("`")
+            acceptance[head if column.startswith("sampled") else f"{head}-greedy"] = cell.strip("`")
     return command, twins, acceptance
 
 
@@ -210,7 +210,8 @@ def test_the_recipe_reproduces_the_shipped_heads_settings():
         task = head.removesuffix("-greedy").removesuffix("-cost")
         recipe_of = twins if head.endswith("-greedy") else costs if head.endswith("-cost") else command
         argv = [
-            a.replace("<task>", task).replace("<A>", target).replace("<name>", head) for a in recipe_of[2:]
+            a.replace("<task>", task).replace("<A>", target).replace("<λ>", target).replace("<name>", head)
+            for a in recipe_of[2:]
         ]
         args = build_parser().parse_args(["train", *argv])
         made = HeadTrainConfig(**{k: v for k, v in vars(args).items() if k in fields})

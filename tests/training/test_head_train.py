@@ -366,11 +366,7 @@ RECIPE_FLAGS = (
     "--penalty",
     "20",
 )
-RECIPE_TARGET_ACCEPTANCE = {
-    "general": "0.65",
-    "math": "0.65",
-    "summarization": "0.55",
-    "code": "0.75",
+RECIPE_TARGET_ACCEPTANCE = {  # the greedy twins' (the sampled heads' recipe: tests/docs/test_docs.py)
     # the greedy twins: the same flags plus --temperature 0 --rollouts-per-prompt 2
     "general-greedy": "0.65",
     "summarization-greedy": "0.72",
@@ -400,8 +396,8 @@ def test_cli_defaults_are_the_tasks_own_and_explicit_flags_win(name):
 
     shipped_file = Path(__file__).resolve().parents[2] / "heads" / f"{name}.json"
     shipped = json.loads(shipped_file.read_text())["training"]
-    task, twin = name.removesuffix("-greedy"), name.endswith("-greedy")
-    greedy = ("--temperature", "0", "--rollouts-per-prompt", "2") if twin else ()
+    task = name.removesuffix("-greedy")
+    greedy = ("--temperature", "0", "--rollouts-per-prompt", "2")
     made = config(
         "--task", task, "--target-acceptance", RECIPE_TARGET_ACCEPTANCE[name], *RECIPE_FLAGS, *greedy
     )
