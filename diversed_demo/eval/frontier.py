@@ -97,6 +97,14 @@ def head_points(name: str, head, lams) -> list[tuple[str, dict]]:
     return [(f"dynamic:{name}@{lam:g}", {"head": head, "lam": lam}) for lam in (lams or [COST_HEAD_LAM])]
 
 
+def rule_lam(head, how: dict) -> float | None:
+    """The λ of the rule a head's point is paired with: a cost head's at that point, an ensemble head's
+    that it was fitted to (its warm start's), None for a head without one."""
+    if "lam" in how:
+        return how["lam"]
+    return ((getattr(head, "meta", None) or {}).get("warm_start") or {}).get("lam")
+
+
 def sweep_steps(
     pair,
     examples,
@@ -229,8 +237,8 @@ def evaluate_heads(
         curve = {label: by_label[label] for label, _ in head_points(name, head, lams)}
         for label, how in head_points(name, head, lams):
             verdict = report["heads"][label.removeprefix("dynamic:")] = judged(static, by_label[label])
-            rule = by_label.get(f"cost:{how['lam']:g}") if "lam" in how else None  # none without --lams
-            if rule is not None:  # a cost head against the rule it started as, at the same λ
+            rule = by_label.get(f"cost:{rule_lam(head, how):g}") if rule_lam(head, how) is not None else None
+            if rule is not None:  # against the rule at its λ (a cost head's, or the λ a head was fitted at)
                 verdict["versus_rule"] = versus_point(rule, by_label[label])
         if write_card:  # a CostHead's card holds its point at its default λ, else its curve's first
             label = f"dynamic:{name}@{COST_HEAD_LAM:g}"

@@ -175,6 +175,11 @@ def record_positions(
         records = sample_responses(
             pair, chunk_prompts(prompts, index, seed), temperature, max_new_tokens, seed * 100_003 + index
         )
+        if not records:
+            raise ValueError(
+                f"none of chunk {index}'s prompts fits {MAX_SEQUENCE} tokens with its response, or the "
+                "target answered none of them: the task's prompt pool is of no use at scale"
+            )
         chunk = teacher_forced_positions(pair, records, temperature, n_draft)
         path = folder / f"chunk_{index:05d}.safetensors"
         save_chunk(chunk, path)

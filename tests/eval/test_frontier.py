@@ -366,3 +366,20 @@ def test_a_cost_head_is_a_curve_judged_against_the_static_frontier_and_the_rule_
         assert by_label[f"dynamic:c@{lam:g}"].quality == by_label[f"cost:{lam:g}"].quality
     card = json.loads(path.with_suffix(".json").read_text())
     assert card["frontier"]["head_point"]["point"] == f"dynamic:c@{COST_HEAD_LAM:g}"
+
+
+def test_an_ensemble_head_is_paired_with_the_rule_at_the_lam_it_was_fitted_at(pair, tmp_path):
+    from diversed_demo.eval.frontier import evaluate_heads
+    from diversed_demo.models.heads import save_head
+
+    paths = {}
+    for name, warm in (("fitted", {"lam": 2.0}), ("elsewhere", {"lam": 3.0})):
+        head = new_head(pair, hidden_size=8)
+        head.meta.update(task="general", training={"temperature": 1.0}, warm_start=warm)
+        paths[name] = str(save_head(head, tmp_path / f"{name}.safetensors"))
+    report, _ = evaluate_heads(
+        pair, "general", list(paths.values()), [0.0, 1.0], limit=3,
+        decoding=DecodeConfig(max_new_tokens=6, temperature=1.0), set_name="spec_bench", lams=[0.5, 2.0],
+    )  # fmt: skip
+    assert report["heads"]["fitted"]["versus_rule"]["against"] == "cost:2"
+    assert "versus_rule" not in report["heads"]["elsewhere"]  # no rule point at its λ: no pairing
