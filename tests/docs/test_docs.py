@@ -178,44 +178,53 @@ def test_the_per_task_training_defaults_are_the_codes():
             assert float(cell.strip("`")) == getattr(config, field), (row[0], field)
 
 
-def recipe() -> tuple[list[str], list[str], dict[str, str]]:
+def recipe() -> tuple[list[str], list[str], list[str], dict[str, str]]:
     """docs/training.md's recipe of the shipped heads: the command of the sampled heads, that of their greedy
-    twins, and each head's setting (a sampled head's λ, a twin's target acceptance)."""
+    twins, the previous recipe (a sampled head fitted on decoded prompts) and each head's setting (λ, or a
+    target acceptance)."""
     text = sections((ROOT / "docs" / "training.md").read_text())["The recipe of the shipped heads"]
     blocks = [shlex.split(block.replace("\\\n", " ")) for block in code_blocks(text, "bash")]
-    command, twins = blocks[0], blocks[1]
+    command, twins, previous = blocks[0], blocks[1], blocks[2]
     header, *rows = table_rows(text)
     acceptance = {}
     for row in rows:
         head = row[0].strip("`")
         for column, cell in zip(header[1:], row[1:]):
             acceptance[head if column.startswith("sampled") else f"{head}-greedy"] = cell.strip("`")
-    return command, twins, acceptance
+    return command, twins, previous, acceptance
 
 
 def test_the_recipe_reproduces_the_shipped_heads_settings():
     from diversed_demo.cli import build_parser
     from diversed_demo.training.config import HeadTrainConfig
 
-    command, twins, acceptance = recipe()
+    command, twins, previous, acceptance = recipe()
     text = sections((ROOT / "docs" / "training.md").read_text())[
         "Cost heads: a learned verifier that is a curve"
     ]
     costs = shlex.split(code_blocks(text, "bash")[0].replace("\\\n", " "))
     cost_heads = {f"{task}-cost": "" for task in ("general", "summarization", "math", "code")}
-    assert command[:2] == twins[:2] == costs[:2] == ["diversed-demo", "train"]
+    assert command[:2] == twins[:2] == previous[:2] == costs[:2] == ["diversed-demo", "train"]
     assert sorted(acceptance | cost_heads) == sorted(p.stem for p in HEADS.glob("*.json"))
     fields = HeadTrainConfig.__dataclass_fields__
     for head, target in (acceptance | cost_heads).items():
         task = head.removesuffix("-greedy").removesuffix("-cost")
-        recipe_of = twins if head.endswith("-greedy") else costs if head.endswith("-cost") else command
+        shipped = json.loads((HEADS / f"{head}.json").read_text())["training"]
+        recipe_of = (
+            twins
+            if head.endswith("-greedy")
+            else costs
+            if head.endswith("-cost")
+            else command
+            if shipped.get("warm_start_positions")
+            else previous
+        )
         argv = [
             a.replace("<task>", task).replace("<A>", target).replace("<λ>", target).replace("<name>", head)
             for a in recipe_of[2:]
         ]
         args = build_parser().parse_args(["train", *argv])
         made = HeadTrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-        shipped = json.loads((HEADS / f"{head}.json").read_text())["training"]
         for key, value in shipped.items():
             if key not in ("name", "out", "run_dir", "prompts_path", "resume"):
                 assert json.loads(json.dumps(getattr(made, key))) == value, (head, key)  # tuples as lists
