@@ -239,6 +239,7 @@ PLACEHOLDERS = {
     "<n>": "10",
     "<T>": "1",
     "<A>": "0.6",
+    "<λ>": "4",
     "<name>": "x",
     "<T1|greedy>": "T1",
 }
@@ -428,7 +429,7 @@ def warm_start_table() -> str:
     """docs/training.md: each shipped head's held-out positions: the warm start's (before RL) and, for a head
     warm-started at scale, the trained head's."""
     lines = [
-        "| head | positions fitted / held out | λ (from A) | held-out acceptance | head's gain over static w "
+        "| head | positions fitted / held out | λ (set, or from A) | held-out acceptance | head's gain over static w "
         "| per-token optimum's gain | share kept (warm start; after RL) | std of w_t "
         "| Spearman of w_t with CE − H / H(p) / TV |",
         "|---|---|---|---|---|---|---|---|---|",
