@@ -31,8 +31,9 @@ def measure(pair, task: str) -> list[dict]:
     config = replace(trained, positions_dir="runs/positions")
     folder = positions_folder(config)
     record_positions(
-        pair, task, folder, POSITIONS, config.temperature, config.n_draft, POSITIONS_MAX_NEW_TOKENS, config.seed
-    )
+        pair, task, folder, POSITIONS, config.temperature, config.n_draft, POSITIONS_MAX_NEW_TOKENS,
+        config.seed,
+    )  # fmt: skip
     _, held_back = load_positions(folder)
     figures = held_out_figures(head, held_back, (COST_HEAD_LAM, *trained.lams))
     head.meta["held_out"] = figures

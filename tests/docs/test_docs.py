@@ -429,9 +429,9 @@ def warm_start_table() -> str:
     """docs/training.md: each shipped head's held-out positions: the warm start's (before RL) and, for a head
     warm-started at scale, the trained head's."""
     lines = [
-        "| head | positions fitted / held out | λ (set, or from A) | held-out acceptance | head's gain over static w "
-        "| per-token optimum's gain | share kept (warm start; after RL) | std of w_t "
-        "| Spearman of w_t with CE − H / H(p) / TV |",
+        "| head | positions fitted / held out | λ (set, or from A) | held-out acceptance "
+        "| head's gain over static w | per-token optimum's gain | share kept (warm start; after RL) "
+        "| std of w_t | Spearman of w_t with CE − H / H(p) / TV |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for head in HEAD_ORDER:
