@@ -237,7 +237,8 @@ def evaluate_heads(
         curve = {label: by_label[label] for label, _ in head_points(name, head, lams)}
         for label, how in head_points(name, head, lams):
             verdict = report["heads"][label.removeprefix("dynamic:")] = judged(static, by_label[label])
-            rule = by_label.get(f"cost:{rule_lam(head, how):g}") if rule_lam(head, how) is not None else None
+            lam = rule_lam(head, how)
+            rule = by_label.get(f"cost:{lam:g}") if lam is not None else None
             if rule is not None:  # against the rule at its λ (a cost head's, or the λ a head was fitted at)
                 verdict["versus_rule"] = versus_point(rule, by_label[label])
         if write_card:  # a CostHead's card holds its point at its default λ, else its curve's first

@@ -24,8 +24,8 @@ def draft_share(w: torch.Tensor, positions: Rollouts, hard: bool = False) -> tor
 
 def head_weights(head, positions: Rollouts, lam: float, hard: bool = False) -> torch.Tensor:
     """w_t [B, T] at recorded positions: an EnsembleHead's from the hidden states (and the p/q terms, where
-    it reads them); a CostHead's smoothed
-    threshold at λ (training's), or with `hard` the threshold decoding applies."""
+    it reads them); a CostHead's smoothed threshold at λ (training's), or with `hard` the threshold decoding
+    applies."""
     model = getattr(head, "module", head)  # as the accelerator may have wrapped it
     rule_cost = positions.cross_entropy - positions.target_entropy
     if not isinstance(model, CostHead):

@@ -33,7 +33,7 @@ from .rollouts import RECORDED, Rollouts, position_terms
 
 HELD_OUT_SHARE = 0.2  # of the prompts, by hash: a held-out figure is one on prompts the fit never saw
 CHUNK_PROMPTS = 64  # rows sampled together: the CPU's batched sampling made 308 tokens/s at 64 rows
-MAX_SEQUENCE = 640  # prompt and response tokens of one pass (longer prompts are cut from the left)
+MAX_SEQUENCE = 640  # prompt and response tokens of one pass (a prompt too long for it is skipped)
 POSITIONS_MAX_NEW_TOKENS = 128  # a response's length: longer than RL's, more positions per prompt's pass
 P_ROWS = 2048  # positions whose full-vocabulary p is held at once (400 MB in fp32)
 HIDDEN = ("target_hidden", "draft_hidden")  # stored in bf16: they are 97% of a position's bytes
@@ -184,7 +184,8 @@ def record_positions(
         path = folder / f"chunk_{index:05d}.safetensors"
         save_chunk(chunk, path)
         chunks.append(path)
-        added, held_added = stored_counts(path)
+        held_added = int(chunk["held_out"].sum())
+        added = len(chunk["held_out"]) - held_added
         fit, held = fit + added, held + held_added
         bar.update(min(added, positions - bar.n))
     bar.close()

@@ -18,8 +18,7 @@ from diversed_demo.core.head import COST_HEAD_LAM
 from diversed_demo.models.heads import HEADS_DIR, load_head, save_head
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.training.config import HeadTrainConfig
-from diversed_demo.training.positions import POSITIONS_MAX_NEW_TOKENS, load_positions, record_positions
-from diversed_demo.training.warm_start import held_out_figures, positions_folder
+from diversed_demo.training.warm_start import held_out_figures, scaled_positions
 
 POSITIONS = 100_000  # as the sampled heads' recipe (docs/training.md)
 
@@ -28,13 +27,8 @@ def measure(pair, task: str) -> list[dict]:
     path = HEADS_DIR / f"{task}-cost.safetensors"
     head = load_head(path, pair)
     trained = HeadTrainConfig(**head.meta["training"])
-    config = replace(trained, positions_dir="runs/positions")
-    folder = positions_folder(config)
-    record_positions(
-        pair, task, folder, POSITIONS, config.temperature, config.n_draft, POSITIONS_MAX_NEW_TOKENS,
-        config.seed,
-    )  # fmt: skip
-    _, held_back = load_positions(folder)
+    config = replace(trained, positions_dir="runs/positions", warm_start_positions=POSITIONS)
+    _, held_back, _ = scaled_positions(pair, config, progress=True)  # recorded first where absent
     figures = held_out_figures(head, held_back, (COST_HEAD_LAM, *trained.lams))
     head.meta["held_out"] = figures
     save_head(head, path)
