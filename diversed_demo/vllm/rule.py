@@ -11,19 +11,25 @@ the draft's distribution and passes that q. Either way nu = w·p + (1 − w)·q,
 The per-token rule (`diversed_lambda`, core/cost_rule.py) is a w_t ∈ {0, 1} per drafted token from p and q,
 which the rejection step already holds: sampled, w_t = 1 where CE(q, p) − H(p) > λ·TV(p, q), which for a
 point mass on x is −log p(x) − H(p) > λ·(1 − p(x)); greedy, w_t = 0 (keep x) where x is the draft's own
-choice and log max p − log p(x) ≤ λ. Those w_t then go through the same two paths as a static w.
+choice and log max p − log p(x) ≤ λ. Those w_t then go through the same two paths as a static w, and
+so do a learned head's (`diversed_head`, sampler.py), which also reads both models' hidden states.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from ..core.cost_rule import TINY, cost_weights, greedy_cost_weights
+from ..models.heads import is_head_name
 
 WEIGHT_KEY = "diversed_w"  # in SamplingParams.extra_args, an OpenAI request's body, or additional_config
 LAMBDA_KEY = "diversed_lambda"  # the per-token rule's λ, in the same places
+HEAD_KEY = "diversed_head"  # a learned head by name, in the same places
+HEADS_KEY = "diversed_heads"  # in additional_config: the heads a server loads at start
+VERIFIER_KEYS = (WEIGHT_KEY, LAMBDA_KEY, HEAD_KEY)  # a request's own verifier, where it sets one
 
 
 def parse_ensemble_weight(value, source: str = WEIGHT_KEY) -> float:
@@ -46,17 +52,44 @@ def parse_lambda(value, source: str = LAMBDA_KEY) -> float:
     return float(value)
 
 
-def request_verifier(extra_args: dict | None, default_w: float, default_lam: float) -> tuple[float, float]:
-    """One request's (w, λ), λ NaN where the rule does not apply: its own `diversed_lambda` (the rule), or its
-    own `diversed_w` (a static w), else the server's defaults. A request that sets both is refused."""
+class Verifier(NamedTuple):
+    """One request's verifier: a static w (1: exact), the per-token rule's λ (NaN: none), or a head's name
+    (a cost head thresholded at λ, or at its default where λ is NaN)."""
+
+    w: float = 1.0
+    lam: float = math.nan
+    head: str | None = None
+
+    @property
+    def relaxed(self) -> bool:
+        return self.w < 1 or not math.isnan(self.lam) or self.head is not None
+
+
+def parse_head_name(value, source: str = HEAD_KEY) -> str:
+    """A head's name as a request or the server's config gives it (which heads exist, the server says)."""
+    if not is_head_name(value):
+        raise ValueError(f"{source} must be a head's name (letters, digits, _ - .), not {value!r}")
+    return value
+
+
+def request_verifier(extra_args: dict | None, default: Verifier = Verifier()) -> Verifier:
+    """One request's verifier: its own `diversed_head` (with `diversed_lambda` for a cost head), its own
+    `diversed_lambda` (the rule) or its own `diversed_w` (a static w), else the server's default. A request
+    that sets a w beside either of the others is refused."""
     args = extra_args or {}
-    if WEIGHT_KEY in args and LAMBDA_KEY in args:
-        raise ValueError(f"set {WEIGHT_KEY} or {LAMBDA_KEY}, not both: one request has one verifier")
+    if WEIGHT_KEY in args and (LAMBDA_KEY in args or HEAD_KEY in args):
+        raise ValueError(
+            f"set one of {WEIGHT_KEY}, {LAMBDA_KEY} or {HEAD_KEY}, not both: one request has one verifier "
+            f"(only a cost head takes a {LAMBDA_KEY} beside it)"
+        )
+    lam = parse_lambda(args[LAMBDA_KEY]) if LAMBDA_KEY in args else math.nan
+    if HEAD_KEY in args:
+        return Verifier(lam=lam, head=parse_head_name(args[HEAD_KEY]))
     if LAMBDA_KEY in args:
-        return 1.0, parse_lambda(args[LAMBDA_KEY])
+        return Verifier(lam=lam)
     if WEIGHT_KEY in args:
-        return parse_ensemble_weight(args[WEIGHT_KEY]), math.nan
-    return default_w, default_lam
+        return Verifier(w=parse_ensemble_weight(args[WEIGHT_KEY]))
+    return default
 
 
 def rule_weights(

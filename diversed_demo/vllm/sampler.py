@@ -1,92 +1,116 @@
-"""The worker side of the plugin: each step's w (or the per-token rule's λ) per request, and vLLM 0.32's
-rejection sampling with them.
+"""The worker side of the plugin: each step's verifier per request (a static w, the per-token rule's λ, or a
+learned head), and vLLM 0.32's rejection sampling with them.
 
 vLLM's V1 model runner calls `RejectionSampler.forward`, which calls the module function `rejection_sample`.
 The plugin wraps the runner's `_sample` (it knows the requests; the sampler does not) to publish this step's
-weights, and replaces `rejection_sample` with `ensemble_rejection_sample`, which reads them. A step where
-every request has w = 1 runs vLLM's own function untouched.
+verifiers (with, for heads, the hidden states hidden.py carries), and replaces `rejection_sample` with
+`ensemble_rejection_sample`, which reads them. A step where every request is exact runs vLLM's own
+function untouched.
 """
 
 from __future__ import annotations
 
 import math
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.sample import rejection_sampler as upstream
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from ..core.config import DecodeConfig
+from ..core.head import weight_rule
+from .heads import head_setting, worker_heads
+from .hidden import step_hidden
 from .rule import (
+    HEAD_KEY,
     LAMBDA_KEY,
     WEIGHT_KEY,
+    Verifier,
     ensemble_argmax,
     ensemble_uniforms,
     parse_ensemble_weight,
+    parse_head_name,
     parse_lambda,
     request_verifier,
     rule_weights,
 )
 from .rule import token_weights as spread_to_tokens
 
-# [batch] w of this step's requests, or None when all are exact; set only around one `_sample` call
-STEP_WEIGHTS: ContextVar[torch.Tensor | None] = ContextVar("diversed_step_weights", default=None)
-# [batch] λ of this step's requests under the per-token rule (NaN for the others), or None when none is
-STEP_LAMBDAS: ContextVar[torch.Tensor | None] = ContextVar("diversed_step_lambdas", default=None)
+
+@dataclass(frozen=True)
+class StepVerifiers:
+    """One step's verifiers, per request in the batch's order; None where no request uses that kind."""
+
+    weights: torch.Tensor | None = None  # [batch] static w, 1 where none
+    lams: torch.Tensor | None = None  # [batch] the per-token rule's λ, NaN where none
+    heads: list | None = None  # [batch] (head module, its λ or NaN) or None
+    hidden: tuple | None = None  # (target [num_tokens, H], draft [num_tokens, Hd]) for the heads
+
+
+# this step's verifiers, or None when all are exact; set only around one `_sample` call
+STEP: ContextVar[StepVerifiers | None] = ContextVar("diversed_step_verifiers", default=None)
 UPSTREAM_REJECTION_SAMPLE = upstream.rejection_sample
 UPSTREAM_SAMPLE = GPUModelRunner._sample
+logger = init_logger(__name__)
 
 
-def server_weight(vllm_config) -> float:
-    """The server's default w (`additional_config={"diversed_w": w}`); 1 (exact) when it sets none."""
-    config = vllm_config.additional_config
-    if isinstance(config, dict) and WEIGHT_KEY in config:
-        return parse_ensemble_weight(config[WEIGHT_KEY], f"additional_config's {WEIGHT_KEY}")
-    return 1.0
-
-
-def server_lambda(vllm_config) -> float:
-    """The server's default λ of the per-token rule (`additional_config={"diversed_lambda": λ}`); NaN (no
-    rule) when it sets none. A server default of both w and λ is refused."""
-    config = vllm_config.additional_config
-    if not (isinstance(config, dict) and LAMBDA_KEY in config):
-        return math.nan
-    if WEIGHT_KEY in config:
-        raise ValueError(f"additional_config sets {WEIGHT_KEY} and {LAMBDA_KEY}: set one server verifier")
-    return parse_lambda(config[LAMBDA_KEY], f"additional_config's {LAMBDA_KEY}")
-
-
-def batch_verifiers(runner, num_requests: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The first `num_requests` requests' w and λ, in the batch's order: ([batch] w, None if all are 1;
-    [batch] λ, NaN where a request has no rule, None if none has)."""
-    default_w, default_lam = server_weight(runner.vllm_config), server_lambda(runner.vllm_config)
-    pairs = [
-        request_verifier(runner.requests[req_id].sampling_params.extra_args, default_w, default_lam)
-        for req_id in runner.input_batch.req_ids[:num_requests]
-    ]
-    weights, lams = [w for w, _ in pairs], [lam for _, lam in pairs]
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.float32, device=runner.device)  # noqa: E731
-    return (
-        None if all(w == 1.0 for w in weights) else as_tensor(weights),
-        None if all(math.isnan(lam) for lam in lams) else as_tensor(lams),
+def server_verifier(vllm_config) -> Verifier:
+    """The server's default verifier (`additional_config={"diversed_w": w}`, `{"diversed_lambda": λ}` or
+    `{"diversed_head": name}`); exact when it sets none. The same rules as a request's, with messages that
+    name additional_config."""
+    config = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+    where = "additional_config's"
+    if WEIGHT_KEY in config and (LAMBDA_KEY in config or HEAD_KEY in config):
+        raise ValueError(f"additional_config sets {WEIGHT_KEY} beside {LAMBDA_KEY} or {HEAD_KEY}: set one")
+    return Verifier(
+        w=parse_ensemble_weight(config[WEIGHT_KEY], f"{where} {WEIGHT_KEY}") if WEIGHT_KEY in config else 1.0,
+        lam=parse_lambda(config[LAMBDA_KEY], f"{where} {LAMBDA_KEY}") if LAMBDA_KEY in config else math.nan,
+        head=parse_head_name(config[HEAD_KEY], f"{where} {HEAD_KEY}") if HEAD_KEY in config else None,
     )
 
 
-def batch_weights(runner, num_requests: int) -> torch.Tensor | None:
-    """w of the first `num_requests` requests of the runner's batch, in its order; None if all are 1."""
-    return batch_verifiers(runner, num_requests)[0]
+def batch_verifiers(runner, num_requests: int) -> StepVerifiers | None:
+    """The first `num_requests` requests' verifiers, in the batch's order; None if all are exact."""
+    default = server_verifier(runner.vllm_config)
+    verifiers = [
+        request_verifier(runner.requests[req_id].sampling_params.extra_args, default)
+        for req_id in runner.input_batch.req_ids[:num_requests]
+    ]
+    if not any(v.relaxed for v in verifiers):
+        return None
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float32, device=runner.device)  # noqa: E731
+    ruled = [v.head is None and not math.isnan(v.lam) for v in verifiers]
+    heads = None
+    if any(v.head is not None for v in verifiers):
+        served = worker_heads(runner)
+        heads = [
+            (served[v.head], head_setting(served[v.head], v.lam)) if v.head in served else None
+            for v in verifiers
+        ]
+    return StepVerifiers(
+        weights=None if all(v.w == 1.0 for v in verifiers) else as_tensor([v.w for v in verifiers]),
+        lams=as_tensor([v.lam if r else math.nan for v, r in zip(verifiers, ruled)]) if any(ruled) else None,
+        heads=heads,
+    )
 
 
 def sample_with_ensemble_weights(self, logits, spec_decode_metadata):
-    """GPUModelRunner._sample with this step's weights and λ published for `ensemble_rejection_sample`."""
+    """GPUModelRunner._sample with this step's verifiers published for `ensemble_rejection_sample`."""
     if spec_decode_metadata is None:
         return UPSTREAM_SAMPLE(self, logits, spec_decode_metadata)
-    weights, lams = batch_verifiers(self, len(spec_decode_metadata.num_draft_tokens))
-    tokens = STEP_WEIGHTS.set(weights), STEP_LAMBDAS.set(lams)
+    step = batch_verifiers(self, len(spec_decode_metadata.num_draft_tokens))
+    if step is not None and step.heads is not None:
+        hidden = step_hidden(self, spec_decode_metadata)
+        if hidden is None:
+            logger.warning_once("DIVERSED: a head's hidden states were missing in a step; verified exactly")
+        step = StepVerifiers(step.weights, step.lams, step.heads, hidden)
+    token = STEP.set(step)
     try:
         return UPSTREAM_SAMPLE(self, logits, spec_decode_metadata)
     finally:
-        STEP_WEIGHTS.reset(tokens[0])
-        STEP_LAMBDAS.reset(tokens[1])
+        STEP.reset(token)
 
 
 def ensemble_rejection_sample(
@@ -104,17 +128,15 @@ def ensemble_rejection_sample(
 ):
     """vLLM 0.32's `rejection_sample` (same arguments, kernels, and random draws in the same order) verifying
     against nu = w·p + (1 − w)·q: shifted uniforms for sampled requests, argmax nu for greedy ones."""
-    weights, lams = STEP_WEIGHTS.get(), STEP_LAMBDAS.get()
-    if (weights is None and lams is None) or synthetic_mode:
+    step = STEP.get()
+    if step is None or synthetic_mode:
         return UPSTREAM_REJECTION_SAMPLE(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
             bonus_token_ids, sampling_metadata, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel,
         )  # fmt: skip
     device, meta = target_logits.device, sampling_metadata
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # once, for every path below
-    weights = token_verdict_weights(
-        weights, lams, num_draft_tokens, target_probs, draft_token_ids, draft_probs, meta
-    )
+    weights = token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids, draft_probs, meta)
     output_token_ids = torch.full(
         (len(num_draft_tokens), max_spec_len + 1),
         upstream.PLACEHOLDER_TOKEN_ID,
@@ -146,19 +168,54 @@ def ensemble_rejection_sample(
     return output_token_ids
 
 
-def token_verdict_weights(weights, lams, num_draft_tokens, target_probs, draft_token_ids, draft_probs, meta):
-    """[num_tokens] w per drafted token: its request's static w, or where the request has a λ, the per-token
-    rule's w_t from p and q (greedy or sampled by the request's temperature)."""
+def token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids, draft_probs, meta):
+    """[num_tokens] w per drafted token: its request's static w; where the request has a λ, the per-token
+    rule's w_t from p and q (greedy or sampled by the request's temperature); where it has a head, the
+    head's w_t (exact, w = 1, for a step whose hidden states are missing)."""
     batch, device = len(num_draft_tokens), target_probs.device
-    request_w = weights.to(device) if weights is not None else torch.ones(batch, device=device)
+    request_w = step.weights.to(device) if step.weights is not None else torch.ones(batch, device=device)
     per_token = spread_to_tokens(request_w, num_draft_tokens)
-    if lams is None:
-        return per_token
     if meta.all_greedy or meta.all_random:
         greedy_requests = torch.full((batch,), bool(meta.all_greedy), device=device)
     else:
         greedy_requests = meta.temperature == upstream.GREEDY_TEMPERATURE
-    token_lams = spread_to_tokens(lams.to(device), num_draft_tokens)
     greedy = spread_to_tokens(greedy_requests.to(device), num_draft_tokens)
-    rule = rule_weights(target_probs, draft_token_ids, draft_probs, token_lams.nan_to_num(0.0), greedy)
-    return torch.where(token_lams.isnan(), per_token, rule)
+    if step.lams is not None:
+        token_lams = spread_to_tokens(step.lams.to(device), num_draft_tokens)
+        rule = rule_weights(target_probs, draft_token_ids, draft_probs, token_lams.nan_to_num(0.0), greedy)
+        per_token = torch.where(token_lams.isnan(), per_token, rule)
+    if step.heads is not None and step.hidden is not None:
+        per_token = with_head_weights(
+            per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs
+        )
+    return per_token
+
+
+def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs):
+    """per_token [num_tokens] with each head's w_t on its requests' drafted tokens: one call per head (and
+    λ) over all of them. q is draft_probs, or the point mass on x where vLLM kept none (greedy requests)."""
+    target_hidden, draft_hidden = step.hidden
+    owners = torch.repeat_interleave(torch.arange(len(num_draft_tokens)), torch.as_tensor(num_draft_tokens))
+    groups: dict[tuple, list[int]] = {}
+    for i, entry in enumerate(step.heads):
+        if entry is not None:
+            groups.setdefault((id(entry[0]), entry[1]), []).append(i)
+    per_token = per_token.clone()
+    for requests in groups.values():
+        head, lam = step.heads[requests[0]]
+        rows = torch.isin(owners, torch.tensor(requests)).nonzero().squeeze(-1).to(per_token.device)
+        if not len(rows):
+            continue
+        x = draft_token_ids[rows].clamp_min(0).long()
+        p = target_probs[rows]
+        q = (
+            draft_probs[rows]
+            if draft_probs is not None
+            else torch.nn.functional.one_hot(x, p.shape[-1]).to(p)
+        )
+        weigh = weight_rule(
+            DecodeConfig(mode="dynamic", head=head, lam=0.0 if lam != lam else lam), greedy=False
+        )
+        w_t = weigh(p, q, x, target_hidden[rows], draft_hidden[rows])
+        per_token[rows] = w_t.to(per_token.dtype)
+    return per_token

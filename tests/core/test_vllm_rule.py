@@ -9,6 +9,7 @@ import torch
 from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights
 from diversed_demo.core.verify import verify_block_greedy
 from diversed_demo.vllm.rule import (
+    Verifier,
     ensemble_argmax,
     ensemble_uniforms,
     parse_ensemble_weight,
@@ -42,23 +43,34 @@ def test_a_bad_weight_is_refused_with_what_was_wrong(value, message):
 
 
 def test_a_request_without_a_verifier_gets_the_servers_and_its_own_replaces_it():
-    nan = math.nan
-    w, lam = request_verifier(None, 1.0, nan)
-    assert w == 1.0 and math.isnan(lam)  # exact, no rule
-    assert request_verifier({"other": 3}, 0.7, nan)[0] == 0.7
-    assert request_verifier({"diversed_w": 0.2}, 0.7, nan)[0] == 0.2
-    assert request_verifier({"diversed_lambda": 2}, 0.7, nan) == (1.0, 2.0)  # the rule, not the server's w
-    assert request_verifier(None, 1.0, 4.0) == (1.0, 4.0)  # a server that serves the rule
-    w, lam = request_verifier({"diversed_w": 0.5}, 1.0, 4.0)  # a request's own w replaces the server's rule
-    assert w == 0.5 and math.isnan(lam)
+    server_w, server_rule = Verifier(w=0.7), Verifier(lam=4.0)
+    assert request_verifier(None) == Verifier() and not Verifier().relaxed  # exact, no rule, no head
+    assert request_verifier({"other": 3}, server_w).w == 0.7
+    assert request_verifier({"diversed_w": 0.2}, server_w).w == 0.2
+    assert request_verifier({"diversed_lambda": 2}, server_w)[:2] == (
+        1.0,
+        2.0,
+    )  # the rule, not the server's w
+    assert request_verifier(None, server_rule) == server_rule  # a server that serves the rule
+    own = request_verifier({"diversed_w": 0.5}, server_rule)  # a request's own w replaces the server's rule
+    assert own.w == 0.5 and math.isnan(own.lam) and own.relaxed
+    head = request_verifier({"diversed_head": "general"}, server_w)
+    assert head.head == "general" and head.w == 1.0 and math.isnan(head.lam) and head.relaxed
+    assert (
+        request_verifier({"diversed_head": "general-cost", "diversed_lambda": 2}).lam == 2.0
+    )  # a cost head's
     with pytest.raises(ValueError):
-        request_verifier({"diversed_w": 2}, 0.7, nan)
+        request_verifier({"diversed_w": 2}, server_w)
     with pytest.raises(ValueError, match="diversed_lambda must be a finite number ≥ 0, not -1"):
-        request_verifier({"diversed_lambda": -1}, 1.0, nan)
+        request_verifier({"diversed_lambda": -1})
     with pytest.raises(ValueError, match="diversed_lambda must be a number ≥ 0, not 'x'"):
-        request_verifier({"diversed_lambda": "x"}, 1.0, nan)
-    with pytest.raises(ValueError, match="not both"):
-        request_verifier({"diversed_w": 0.5, "diversed_lambda": 1}, 1.0, nan)
+        request_verifier({"diversed_lambda": "x"})
+    for both in ({"diversed_w": 0.5, "diversed_lambda": 1}, {"diversed_w": 0.5, "diversed_head": "general"}):
+        with pytest.raises(ValueError, match="not both"):
+            request_verifier(both)
+    for bad in ("../etc/passwd", "", 3, None):
+        with pytest.raises(ValueError, match="diversed_head must be a head's name"):
+            request_verifier({"diversed_head": bad})
 
 
 @pytest.mark.parametrize("drafting", ["point mass", "probabilistic"])

@@ -1,6 +1,7 @@
 """The plugin's rejection sampling through vLLM's own kernels (on a CPU, its C++ overrides), on tiny tensors:
 the acceptance law against core/verify.py fed the same q, the greedy rule, and w = 1 untouched."""
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,33 +28,80 @@ def block(seed: int):
     return target_logits, draft_probs
 
 
-def vllm_outcomes(target_logits, drafts, draft_probs, w, temperature=1.0, generators=None, lam=None):
-    """B requests through the plugin's rejection_sample, one per row of drafts [B, N]: (accepted, next token)
-    per request. draft_probs [N, V] or None (vLLM's greedy drafting: a point mass); `lam`: every request
-    under the per-token rule at that λ instead of a static w."""
+def step_verifiers(batch, w=None, lam=None, head=None, hidden=None):
+    """The sampler's StepVerifiers for `batch` requests that all share one verifier."""
+    from diversed_demo.vllm.sampler import StepVerifiers
+
+    return StepVerifiers(
+        weights=None if w is None else torch.as_tensor(w, dtype=torch.float32).expand(batch).contiguous(),
+        lams=None if lam is None else torch.full((batch,), float(lam)),
+        heads=None if head is None else [(head, float("nan"))] * batch,
+        hidden=hidden,
+    )
+
+
+def run_sampler(step, drafts, num_draft_tokens, draft_probs, target_logits, bonus, metadata):
+    """The plugin's rejection_sample with `step` published, as the runner's `_sample` publishes it."""
     from diversed_demo.vllm import sampler
 
-    batch = drafts.shape[0]
-    flat_drafts = drafts.reshape(-1).to(torch.int32).contiguous()
-    weights = None if w is None else torch.as_tensor(w, dtype=torch.float32).expand(batch).contiguous()
-    lams = None if lam is None else torch.full((batch,), float(lam))
-    token, lam_token = sampler.STEP_WEIGHTS.set(weights), sampler.STEP_LAMBDAS.set(lams)
+    token = sampler.STEP.set(step)
     try:
-        output = sampler.ensemble_rejection_sample(
-            flat_drafts,
-            [N] * batch,
-            N,
-            torch.arange(1, batch + 1, dtype=torch.int32) * N,
-            None if draft_probs is None else draft_probs.repeat(batch, 1).contiguous(),
-            target_logits[:N].repeat(batch, 1).contiguous(),
-            target_logits[N].argmax().repeat(batch, 1).to(torch.int32),
-            sampling_metadata([temperature] * batch, generators),
+        return sampler.ensemble_rejection_sample(
+            drafts,
+            num_draft_tokens,
+            max(num_draft_tokens),
+            torch.tensor(num_draft_tokens, dtype=torch.int32).cumsum(0, dtype=torch.int32),
+            draft_probs,
+            target_logits,
+            bonus,
+            metadata,
         )
     finally:
-        sampler.STEP_WEIGHTS.reset(token)
-        sampler.STEP_LAMBDAS.reset(lam_token)
+        sampler.STEP.reset(token)
+
+
+def vllm_outcomes(
+    target_logits, drafts, draft_probs, w, temperature=1.0, generators=None, lam=None, head=None
+):
+    """B requests through the plugin's rejection_sample, one per row of drafts [B, N]: (accepted, next token)
+    per request. draft_probs [N, V] or None (vLLM's greedy drafting: a point mass); `lam`: every request
+    under the per-token rule at that λ instead of a static w; `head`: (head, hidden states [N, H] per model)
+    for every request."""
+    batch = drafts.shape[0]
+    hidden = None if head is None else tuple(h.repeat(batch, 1) for h in head[1])
+    step = step_verifiers(batch, w, lam, None if head is None else head[0], hidden)
+    output = run_sampler(
+        step if w is not None or lam is not None or head is not None else None,
+        drafts.reshape(-1).to(torch.int32).contiguous(),
+        [N] * batch,
+        None if draft_probs is None else draft_probs.repeat(batch, 1).contiguous(),
+        target_logits[:N].repeat(batch, 1).contiguous(),
+        target_logits[N].argmax().repeat(batch, 1).to(torch.int32),
+        sampling_metadata([temperature] * batch, generators),
+    )
     accepted = (output != -1).sum(1) - 1
     return [(int(a), int(output[i, a])) for i, a in enumerate(accepted)]
+
+
+def tiny_head(seed: int, hidden: int = 8):
+    """A random head that reads the p/q terms, scaled so that its w_t spread over (0, 1), and hidden states
+    [N, hidden] for each model."""
+    from diversed_demo.core.head import EnsembleHead
+
+    torch.manual_seed(seed)
+    head = EnsembleHead(hidden, hidden, hidden_size=16, w_init=0.5, pq_features=True).eval()
+    with torch.no_grad():
+        head.mlp[-1].weight.mul_(20)
+    return head, (torch.randn(N, hidden), torch.randn(N, hidden))
+
+
+def head_w_t(head, hidden, p, q):
+    """What this project's decoder gives as the head's w_t [N] on p, q [N, V] (core/head.weight_rule)."""
+    from diversed_demo.core.config import DecodeConfig
+    from diversed_demo.core.head import weight_rule
+
+    weigh = weight_rule(DecodeConfig(mode="dynamic", head=head), greedy=False)
+    return weigh(p, q, q.argmax(-1), *hidden)
 
 
 def reference_outcomes(target_logits, drafts, draft_probs, w, seed):
@@ -119,6 +167,40 @@ def test_the_rules_law_matches_the_projects_verify_fed_its_w_t(kernels, drafting
     assert table.shape[1] > 1 and chi2_contingency(table).pvalue > P_VALUE
 
 
+@pytest.mark.parametrize("seed", [2, 5])
+def test_a_heads_law_matches_the_projects_verify_fed_its_w_t(kernels, seed):
+    """`diversed_head`: vLLM with the plugin evaluates the head on the hidden states and p/q terms of each
+    drafted position and gives the law of (tokens kept, next token) that core/verify.py gives with the
+    w_t this project's decoder computes from the same head and inputs."""
+    torch.manual_seed(17 + seed)
+    target_logits, draft_probs = block(seed=seed)
+    head, hidden = tiny_head(seed)
+    w_t = head_w_t(head, hidden, target_logits[:N].softmax(-1), draft_probs)
+    assert (w_t.min() < 0.9) and (w_t.max() > 0.1), w_t  # a head that relaxes, and not to a constant
+    batch = 3000
+    drafts = torch.multinomial(draft_probs, batch, replacement=True).T.contiguous()
+    ours = vllm_outcomes(target_logits, drafts, draft_probs, None, head=(head, hidden))
+    reference = reference_outcomes(target_logits, drafts, draft_probs, lambda p, q: w_t, 5)
+    table = contingency(ours, reference)
+    assert table.shape[1] > 1 and chi2_contingency(table).pvalue > P_VALUE
+
+
+def test_greedy_requests_with_a_head_keep_drafts_while_they_are_argmax_nu(kernels):
+    """Greedy requests (vLLM keeps no q: the point mass on x) with a head: exactly core/verify.py's greedy
+    verification with the head's w_t on the same point mass."""
+    generator = torch.Generator().manual_seed(9)
+    head, hidden = tiny_head(seed=4)
+    for _ in range(40):
+        target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 2
+        drafts = torch.randint(VOCAB, (1, N), generator=generator)
+        (ours,) = vllm_outcomes(target_logits, drafts, None, None, temperature=0.0, head=(head, hidden))
+        point_mass = torch.nn.functional.one_hot(drafts[0], VOCAB).float()
+        p = target_logits.softmax(-1)
+        w_t = head_w_t(head, hidden, p[:N], point_mass)
+        n_ref, next_ref, _ = verify_block_greedy(drafts[0], point_mass, p, w_t)
+        assert ours == (n_ref, int(next_ref))
+
+
 @pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 3.0])
 def test_greedy_requests_under_the_rule_keep_drafts_within_lam_of_the_targets_best(kernels, lam):
     generator = torch.Generator().manual_seed(8)
@@ -162,7 +244,6 @@ def test_greedy_requests_keep_drafts_while_they_are_argmax_nu(kernels, w):
 def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
     """A batch mixing w = 1 and w = 0.5, greedy and sampled requests, each seeded: the w = 1 rows come out
     exactly as vLLM's unpatched sampler gives them."""
-    from diversed_demo.vllm import sampler
 
     batch = 64
     target_logits, draft_probs = block(seed=9)
@@ -172,34 +253,38 @@ def test_weight_one_rows_are_vllms_own_even_beside_relaxed_ones(kernels):
     weights = torch.tensor([1.0, 0.5] * (batch // 2))
     temperatures = [1.0, 1.0, 0.0, 0.0] * (batch // 4)
 
-    def run(step_weights, step_lams=None):
+    def run(step_weights, step_lams=None, heads=None, hidden=None):
+        from diversed_demo.vllm.sampler import StepVerifiers
+
         generators = {i: torch.Generator().manual_seed(100 + i) for i in range(batch)}
-        token, lam_token = sampler.STEP_WEIGHTS.set(step_weights), sampler.STEP_LAMBDAS.set(step_lams)
-        try:
-            return sampler.ensemble_rejection_sample(
-                drafts,
-                [N] * batch,
-                N,
-                torch.arange(1, batch + 1, dtype=torch.int32) * N,
-                draft_probs.repeat(batch, 1).contiguous(),
-                target_logits[:N].repeat(batch, 1).contiguous(),
-                torch.zeros(batch, 1, dtype=torch.int32),
-                sampling_metadata(temperatures, generators),
-            )
-        finally:
-            sampler.STEP_WEIGHTS.reset(token)
-            sampler.STEP_LAMBDAS.reset(lam_token)
+        plain = step_weights is None and step_lams is None and heads is None
+        step = None if plain else StepVerifiers(step_weights, step_lams, heads, hidden)
+        return run_sampler(
+            step,
+            drafts,
+            [N] * batch,
+            draft_probs.repeat(batch, 1).contiguous(),
+            target_logits[:N].repeat(batch, 1).contiguous(),
+            torch.zeros(batch, 1, dtype=torch.int32),
+            sampling_metadata(temperatures, generators),
+        )
 
     upstream, mixed = run(None), run(weights)
-    # rows of no verifier, a static w and the rule (λ = 2) side by side: the plain rows are still vLLM's own
-    nan, kind = float("nan"), [i % 3 if i < batch - batch % 3 else 0 for i in range(batch)]  # 0 plain
-    three = run(
+    # rows of no verifier, a static w, the rule (λ = 2) and a head side by side: the plain rows are still
+    # vLLM's own, and the head's rows are those of a batch where every request has that head
+    nan, kind = float("nan"), [i % 4 if i < batch - batch % 4 else 0 for i in range(batch)]  # 0 plain
+    head, (target_hidden, draft_hidden) = tiny_head(seed=2)
+    hidden = (target_hidden.repeat(batch, 1), draft_hidden.repeat(batch, 1))
+    four = run(
         torch.tensor([0.5 if k == 1 else 1.0 for k in kind]),
         torch.tensor([2.0 if k == 2 else nan for k in kind]),
+        [(head, nan) if k == 3 else None for k in kind],
+        hidden,
     )
-    plain = torch.tensor([k == 0 for k in kind])
-    assert torch.equal(three[plain], upstream[plain])
-    assert not torch.equal(three[~plain], upstream[~plain])
+    plain, headed = torch.tensor([k == 0 for k in kind]), torch.tensor([k == 3 for k in kind])
+    assert torch.equal(four[plain], upstream[plain])
+    assert not torch.equal(four[~plain], upstream[~plain])
+    assert torch.equal(four[headed], run(None, None, [(head, nan)] * batch, hidden)[headed])
     assert torch.equal(run(None, torch.full((batch,), nan)), upstream)  # NaN everywhere: no rule at all
     exact_rows = weights == 1
     assert torch.equal(mixed[exact_rows], upstream[exact_rows])
@@ -210,6 +295,7 @@ def runner(default=None, **request_args):
     """A stand-in for vLLM's model runner: its config, its requests and their order in the batch."""
     config = default if isinstance(default, dict) else {} if default is None else {"diversed_w": default}
     return SimpleNamespace(
+        _diversed_heads=None,
         vllm_config=SimpleNamespace(additional_config=config),
         requests={
             r: SimpleNamespace(sampling_params=SimpleNamespace(extra_args=a)) for r, a in request_args.items()
@@ -222,21 +308,42 @@ def runner(default=None, **request_args):
 def test_each_request_gets_its_own_lambda_or_the_servers(kernels):
     from diversed_demo.vllm.sampler import batch_verifiers
 
-    weights, lams = batch_verifiers(runner(a=None, b={"diversed_lambda": 2}), 2)
-    assert weights is None and lams[0].isnan() and lams[1] == 2.0
-    assert batch_verifiers(runner(a=None, b={"diversed_w": 0.5}), 2)[1] is None  # no rule in this step
+    step = batch_verifiers(runner(a=None, b={"diversed_lambda": 2}), 2)
+    assert step.weights is None and step.heads is None and step.lams[0].isnan() and step.lams[1] == 2.0
+    assert batch_verifiers(runner(a=None, b={"diversed_w": 0.5}), 2).lams is None  # no rule in this step
     with pytest.raises(ValueError, match="additional_config's diversed_lambda must be a finite number"):
         batch_verifiers(runner({"diversed_lambda": -1}, a=None), 1)
 
 
 def test_each_request_gets_its_own_weight_or_the_server_default(kernels):
-    from diversed_demo.vllm.sampler import batch_weights
+    from diversed_demo.vllm.sampler import batch_verifiers
 
-    assert batch_weights(runner(a=None, b={"diversed_w": 1.0}), 2) is None  # all exact: vLLM's own path
-    assert batch_weights(runner(a=None, b={"diversed_w": 0.2}), 2).tolist() == pytest.approx([1.0, 0.2])
-    assert batch_weights(runner(0.5, a=None, b={"diversed_w": 1}), 2).tolist() == [0.5, 1.0]
+    weights = lambda r, n: getattr(batch_verifiers(r, n), "weights", None)  # noqa: E731
+    assert batch_verifiers(runner(a=None, b={"diversed_w": 1.0}), 2) is None  # all exact: vLLM's own path
+    assert weights(runner(a=None, b={"diversed_w": 0.2}), 2).tolist() == pytest.approx([1.0, 0.2])
+    assert weights(runner(0.5, a=None, b={"diversed_w": 1}), 2).tolist() == [0.5, 1.0]
     with pytest.raises(ValueError, match="additional_config's diversed_w must be in"):
-        batch_weights(runner(1.5, a=None), 1)
+        batch_verifiers(runner(1.5, a=None), 1)
+
+
+def test_each_request_gets_its_own_head_loaded_once_per_worker(kernels):
+    """Head requests get the served head (a cost head at its request's λ or its default), beside requests
+    with no verifier; the worker loads each file once."""
+    from diversed_demo.core.head import COST_HEAD_LAM
+    from diversed_demo.vllm.sampler import batch_verifiers
+
+    served = {"diversed_heads": ["general", "general-cost"]}
+    stand_in = runner(served, a=None, b={"diversed_head": "general"}, c={"diversed_head": "general-cost"})
+    stand_in.requests["d"] = SimpleNamespace(
+        sampling_params=SimpleNamespace(extra_args={"diversed_head": "general-cost", "diversed_lambda": 2})
+    )
+    stand_in.input_batch.req_ids.append("d")
+    step = batch_verifiers(stand_in, 4)
+    assert step.heads[0] is None and step.weights is None and step.lams is None
+    (general, none_lam), (cost, cost_lam), (cost_again, lam_two) = step.heads[1:]
+    assert type(general).__name__ == "EnsembleHead" and math.isnan(none_lam)
+    assert type(cost).__name__ == "CostHead" and cost_lam == COST_HEAD_LAM and lam_two == 2.0
+    assert cost_again is cost and batch_verifiers(stand_in, 4).heads[1][0] is general  # loaded once
 
 
 def test_openai_requests_carry_a_top_level_weight(kernels):
