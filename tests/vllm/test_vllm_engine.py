@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_helpers import MAX_TOKENS, generate
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
-MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
@@ -20,25 +20,6 @@ def prompts(embedded_engine):
     from diversed_demo.core.prompt import encode_prompt
 
     return [encode_prompt(embedded_engine.get_tokenizer(), q) for q in QUESTIONS]
-
-
-def generate(llm, prompts, temperature=0.0, w=None, seed=0, lam=None):
-    """(token ids per prompt, acceptance over the batch) for one request per prompt, at a static w or under
-    the per-token rule at λ."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from diversed_demo.vllm.engine import spec_counters
-
-    extra = {**({} if w is None else {"diversed_w": w}), **({} if lam is None else {"diversed_lambda": lam})}
-    extra = extra or None
-    params = SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, seed=seed, extra_args=extra)
-    before = spec_counters(llm)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    after = spec_counters(llm)
-    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
-    acceptance = (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafted
-    return [list(o.outputs[0].token_ids) for o in outputs], acceptance
 
 
 def test_requests_without_w_or_with_w_one_are_served_as_by_vllm_alone(embedded_engine, prompts):

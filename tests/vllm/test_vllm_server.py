@@ -1,5 +1,5 @@
 """The plugin behind vLLM's OpenAI-compatible server (`vllm serve`, started as docs/vllm.md says), through
-the `openai` client: w set per request in `extra_body`, and a bad w answered with HTTP 400."""
+the `openai` client: w, λ or a head set per request in `extra_body`, and a bad one answered with HTTP 400."""
 
 import json
 import os
@@ -40,14 +40,19 @@ def server_url(tmp_path_factory):
     from diversed_demo.vllm.engine import KV_CACHE_BYTES, default_draft, embedded_target_dir
 
     port = free_port()
-    spec = {"method": "eagle3", "model": str(default_draft()), "num_speculative_tokens": 4}
+    spec = {
+        "method": "eagle3",
+        "model": str(default_draft()),
+        "num_speculative_tokens": 4,
+        "draft_sample_method": "probabilistic",
+    }
     command = [
         sys.executable, "-m", "diversed_demo.vllm", "serve", embedded_target_dir(),
         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
         "--speculative-config", json.dumps(spec),
-        "--additional-config", json.dumps({"diversed_w": 1.0}),
+        "--additional-config", json.dumps({"diversed_w": 1.0, "diversed_heads": ["general", "general-cost"]}),
     ]  # fmt: skip
     log = open(tmp_path_factory.mktemp("server") / "vllm-serve.log", "w")
     # as from a shell: vLLM's CPU set-up in this process (earlier tests) put its libgomp in LD_PRELOAD
@@ -68,8 +73,16 @@ def server_url(tmp_path_factory):
         log.close()
 
 
-@pytest.mark.parametrize("field", [{"diversed_w": 0.5}, {"diversed_lambda": 2.0}])
-def test_a_chat_request_with_w_or_lambda_in_extra_body_returns_text(server_url, field):
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"diversed_w": 0.5},
+        {"diversed_lambda": 2.0},
+        {"diversed_head": "general"},
+        {"diversed_head": "general-cost", "diversed_lambda": 2.0},
+    ],
+)
+def test_a_chat_request_with_a_verifier_in_extra_body_returns_text(server_url, field):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{server_url}/v1", api_key="none")
@@ -83,10 +96,19 @@ def test_a_chat_request_with_w_or_lambda_in_extra_body_returns_text(server_url, 
     assert reply.choices[0].message.content.strip()
 
 
-@pytest.mark.parametrize("field, bad", [("diversed_w", 1.5), ("diversed_w", "abc"), ("diversed_lambda", -1)])
-def test_a_bad_w_or_lambda_gets_a_400_that_names_it(server_url, field, bad):
+@pytest.mark.parametrize(
+    "field, bad, message",
+    [
+        ("diversed_w", 1.5, "diversed_w must be"),
+        ("diversed_w", "abc", "diversed_w must be"),
+        ("diversed_lambda", -1, "diversed_lambda must be"),
+        ("diversed_head", "mine", "diversed_head 'mine' is not served here"),
+        ("diversed_head", "../heads/general", "diversed_head must be a head's name"),
+    ],
+)
+def test_a_bad_verifier_gets_a_400_that_names_it(server_url, field, bad, message):
     import openai
 
     client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="none")
-    with pytest.raises(openai.BadRequestError, match=f"{field} must be"):
+    with pytest.raises(openai.BadRequestError, match=message):
         client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, extra_body={field: bad})
