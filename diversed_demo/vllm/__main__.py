@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -20,7 +21,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bench.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     bench.add_argument("--data", default=None, help="Spec-Bench question.jsonl (default: the shared one)")
     bench.add_argument(
-        "--modes", default="ar,exact,static:0.5", help="ar, exact, static:<w> and cost:<λ>, comma-separated"
+        "--modes",
+        default="ar,exact,static:0.5",
+        help="ar, exact, static:<w>, cost:<λ> and dynamic:<head>, comma-separated",
     )
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--n-draft", type=int, default=4, help="tokens the EAGLE-3 draft proposes per step")
@@ -39,6 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     bench.add_argument("--target", default=None, help="a local model folder (default: the embedded target)")
     bench.add_argument("--draft", default=None, help="an EAGLE-3 draft folder (default: assets/draft)")
+    bench.add_argument(
+        "--beside",
+        default=None,
+        help="a `diversed-demo bench --json` report of the same prompts and settings: its figures go beside",
+    )
     bench.add_argument("--json", default=None, help="write the report here")
     bench.add_argument("--markdown", default=None, help="write the Markdown table here")
     return parser.parse_args(argv)
@@ -48,22 +56,32 @@ def bench_command(args) -> int:
     from ..common.files import write_text
     from ..eval.bench import parse_modes
     from ..eval.tasks import load_spec_bench
-    from .bench import check_modes, markdown_table, run
+    from .bench import beside, check_beside, check_modes, markdown_table, run
     from .engine import default_draft, embedded_target_dir
 
     # Everything that can be checked without an engine is checked before one starts.
     modes = parse_modes(args.modes)
-    check_modes(modes)
+    check_modes(modes, args.drafting)
+    decoder_report = json.loads(Path(args.beside).read_text()) if args.beside else None
     if args.per_category < 1 or args.max_new_tokens < 1 or args.n_draft < 1:
         raise ValueError("--per-category, --max-new-tokens and --n-draft must be positive integers")
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     examples = load_spec_bench(args.data, categories, per_category=args.per_category)
+    if decoder_report is not None:  # before the engines start
+        wanted = {
+            "examples": len(examples),
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+        }
+        check_beside(wanted, decoder_report, args.beside)
     target = args.target or embedded_target_dir()
     draft = args.draft or default_draft()
     report = run(
         target, draft, examples, modes, args.n_draft, args.max_new_tokens, args.temperature, args.seed,
         dtype=args.dtype, compile=args.compile, drafting=args.drafting,
     )  # fmt: skip
+    if decoder_report is not None:
+        report["beside"] = beside(report, decoder_report, args.beside)
     table = markdown_table(report)
     print(table)
     if args.json:
@@ -111,7 +129,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         return bench_command(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -23,6 +23,7 @@ import torch
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from .head_clock import head_work
 from .heads import configured_heads
 
 UPSTREAM_SAMPLE_TOKENS = GPUModelRunner.sample_tokens
@@ -89,8 +90,9 @@ def propose_recording_hidden(self, *args, **kwargs):
         RECORDING.reset(token)
     batch, outputs = drafts.shape[0], recording.outputs
     if drafts.shape[1] and len(outputs) >= drafts.shape[1]:
-        rows = [outputs[0], *(o[:batch] for o in outputs[1 : drafts.shape[1]])]
-        self.diversed_draft_hidden = torch.stack(rows, dim=1)
+        with head_work():
+            rows = [outputs[0], *(o[:batch] for o in outputs[1 : drafts.shape[1]])]
+            self.diversed_draft_hidden = torch.stack(rows, dim=1)
     return drafts
 
 
@@ -115,9 +117,10 @@ def record_calls(model) -> None:
             output = cls.__call__(self, *args, **kwargs)
             recording = RECORDING.get()
             if recording is not None and isinstance(output, tuple):
-                prenorm = output[1]
-                first = not recording.outputs and recording.first_rows is not None
-                recording.outputs.append(prenorm[recording.first_rows] if first else prenorm.clone())
+                with head_work():
+                    prenorm = output[1]
+                    first = not recording.outputs and recording.first_rows is not None
+                    recording.outputs.append(prenorm[recording.first_rows] if first else prenorm.clone())
             return output
 
         RECORDING_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": call})

@@ -51,12 +51,13 @@ def install_sampler_hooks() -> None:
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from . import hidden
+    from . import head_clock, hidden
     from .sampler import ensemble_rejection_sample, sample_with_ensemble_weights
 
     rejection_sampler.rejection_sample = ensemble_rejection_sample
     GPUModelRunner._sample = sample_with_ensemble_weights
     hidden.install()
+    head_clock.install()
 
 
 def install_validation_hooks() -> None:

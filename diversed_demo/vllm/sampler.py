@@ -21,6 +21,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from ..core.config import DecodeConfig
 from ..core.head import weight_rule
+from .head_clock import head_work
 from .heads import head_setting, worker_heads
 from .hidden import step_hidden
 from .rule import (
@@ -102,7 +103,8 @@ def sample_with_ensemble_weights(self, logits, spec_decode_metadata):
         return UPSTREAM_SAMPLE(self, logits, spec_decode_metadata)
     step = batch_verifiers(self, len(spec_decode_metadata.num_draft_tokens))
     if step is not None and step.heads is not None:
-        hidden = step_hidden(self, spec_decode_metadata)
+        with head_work():
+            hidden = step_hidden(self, spec_decode_metadata)
         if hidden is None:
             logger.warning_once("DIVERSED: a head's hidden states were missing in a step; verified exactly")
         step = StepVerifiers(step.weights, step.lams, step.heads, hidden)
@@ -185,9 +187,10 @@ def token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids,
         rule = rule_weights(target_probs, draft_token_ids, draft_probs, token_lams.nan_to_num(0.0), greedy)
         per_token = torch.where(token_lams.isnan(), per_token, rule)
     if step.heads is not None and step.hidden is not None:
-        per_token = with_head_weights(
-            per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs
-        )
+        with head_work():
+            per_token = with_head_weights(
+                per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs
+            )
     return per_token
 
 
