@@ -119,7 +119,7 @@ def run_vllm_bench(engines: dict, tokenizer, examples, modes: dict, max_new_toke
     """Every mode on every question through `engines` ({"ar": LLM, "sd": LLM}): the report's figures."""
     counts = defaultdict(lambda: defaultdict(Counts))  # category (and "overall") -> mode -> Counts
     outputs, prompts, names = defaultdict(list), [], list(modes)
-    head_seconds = defaultdict(float)
+    head_seconds = defaultdict(lambda: defaultdict(float))  # mode -> part -> seconds
     warm_up(engines, tokenizer)
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(tokenizer, example.prompt)
@@ -132,7 +132,8 @@ def run_vllm_bench(engines: dict, tokenizer, examples, modes: dict, max_new_toke
                 head_clock(llm)  # reset: what the clock holds now is another mode's
             ids, spent = decode(llm, prompt_ids, params)
             if heads:
-                head_seconds[name] += head_clock(llm)
+                for part, seconds in head_clock(llm).items():
+                    head_seconds[name][part] += seconds
             outputs[name].append(ids)
             for where in (example.category, "overall"):
                 counts[where][name] += spent
@@ -141,8 +142,8 @@ def run_vllm_bench(engines: dict, tokenizer, examples, modes: dict, max_new_toke
         row["fidelity_scores"] = fidelity_scores(engines["ar"], prompts, outputs[name])
         row["fidelity"] = sum(row["fidelity_scores"]) / len(row["fidelity_scores"])
         if name in head_seconds:
-            row["head_seconds"] = head_seconds[name]
-            row["head_step_share"] = head_seconds[name] / row["wall_time_s"]
+            row["head_seconds"] = dict(head_seconds[name])
+            row["head_step_share"] = sum(head_seconds[name].values()) / row["wall_time_s"]
     result = {
         "overall": overall,
         "per_category": {category: mode_rows(by_mode) for category, by_mode in counts.items()},
@@ -153,9 +154,9 @@ def run_vllm_bench(engines: dict, tokenizer, examples, modes: dict, max_new_toke
     return result
 
 
-def head_clock(llm) -> float:
-    """Seconds the engine's workers spent on heads since the last read (the slowest worker's)."""
-    return max(llm.collective_rpc("diversed_head_clock"))
+def head_clock(llm) -> dict[str, float]:
+    """Seconds the engine's workers spent on heads since the last read, by part (the busiest worker's)."""
+    return max(llm.collective_rpc("diversed_head_clock"), key=lambda parts: sum(parts.values()))
 
 
 def fidelity_scores(llm, prompts: list[list[int]], outputs: list[list[int]]) -> list[float]:

@@ -11,12 +11,13 @@ from contextlib import contextmanager
 
 import torch
 
-SECONDS = {"head": 0.0}
+PARTS = ("record", "gather", "evaluate")  # the draft's rows as it drafts; both models' rows; the heads
+SECONDS = dict.fromkeys(PARTS, 0.0)
 
 
 @contextmanager
-def head_work():
-    """Count the time of the block as heads' work."""
+def head_work(part: str):
+    """Count the time of the block as heads' work, under `part` (one of PARTS)."""
     synchronize = torch.cuda.is_available() and bool(os.environ.get("DIVERSED_TIME_HEADS"))
     if synchronize:
         torch.cuda.synchronize()
@@ -26,12 +27,13 @@ def head_work():
     finally:
         if synchronize:
             torch.cuda.synchronize()
-        SECONDS["head"] += time.perf_counter() - start
+        SECONDS[part] += time.perf_counter() - start
 
 
-def read_and_reset(worker=None) -> float:
-    """Seconds of heads' work since the last read (a worker method: `worker` is vLLM's, unused)."""
-    seconds, SECONDS["head"] = SECONDS["head"], 0.0
+def read_and_reset(worker=None) -> dict[str, float]:
+    """Seconds of heads' work by part since the last read (a worker method: `worker` is vLLM's, unused)."""
+    seconds = dict(SECONDS)
+    SECONDS.update(dict.fromkeys(PARTS, 0.0))
     return seconds
 
 

@@ -44,8 +44,11 @@ RECORDING: ContextVar[Recording | None] = ContextVar("diversed_draft_recording",
 RECORDING_CLASSES: dict[type, type] = {}
 
 
-def serves_heads(vllm_config) -> bool:
-    return bool(configured_heads(vllm_config.additional_config))
+def serves_heads(holder) -> bool:
+    """Whether the server of a runner or drafter (anything with a vllm_config) names heads; asked once."""
+    if getattr(holder, "_diversed_serves_heads", None) is None:
+        holder._diversed_serves_heads = bool(configured_heads(holder.vllm_config.additional_config))
+    return holder._diversed_serves_heads
 
 
 def install() -> None:
@@ -79,7 +82,7 @@ def propose_keeping_draft_hidden(self, *args, **kwargs):
 def propose_recording_hidden(self, *args, **kwargs):
     """SpecDecodeBaseProposer.propose, recording the drafter's hidden state behind each drafted token:
     self.diversed_draft_hidden [batch, K, Hd]."""
-    if not serves_heads(self.vllm_config):
+    if not serves_heads(self):
         return UPSTREAM_PROPOSE(self, *args, **kwargs)
     record_calls(self.model)
     recording = Recording()
@@ -90,7 +93,7 @@ def propose_recording_hidden(self, *args, **kwargs):
         RECORDING.reset(token)
     batch, outputs = drafts.shape[0], recording.outputs
     if drafts.shape[1] and len(outputs) >= drafts.shape[1]:
-        with head_work():
+        with head_work("record"):
             rows = [outputs[0], *(o[:batch] for o in outputs[1 : drafts.shape[1]])]
             self.diversed_draft_hidden = torch.stack(rows, dim=1)
     return drafts
@@ -117,7 +120,7 @@ def record_calls(model) -> None:
             output = cls.__call__(self, *args, **kwargs)
             recording = RECORDING.get()
             if recording is not None and isinstance(output, tuple):
-                with head_work():
+                with head_work("record"):
                     prenorm = output[1]
                     first = not recording.outputs and recording.first_rows is not None
                     recording.outputs.append(prenorm[recording.first_rows] if first else prenorm.clone())

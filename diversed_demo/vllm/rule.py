@@ -6,7 +6,8 @@ the draft's distribution and passes that q. Either way nu = w·p + (1 − w)·q,
 - sampled requests keep x with probability min(1, w·p(x)/q(x) + (1 − w)) (for a point mass: w·p(x) + 1 − w);
   a rejected x is redrawn from norm(max(0, nu − q)) = norm(max(0, p − q)) (w > 0), which is vLLM's own
   recovered distribution (for a point mass: p without x). So only the acceptance test changes.
-- greedy requests keep x while it is argmax nu; at the first mismatch the next token is argmax nu.
+- greedy requests keep x while it is argmax nu; at the first mismatch the next token is argmax nu (with q
+  the draft's distribution where vLLM keeps it: greedy_q.py keeps it for greedy batches too).
 
 The per-token rule (`diversed_lambda`, core/cost_rule.py) is a w_t ∈ {0, 1} per drafted token from p and q,
 which the rejection step already holds: sampled, w_t = 1 where CE(q, p) − H(p) > λ·TV(p, q), which for a
@@ -23,6 +24,8 @@ from typing import NamedTuple
 import torch
 
 from ..core.cost_rule import TINY, cost_weights, greedy_cost_weights
+from ..core.sampling import greedy_tokens
+from ..core.verify import ensemble_probs
 from ..models.heads import is_head_name
 
 WEIGHT_KEY = "diversed_w"  # in SamplingParams.extra_args, an OpenAI request's body, or additional_config
@@ -136,18 +139,25 @@ def ensemble_argmax(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     weights: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """argmax nu per drafted position, for greedy requests, where q is the point mass on the drafted x and
-    target_probs [num_tokens, V] is p at temperature 1 (as in greedy SD: the step's softmax of the logits).
+    """argmax nu per drafted position, for greedy requests, from target_probs [num_tokens, V] (p at
+    temperature 1, as in greedy SD: the step's softmax of the logits) and q: draft_probs [num_tokens, V], or
+    where vLLM kept none (greedy drafting) the point mass on the drafted x.
 
-    nu(x) = w·p(x) + 1 − w and nu(y) = w·p(y), so x is argmax nu iff w·(max p − p(x)) ≤ 1 − w; otherwise
-    argmax nu is argmax p. vLLM's greedy kernel keeps a draft that equals the token given here and emits
-    that token at the first mismatch, so this is the whole greedy rule. Rows with w = 1 are left untouched.
+    With the point mass, nu(x) = w·p(x) + 1 − w and nu(y) = w·p(y), so x is argmax nu iff
+    w·(max p − p(x)) ≤ 1 − w; otherwise argmax nu is argmax p. vLLM's greedy kernel keeps a draft that
+    equals the token given here and emits that token at the first mismatch, so this is the whole greedy
+    rule. Rows with w = 1 are left untouched.
     """
     drafted = draft_token_ids >= 0  # vLLM pads missing drafts with −1, which must be rejected
+    w = weights.to(torch.float32)
+    if draft_probs is not None:
+        nu = ensemble_probs(target_probs, draft_probs, w)
+        choice = greedy_tokens(nu).to(target_argmax.dtype)
+        return torch.where(drafted & (w < 1), choice, target_argmax)
     x = draft_token_ids.clamp_min(0).long()
     p_x = target_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)
     p_max = target_probs.max(dim=-1).values
-    w = weights.to(torch.float32)
     keep = drafted & (w < 1) & (w * (p_max - p_x) <= 1 - w)
     return torch.where(keep, x.to(target_argmax.dtype), target_argmax)

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+from torch.nn.functional import one_hot
 from vllm.logger import init_logger
 from vllm.v1.sample import rejection_sampler as upstream
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -103,7 +104,7 @@ def sample_with_ensemble_weights(self, logits, spec_decode_metadata):
         return UPSTREAM_SAMPLE(self, logits, spec_decode_metadata)
     step = batch_verifiers(self, len(spec_decode_metadata.num_draft_tokens))
     if step is not None and step.heads is not None:
-        with head_work():
+        with head_work("gather"):
             hidden = step_hidden(self, spec_decode_metadata)
         if hidden is None:
             logger.warning_once("DIVERSED: a head's hidden states were missing in a step; verified exactly")
@@ -152,7 +153,9 @@ def ensemble_rejection_sample(
             draft_token_ids.shape[0], num_draft_tokens, meta.generators, device
         )
     if not meta.all_random:
-        target_argmax = ensemble_argmax(target_logits.argmax(dim=-1), target_probs, draft_token_ids, weights)
+        target_argmax = ensemble_argmax(
+            target_logits.argmax(dim=-1), target_probs, draft_token_ids, weights, draft_probs
+        )
         upstream._rejection_greedy_sample(
             output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, greedy,
             max_spec_len, None, None,
@@ -187,7 +190,7 @@ def token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids,
         rule = rule_weights(target_probs, draft_token_ids, draft_probs, token_lams.nan_to_num(0.0), greedy)
         per_token = torch.where(token_lams.isnan(), per_token, rule)
     if step.heads is not None and step.hidden is not None:
-        with head_work():
+        with head_work("evaluate"):
             per_token = with_head_weights(
                 per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs
             )
@@ -196,29 +199,26 @@ def token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids,
 
 def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs):
     """per_token [num_tokens] with each head's w_t on its requests' drafted tokens: one call per head (and
-    λ) over all of them. q is draft_probs, or the point mass on x where vLLM kept none (greedy requests)."""
+    λ) over all of them. q is draft_probs, or the point mass on x where vLLM kept none (greedy drafting)."""
     target_hidden, draft_hidden = step.hidden
-    owners = torch.repeat_interleave(torch.arange(len(num_draft_tokens)), torch.as_tensor(num_draft_tokens))
     groups: dict[tuple, list[int]] = {}
     for i, entry in enumerate(step.heads):
         if entry is not None:
             groups.setdefault((id(entry[0]), entry[1]), []).append(i)
+    owners = torch.repeat_interleave(torch.arange(len(num_draft_tokens)), torch.as_tensor(num_draft_tokens))
     per_token = per_token.clone()
     for requests in groups.values():
         head, lam = step.heads[requests[0]]
-        rows = torch.isin(owners, torch.tensor(requests)).nonzero().squeeze(-1).to(per_token.device)
-        if not len(rows):
-            continue
+        if len(requests) == len(num_draft_tokens):  # every row: no copies of p and q
+            rows = slice(None)
+        else:
+            rows = torch.isin(owners, torch.tensor(requests)).nonzero().squeeze(-1).to(per_token.device)
+            if not len(rows):
+                continue
         x = draft_token_ids[rows].clamp_min(0).long()
         p = target_probs[rows]
-        q = (
-            draft_probs[rows]
-            if draft_probs is not None
-            else torch.nn.functional.one_hot(x, p.shape[-1]).to(p)
-        )
-        weigh = weight_rule(
-            DecodeConfig(mode="dynamic", head=head, lam=0.0 if lam != lam else lam), greedy=False
-        )
-        w_t = weigh(p, q, x, target_hidden[rows], draft_hidden[rows])
+        q = draft_probs[rows] if draft_probs is not None else one_hot(x, p.shape[-1]).to(p)
+        config = DecodeConfig(mode="dynamic", head=head, lam=0.0 if math.isnan(lam) else lam)
+        w_t = weight_rule(config, greedy=False)(p, q, x, target_hidden[rows], draft_hidden[rows])
         per_token[rows] = w_t.to(per_token.dtype)
     return per_token

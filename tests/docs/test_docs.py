@@ -178,47 +178,37 @@ def test_the_per_task_training_defaults_are_the_codes():
             assert float(cell.strip("`")) == getattr(config, field), (row[0], field)
 
 
-def recipe() -> tuple[list[str], list[str], list[str], dict[str, str]]:
+def recipe() -> tuple[list[str], list[str], dict[str, str]]:
     """docs/training.md's recipe of the shipped heads: the command of the sampled heads, that of their greedy
-    twins, the previous recipe (a sampled head fitted on decoded prompts) and each head's setting (λ, or a
-    target acceptance)."""
+    twins and each head's setting (λ, or a target acceptance)."""
     text = sections((ROOT / "docs" / "training.md").read_text())["The recipe of the shipped heads"]
-    blocks = [shlex.split(block.replace("\\\n", " ")) for block in code_blocks(text, "bash")]
-    command, twins, previous = blocks[0], blocks[1], blocks[2]
+    command, twins = [shlex.split(block.replace("\\\n", " ")) for block in code_blocks(text, "bash")]
     header, *rows = table_rows(text)
     acceptance = {}
     for row in rows:
         head = row[0].strip("`")
         for column, cell in zip(header[1:], row[1:]):
             acceptance[head if column.startswith("sampled") else f"{head}-greedy"] = cell.strip("`")
-    return command, twins, previous, acceptance
+    return command, twins, acceptance
 
 
 def test_the_recipe_reproduces_the_shipped_heads_settings():
     from diversed_demo.cli import build_parser
     from diversed_demo.training.config import HeadTrainConfig
 
-    command, twins, previous, acceptance = recipe()
+    command, twins, acceptance = recipe()
     text = sections((ROOT / "docs" / "training.md").read_text())[
         "Cost heads: a learned verifier that is a curve"
     ]
     costs = shlex.split(code_blocks(text, "bash")[0].replace("\\\n", " "))
     cost_heads = {f"{task}-cost": "" for task in ("general", "summarization", "math", "code")}
-    assert command[:2] == twins[:2] == previous[:2] == costs[:2] == ["diversed-demo", "train"]
+    assert command[:2] == twins[:2] == costs[:2] == ["diversed-demo", "train"]
     assert sorted(acceptance | cost_heads) == sorted(p.stem for p in HEADS.glob("*.json"))
     fields = HeadTrainConfig.__dataclass_fields__
     for head, target in (acceptance | cost_heads).items():
         task = head.removesuffix("-greedy").removesuffix("-cost")
         shipped = json.loads((HEADS / f"{head}.json").read_text())["training"]
-        recipe_of = (
-            twins
-            if head.endswith("-greedy")
-            else costs
-            if head.endswith("-cost")
-            else command
-            if shipped.get("warm_start_positions")
-            else previous
-        )
+        recipe_of = twins if head.endswith("-greedy") else costs if head.endswith("-cost") else command
         argv = [
             a.replace("<task>", task).replace("<A>", target).replace("<λ>", target).replace("<name>", head)
             for a in recipe_of[2:]

@@ -229,15 +229,25 @@ def test_first_token_is_distributed_as_nu(kernels, w):
     assert chisquare(observed, nu / nu.sum() * batch).pvalue > P_VALUE
 
 
+@pytest.mark.parametrize("drafting", ["greedy", "probabilistic"])
 @pytest.mark.parametrize("w", [0.0, 0.45, 0.5, 0.7, 0.9, 1.0])
-def test_greedy_requests_keep_drafts_while_they_are_argmax_nu(kernels, w):
+def test_greedy_requests_keep_drafts_while_they_are_argmax_nu(kernels, w, drafting):
+    """Greedy requests: exactly core/verify.py's greedy verification, against the point mass on x where
+    vLLM keeps no q (greedy drafting), against the draft's q where it does (probabilistic drafting)."""
     generator = torch.Generator().manual_seed(7)
     for _ in range(40):
         target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 2
-        drafts = torch.randint(VOCAB, (1, N), generator=generator)
-        (ours,) = vllm_outcomes(target_logits, drafts, None, w, temperature=0.0)
-        point_mass = torch.nn.functional.one_hot(drafts[0], VOCAB).float()
-        n_ref, next_ref, _ = verify_block_greedy(drafts[0], point_mass, target_logits.softmax(-1), w)
+        q = (torch.randn(N, VOCAB, generator=generator) * 2).softmax(-1)
+        drafts = (
+            q.argmax(-1)[None]
+            if drafting == "probabilistic"
+            else torch.randint(VOCAB, (1, N), generator=generator)
+        )
+        (ours,) = vllm_outcomes(
+            target_logits, drafts, q if drafting == "probabilistic" else None, w, temperature=0.0
+        )
+        q_seen = q if drafting == "probabilistic" else torch.nn.functional.one_hot(drafts[0], VOCAB).float()
+        n_ref, next_ref, _ = verify_block_greedy(drafts[0], q_seen, target_logits.softmax(-1), w)
         assert ours == (n_ref, int(next_ref))
 
 
