@@ -25,9 +25,9 @@ def add_bench_question_arguments(parser) -> None:
     parser.add_argument(
         "--modes",
         default=DEFAULT_MODES,
-        help="comma-separated: ar, exact, static:<w>, cost:<λ> (the per-token rule), dynamic:<head>; a name "
-        "ending in /no-lookup drafts without prompt lookup (greedy decoding's copies from the text), e.g. "
-        "exact/no-lookup",
+        help="comma-separated: ar, exact, static:<w>, cost:<λ> (the per-token rule), dynamic:<head> (a cost "
+        "head at its default λ, or dynamic:<head>@<λ>); a name ending in /no-lookup drafts without prompt "
+        "lookup (greedy decoding's copies from the text), e.g. exact/no-lookup",
     )
     parser.add_argument(
         "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"

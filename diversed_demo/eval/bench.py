@@ -6,6 +6,7 @@ alike. bench_report.py turns what is measured here into speedups, analytic bound
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,10 @@ from ..core.config import DecodeConfig
 from ..core.decode import decode_rows
 from ..core.draft import is_feature_draft
 from ..core.generate import generate
+from ..core.head import COST_HEAD_LAM, CostHead
 from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
-from ..models.heads import load_head, resolve_head_path
+from ..models.heads import load_head, read_head_metadata, resolve_head_path
 from ..runtime.costs import choose_n_draft, measure_costs, memory_limit
 from .bench_report import batch_report, report
 from .hf_baseline import hf_generate, transformers_kwargs
@@ -33,10 +35,10 @@ BENCH_DECODING = DecodeConfig(max_new_tokens=128, temperature=0.0)  # Spec-Bench
 
 
 def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> dict[str, DecodeConfig]:
-    """'ar,exact,static:0.5,dynamic:general' -> {name: `base` (the run's length, temperature and seed) in
-    that mode}. Without a pair it only checks the spec (weights in [0, 1], heads that exist), which needs
-    no model, and leaves each head as its path. A name ending in /no-lookup drafts without prompt lookup
-    (core/lookup.py), to measure what it adds."""
+    """'ar,exact,static:0.5,dynamic:general,dynamic:general-cost@8' -> {name: `base` (the run's length,
+    temperature and seed) in that mode}. Without a pair it only checks the spec (weights in [0, 1], heads
+    that exist), which needs no model, and leaves each head as its path. A name ending in /no-lookup
+    drafts without prompt lookup (core/lookup.py), to measure what it adds."""
     modes = {}
     for name in [m.strip() for m in spec.split(",") if m.strip()]:
         spec_mode, _, option = name.partition("/")
@@ -62,14 +64,37 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
                 raise ValueError(f"mode {name!r}: λ must be a number") from None
             modes[name] = base.replace(mode="cost", lam=lam)
         elif kind == "dynamic" and arg:
-            head = load_head(arg, pair) if pair is not None else resolve_head_path(arg)
-            modes[name] = base.replace(mode="dynamic", head=head)
+            modes[name] = head_mode(name, arg, pair, base)
         else:
-            raise ValueError(f"unknown mode {name!r}: use ar, exact, static:<w>, cost:<λ> or dynamic:<head>")
+            raise ValueError(
+                f"unknown mode {name!r}: use ar, exact, static:<w>, cost:<λ> or dynamic:<head>[@<λ>]"
+            )
         modes[name] = modes[name].replace(prompt_lookup=kind != "ar" and not option)
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes
+
+
+def head_mode(name: str, arg: str, pair, base: DecodeConfig) -> DecodeConfig:
+    """'general' or 'general-cost@8' -> `base` with that head: a cost head at the λ after @, or at its
+    default (COST_HEAD_LAM, as the app and frontier run it); only a cost head takes a λ."""
+    head_name, at, lam_text = arg.partition("@")
+    head = load_head(head_name, pair) if pair is not None else resolve_head_path(head_name)
+    is_cost = isinstance(head, CostHead) if pair is not None else head_kind(head) == "cost"
+    if at and not is_cost:
+        raise ValueError(f"mode {name!r}: only a cost head takes a λ after @")
+    try:
+        lam = float(lam_text) if at else COST_HEAD_LAM if is_cost else base.lam
+    except ValueError:
+        lam = math.nan
+    if not 0 <= lam < math.inf:
+        raise ValueError(f"mode {name!r}: λ must be a number ≥ 0")
+    return base.replace(mode="dynamic", head=head, lam=lam)
+
+
+def head_kind(path) -> str:
+    """A head file's kind ("ensemble" or "cost") from its metadata, without loading it."""
+    return read_head_metadata(path)["config"].get("kind", "ensemble")
 
 
 def machine_settings(pair) -> dict:

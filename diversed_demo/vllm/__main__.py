@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bench.add_argument(
         "--modes",
         default="ar,exact,static:0.5",
-        help="ar, exact, static:<w>, cost:<λ> and dynamic:<head>, comma-separated",
+        help="ar, exact, static:<w>, cost:<λ>, dynamic:<head> and dynamic:<cost head>@<λ>, comma-separated",
     )
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--n-draft", type=int, default=4, help="tokens the EAGLE-3 draft proposes per step")

@@ -23,15 +23,15 @@ from pathlib import Path
 from ..common.formatting import fmt
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
+from ..eval.bench import head_kind
 from ..eval.bench_report import identical_to_target_only
-from ..models.heads import read_head_metadata
 from .engine import engine_kwargs, spec_counters
 from .rule import HEAD_KEY, HEADS_KEY, LAMBDA_KEY, WEIGHT_KEY
 
 
 def check_modes(modes: dict, drafting: str = "probabilistic") -> None:
     """vLLM runs every mode of eval.bench.parse_modes's spec (ar, exact, static:<w>, cost:<λ>,
-    dynamic:<head>) but prompt lookup, which it does not have; a head needs probabilistic drafting."""
+    dynamic:<head>[@<λ>]) but prompt lookup, which it does not have; a head needs probabilistic drafting."""
     for name, config in modes.items():
         if config.mode == "dynamic" and drafting != "probabilistic":
             raise ValueError(
@@ -61,7 +61,7 @@ def sampling_params(config, max_new_tokens: int, temperature: float, seed: int):
         extra = {LAMBDA_KEY: config.lam}
     elif config.mode == "dynamic":
         extra = {HEAD_KEY: head_name(config)}
-        if read_head_metadata(config.head)["config"].get("kind") == "cost":
+        if head_kind(config.head) == "cost":
             extra[LAMBDA_KEY] = config.lam
     return SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed, extra_args=extra)
 

@@ -41,6 +41,20 @@ def test_parse_modes_rejects_unknown_and_requires_ar(pair):
     assert parse_modes("ar,static:0.25", pair)["static:0.25"] == static
 
 
+def test_a_cost_head_runs_at_its_default_lambda_or_the_one_after_at():
+    from diversed_demo.core.head import COST_HEAD_LAM
+
+    modes = parse_modes("ar,dynamic:general-cost,dynamic:general-cost@8,dynamic:general")
+    assert modes["dynamic:general-cost"].lam == COST_HEAD_LAM  # as the app and frontier run it
+    assert modes["dynamic:general-cost@8"].lam == 8.0
+    assert modes["dynamic:general"].lam == BENCH_DECODING.lam
+    with pytest.raises(ValueError, match="only a cost head takes a λ"):
+        parse_modes("ar,dynamic:general@2")
+    for bad in ("x", "-1", "inf"):
+        with pytest.raises(ValueError, match="λ must be a number ≥ 0"):
+            parse_modes(f"ar,dynamic:general-cost@{bad}")
+
+
 def test_modes_draft_with_prompt_lookup_unless_told_not_to(pair):
     modes = parse_modes("ar,exact,exact/no-lookup,static:0.5/no-lookup", pair)
     assert modes["ar"] == BENCH_DECODING.replace(mode="ar")
