@@ -21,7 +21,7 @@ from ..core.generate import generate
 from ..core.head import COST_HEAD_LAM, CostHead
 from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
-from ..models.heads import load_head, read_head_metadata, resolve_head_path
+from ..models.heads import head_kind, load_head, resolve_head_path
 from ..runtime.costs import choose_n_draft, measure_costs, memory_limit
 from .bench_report import batch_report, report
 from .hf_baseline import hf_generate, transformers_kwargs
@@ -90,11 +90,6 @@ def head_mode(name: str, arg: str, pair, base: DecodeConfig) -> DecodeConfig:
     if not 0 <= lam < math.inf:
         raise ValueError(f"mode {name!r}: λ must be a number ≥ 0")
     return base.replace(mode="dynamic", head=head, lam=lam)
-
-
-def head_kind(path) -> str:
-    """A head file's kind ("ensemble" or "cost") from its metadata, without loading it."""
-    return read_head_metadata(path)["config"].get("kind", "ensemble")
 
 
 def machine_settings(pair) -> dict:

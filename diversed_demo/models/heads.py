@@ -111,6 +111,11 @@ def read_head_metadata(path) -> dict:
     return {"config": json.loads(metadata["config"]), "meta": json.loads(metadata["meta"])}
 
 
+def head_kind(path) -> str:
+    """A head file's kind ("ensemble" or "cost") from its metadata, without loading its weights."""
+    return read_head_metadata(path)["config"].get("kind", "ensemble")
+
+
 def check_head_pair(head_pair: dict, identity: dict, where: str) -> None:
     for key, label in (
         ("tokenizer_fingerprint", "tokenizer"),

@@ -23,8 +23,8 @@ from pathlib import Path
 from ..common.formatting import fmt
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
-from ..eval.bench import head_kind
 from ..eval.bench_report import identical_to_target_only
+from ..models.heads import head_kind
 from .engine import engine_kwargs, spec_counters
 from .rule import HEAD_KEY, HEADS_KEY, LAMBDA_KEY, WEIGHT_KEY
 
@@ -222,8 +222,11 @@ def run(
         **machine_settings(dtype),
     }
     engines = {"ar": LLM(**engine_kwargs(target, None, seed=seed, **engine))}  # drafting: unused alone
-    heads = {HEADS_KEY: served_heads(modes)} if served_heads(modes) else {}
-    engines["sd"] = LLM(**engine_kwargs(target, draft, n_draft, seed=seed, **engine), additional_config=heads)
+    heads = served_heads(modes)
+    additional_config = {HEADS_KEY: heads} if heads else {}
+    engines["sd"] = LLM(
+        **engine_kwargs(target, draft, n_draft, seed=seed, **engine), additional_config=additional_config
+    )
     tokenizer = engines["sd"].get_tokenizer()
     figures = run_vllm_bench(engines, tokenizer, examples, modes, max_new_tokens, temperature, seed)
     settings["load_average_at_end"] = os.getloadavg()

@@ -12,10 +12,18 @@ also reads the draft's q, which vLLM keeps only when it samples its drafts, so h
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 from ..core.head import COST_HEAD_LAM, CostHead
-from ..models.heads import HeadError, check_head_pair, read_head, read_head_metadata, resolve_head_path
+from ..models.heads import (
+    HeadError,
+    check_head_pair,
+    head_kind,
+    read_head,
+    read_head_metadata,
+    resolve_head_path,
+)
 from .rule import HEAD_KEY, HEADS_KEY, Verifier, parse_head_name
 
 IDENTITY_DTYPE = "bfloat16"  # fingerprints read signs only, so the cheapest dtype that keeps them will do
@@ -46,15 +54,16 @@ def configured_heads(additional_config) -> dict[str, Path]:
         raise ValueError(f"additional_config's {HEADS_KEY}: {err}") from None
 
 
-@functools.cache
-def head_kinds(files: tuple[tuple[str, Path], ...]) -> dict[str, str]:
-    """{name: "ensemble" | "cost"} from the files' metadata (no weights read)."""
-    return {name: read_head_metadata(path)["config"].get("kind", "ensemble") for name, path in files}
-
-
 def served_head_kinds(vllm_config) -> dict[str, str]:
-    """The served heads' kinds by name, for checking requests."""
-    return head_kinds(tuple(sorted(configured_heads(vllm_config.additional_config).items())))
+    """The served heads' kinds by name, for checking requests (looked up once per server config)."""
+    return head_kinds(json.dumps(vllm_config.additional_config, sort_keys=True, default=str))
+
+
+@functools.cache
+def head_kinds(additional_config_json: str) -> dict[str, str]:
+    """{name: "ensemble" | "cost"} of the heads a server config names, from their files' metadata."""
+    heads = configured_heads(json.loads(additional_config_json))
+    return {name: head_kind(path) for name, path in heads.items()}
 
 
 def check_served_heads(vllm_config) -> None:

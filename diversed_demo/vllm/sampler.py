@@ -10,6 +10,7 @@ function untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def sample_with_ensemble_weights(self, logits, spec_decode_metadata):
             hidden = step_hidden(self, spec_decode_metadata)
         if hidden is None:
             logger.warning_once("DIVERSED: a head's hidden states were missing in a step; verified exactly")
-        step = StepVerifiers(step.weights, step.lams, step.heads, hidden)
+        step = dataclasses.replace(step, hidden=hidden)
     token = STEP.set(step)
     try:
         return UPSTREAM_SAMPLE(self, logits, spec_decode_metadata)
@@ -205,13 +206,13 @@ def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_tok
     for i, entry in enumerate(step.heads):
         if entry is not None:
             groups.setdefault((id(entry[0]), entry[1]), []).append(i)
-    owners = torch.repeat_interleave(torch.arange(len(num_draft_tokens)), torch.as_tensor(num_draft_tokens))
     per_token = per_token.clone()
     for requests in groups.values():
         head, lam = step.heads[requests[0]]
         if len(requests) == len(num_draft_tokens):  # every row: no copies of p and q
             rows = slice(None)
         else:
+            owners = torch.arange(len(num_draft_tokens)).repeat_interleave(torch.as_tensor(num_draft_tokens))
             rows = torch.isin(owners, torch.tensor(requests)).nonzero().squeeze(-1).to(per_token.device)
             if not len(rows):
                 continue
