@@ -33,8 +33,8 @@ def add_train_arguments(parser) -> None:
         "--pq-features",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="an ensemble head also reads CE − H, TV and H(p) beside the hidden states (default: when "
-        "sampling)",
+        help="an ensemble head also reads CE − H, TV and H(p) beside the hidden states (greedy: the "
+        "target's margin over the draft's choice, whether the choices differ, −log max p; default: yes)",
     )
     parser.add_argument(
         "--positions-dir",

@@ -32,6 +32,17 @@ def position_costs(target_probs: torch.Tensor, draft_probs: torch.Tensor):
     return cross_entropy - entropy, total_variation(target_probs, draft_probs), entropy
 
 
+def greedy_position_costs(target_probs: torch.Tensor, draft_probs: torch.Tensor):
+    """The same three terms [n] for greedy decoding, which compares argmaxes: p and q as point masses on
+    their choices, so the cost is the margin log max p − log p(the draft's choice), the price TV is 1 where
+    the two choices differ (else 0), and H is −log max p. A head reads these where it serves greedy."""
+    log_p = target_probs.clamp_min(TINY).log()
+    best, target_choice = log_p.max(-1)
+    draft_choice = greedy_tokens(draft_probs)
+    cost = best - log_p.gather(-1, draft_choice[..., None]).squeeze(-1)
+    return cost, target_choice.ne(draft_choice).to(log_p.dtype), -best
+
+
 def cost_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor, lam: float) -> torch.Tensor:
     """w_t ∈ {0, 1} of sampled decoding: target_probs, draft_probs [n, V] -> [n]."""
     cost, tv, _ = position_costs(target_probs, draft_probs)

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from .cost_rule import cost_weights, greedy_cost_weights, position_costs
+from .cost_rule import cost_weights, greedy_cost_weights, greedy_position_costs, position_costs
 
 
 class ConstantHead:
@@ -28,7 +28,8 @@ class EnsembleHead(nn.Module):
 
     The hidden states are layer-normalised (without affine) because the two models' live on different
     scales. With `pq_features`, the MLP also reads the rule's terms at the position (pq_terms: CE − H, TV,
-    H(p)), which the hidden states alone predicted poorly. `hidden_size=0` gives the paper's linear head.
+    H(p); in greedy decoding their point-mass forms, cost_rule.greedy_position_costs), which the hidden
+    states alone predicted poorly. `hidden_size=0` gives the paper's linear head.
     """
 
     def __init__(
@@ -155,8 +156,9 @@ def weight_rule(config, greedy: bool):
             p, q, config.lam, target_hidden, draft_hidden
         )
     if config.mode == "dynamic" and getattr(config.head, "reads_pq", False):
+        costs = greedy_position_costs if greedy else position_costs
         return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(
-            target_hidden, draft_hidden, pq_terms(*position_costs(p, q))
+            target_hidden, draft_hidden, pq_terms(*costs(p, q))
         )
     if config.mode == "dynamic":
         return lambda p, q, x, target_hidden, draft_hidden: config.head.ensemble_weight(

@@ -52,8 +52,8 @@ class HeadTrainConfig:
     kind: str = "ensemble"
     lams: tuple[float, ...] = (0.5, 2.0, 8.0)
     hidden_size: int = 64  # 0: the paper's linear head
-    # An ensemble head also reads the rule's terms (CE − H, TV, H(p)) beside the hidden states; None: yes
-    # when sampling (greedy positions record one-hot limits of p and q, which decoding does not show it).
+    # An ensemble head also reads the rule's terms (CE − H, TV, H(p); in greedy decoding their point-mass
+    # forms: the target's margin over the draft's choice) beside the hidden states; None: yes
     pq_features: bool | None = None
     w_min: float = 0.0
     w_init: float = 0.7
@@ -66,7 +66,7 @@ class HeadTrainConfig:
 
     def __post_init__(self):
         if self.pq_features is None:
-            self.pq_features = self.kind == "ensemble" and self.temperature != 0
+            self.pq_features = self.kind == "ensemble"
         if self.kind == "cost" and self.dense_fidelity is None:
             self.dense_fidelity = 1.0  # the rule's objective, fidelity + λ·acceptance, which the reward bends
         for key, value in TASK_DEFAULTS.get(self.task, TASK_DEFAULTS["*"]).items():
@@ -130,8 +130,8 @@ def check_config(config: HeadTrainConfig) -> None:
             "a cost head serves sampled decoding (temperature > 0) and takes λ from the dial (lams), "
             "not a target acceptance"
         )
-    if config.pq_features and (config.kind != "ensemble" or config.temperature == 0):
-        raise ValueError("pq_features is for ensemble heads of sampled decoding (temperature > 0)")
+    if config.pq_features and config.kind != "ensemble":
+        raise ValueError("pq_features is for ensemble heads (a cost head always reads the p/q terms)")
     if not isinstance(config.warm_start_positions, int) or config.warm_start_positions < 0:
         raise ValueError(
             f"warm_start_positions must be 0 (off) or a count, not {config.warm_start_positions!r}"

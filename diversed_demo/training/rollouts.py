@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.config import DecodeConfig
+from ..core.cost_rule import greedy_position_costs, position_costs
 from ..core.decode import decode_rows
-from ..core.verify import total_variation
 from ..models.pair import text_config
 
 
@@ -92,24 +92,26 @@ def position_terms(
     """RECORDED at k positions from p, q [k, V], the emitted and the drafted tokens [k] and the hidden
     states [k, H]: what decoding (decided_positions) and the teacher-forced record (positions.py) keep."""
     rows_k = torch.arange(len(tokens), device=tokens.device)
-    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()  # of the true p, in greedy too
     limit = torch.full((len(tokens),), float("nan"), device=p.device)
     if temperature == 0:
         # Greedy verification compares argmaxes: the loss sees the one-hot limits of p and q, so TV is 1
         # where the draft's token differs from the target's, H is −log p of the target's own token and CE
         # that of the draft's; whether the draft's token is kept is a threshold on w_t set by the true p
-        # and q (see greedy_limit).
+        # and q (see greedy_limit). The terms are the decoder's own (a head reads them), from the true p.
         limit = greedy_limit(p, q, draft_tokens)
+        cost, tv, entropy = greedy_position_costs(p, q)
         p, q = one_hot_of_argmax(p), one_hot_of_argmax(q)
+    else:
+        cost, tv, entropy = position_costs(p, q)
     return {
         "tokens": tokens,
         "target_hidden": target_hidden.float(),
         "draft_hidden": draft_hidden.float(),
         "target_prob": p[rows_k, tokens],
         "draft_prob": q[rows_k, tokens],
-        "tv": total_variation(p, q),
-        "target_entropy": -(p * log_p).sum(-1),
-        "cross_entropy": -(q * log_p).sum(-1),
+        "tv": tv,
+        "target_entropy": entropy,
+        "cross_entropy": cost + entropy,
         "greedy_limit": limit,
     }
 

@@ -193,14 +193,16 @@ def token_verdict_weights(step, num_draft_tokens, target_probs, draft_token_ids,
     if step.heads is not None and step.hidden is not None:
         with head_work("evaluate"):
             per_token = with_head_weights(
-                per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs
+                per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs, greedy
             )
     return per_token
 
 
-def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs):
+def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs, greedy):
     """per_token [num_tokens] with each head's w_t on its requests' drafted tokens: one call per head (and
-    λ) over all of them. q is draft_probs, or the point mass on x where vLLM kept none (greedy drafting)."""
+    λ) over all of them. q is draft_probs, or the point mass on x where vLLM kept none (greedy drafting).
+    A head that reads the p/q terms reads their greedy form on greedy requests' tokens (greedy
+    [num_tokens])."""
     target_hidden, draft_hidden = step.hidden
     groups: dict[tuple, list[int]] = {}
     for i, entry in enumerate(step.heads):
@@ -220,6 +222,9 @@ def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_tok
         p = target_probs[rows]
         q = draft_probs[rows] if draft_probs is not None else one_hot(x, p.shape[-1]).to(p)
         config = DecodeConfig(mode="dynamic", head=head, lam=0.0 if math.isnan(lam) else lam)
-        w_t = weight_rule(config, greedy=False)(p, q, x, target_hidden[rows], draft_hidden[rows])
+        hidden = target_hidden[rows], draft_hidden[rows]
+        w_t = weight_rule(config, greedy=False)(p, q, x, *hidden)
+        if getattr(head, "reads_pq", False) and greedy[rows].any():
+            w_t = torch.where(greedy[rows], weight_rule(config, greedy=True)(p, q, x, *hidden), w_t)
         per_token[rows] = w_t.to(per_token.dtype)
     return per_token

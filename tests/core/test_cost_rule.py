@@ -9,7 +9,7 @@ import pytest
 import torch
 from stats import chi_square_pvalue
 
-from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights
+from diversed_demo.core.cost_rule import cost_weights, greedy_cost_weights, greedy_position_costs
 from diversed_demo.core.head import CostHead
 from diversed_demo.core.verify import ensemble_probs, total_variation, verify_block, verify_block_greedy
 
@@ -98,6 +98,18 @@ def test_greedy_keeps_the_drafts_own_token_within_lam_of_the_targets_best_and_ch
         n_accepted == 1 and int(next_token) == 0
     )  # the far token is checked, and the target's best replaces it
     assert greedy_cost_weights(p, q, drafted, lam=3.0).tolist() == [0.0, 0.0, 1.0]  # a copy: always checked
+
+
+def test_the_greedy_terms_are_the_margin_of_the_drafts_choice_and_whether_the_choices_differ():
+    p, q = random_pairs(200, seed=4)
+    cost, tv, entropy = greedy_position_costs(p, q)
+    log_p, choice = p.log(), q.argmax(-1)
+    rows = torch.arange(200)
+    assert torch.allclose(cost, log_p.max(-1).values - log_p[rows, choice], atol=1e-6)
+    assert torch.equal(tv, (p.argmax(-1) != choice).float()) and bool(tv.any()) and not bool(tv.all())
+    assert torch.allclose(entropy, -log_p.max(-1).values) and bool((cost[tv == 0] == 0).all())
+    # the greedy rule is the threshold on this cost where the draft's own choice was drafted
+    assert torch.equal(greedy_cost_weights(p, q, choice, lam=1.0), (cost > 1.0 * tv).float())
 
 
 def test_an_untrained_cost_head_is_the_rule_at_every_lam_and_a_trained_one_departs_from_it():

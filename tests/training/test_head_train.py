@@ -152,6 +152,27 @@ def test_greedy_rollouts_record_the_one_hot_limits_the_greedy_verifier_decides_b
     )
 
 
+def test_a_greedy_head_reads_in_training_the_p_q_terms_decoding_gives_it(feature_pair):
+    # At T = 0 the recorded terms are the point-mass forms (margin, argmaxes differ, −log max p); a head
+    # that reads them must get the same w_t from the record as from the decoder at every decided position.
+    from diversed_demo.training.objective import head_weights
+
+    torch.manual_seed(3)
+    head = new_head(feature_pair, hidden_size=8, w_init=0.5, pq_features=True)
+    with torch.no_grad():
+        head.mlp[-1].weight.normal_(0, 3.0)  # w_t spread by the terms
+    prompt = [1, 5, 6, 7]
+    rollouts = sample_rollouts(feature_pair, head, [prompt] * 2, 24, 0.0, torch.Generator().manual_seed(0))
+    _, events = generate(
+        feature_pair, prompt, mode="dynamic", head=head, n_draft=4, max_new_tokens=24, temperature=0.0
+    )
+    decided = [e.w for e in events if e.kind in ("accepted", "resampled")]
+    with torch.no_grad():
+        w = head_weights(head, rollouts, lam=1.0)[0][rollouts.mask[0] > 0]
+    assert len(decided) > 4 and w.tolist() == pytest.approx(decided, abs=1e-5)
+    assert float(w.std()) > 0.05  # the terms move w_t: the check is not of a constant
+
+
 def test_the_greedy_limit_is_where_the_ensembles_argmax_leaves_the_drafts_token():
     from diversed_demo.training.rollouts import greedy_limit
 
@@ -183,6 +204,7 @@ def test_a_greedy_head_trains_from_its_warm_start(pair, tmp_path):
     assert (
         head.meta["training"]["temperature"] == 0.0 and head.meta["warm_start"]["held_back"]["positions"] > 0
     )
+    assert head.reads_pq  # greedy heads read the p/q terms' point-mass forms too
     assert all(r["reward"] == r["reward"] for r in result.history)  # identical rollouts: no NaN advantages
 
 

@@ -95,12 +95,12 @@ def tiny_head(seed: int, hidden: int = 8):
     return head, (torch.randn(N, hidden), torch.randn(N, hidden))
 
 
-def head_w_t(head, hidden, p, q):
+def head_w_t(head, hidden, p, q, greedy=False):
     """What this project's decoder gives as the head's w_t [N] on p, q [N, V] (core/head.weight_rule)."""
     from diversed_demo.core.config import DecodeConfig
     from diversed_demo.core.head import weight_rule
 
-    weigh = weight_rule(DecodeConfig(mode="dynamic", head=head), greedy=False)
+    weigh = weight_rule(DecodeConfig(mode="dynamic", head=head), greedy=greedy)
     return weigh(p, q, q.argmax(-1), *hidden)
 
 
@@ -185,20 +185,29 @@ def test_a_heads_law_matches_the_projects_verify_fed_its_w_t(kernels, seed):
     assert table.shape[1] > 1 and chi2_contingency(table).pvalue > P_VALUE
 
 
-def test_greedy_requests_with_a_head_keep_drafts_while_they_are_argmax_nu(kernels):
-    """Greedy requests (vLLM keeps no q: the point mass on x) with a head: exactly core/verify.py's greedy
-    verification with the head's w_t on the same point mass."""
+@pytest.mark.parametrize("drafting", ["greedy", "probabilistic"])
+def test_greedy_requests_with_a_head_keep_drafts_while_they_are_argmax_nu(kernels, drafting):
+    """Greedy requests with a head that reads the p/q terms: exactly core/verify.py's greedy verification
+    with the w_t the decoder gives greedy decoding (the terms' point-mass forms), against the point mass
+    on x where vLLM keeps no q (greedy drafting) and against the draft's q where it does."""
     generator = torch.Generator().manual_seed(9)
     head, hidden = tiny_head(seed=4)
+    departs = 0  # positions where the greedy terms give another w_t than the sampled ones
     for _ in range(40):
         target_logits = torch.randn(N + 1, VOCAB, generator=generator) * 2
         drafts = torch.randint(VOCAB, (1, N), generator=generator)
-        (ours,) = vllm_outcomes(target_logits, drafts, None, None, temperature=0.0, head=(head, hidden))
-        point_mass = torch.nn.functional.one_hot(drafts[0], VOCAB).float()
+        q = None
+        if drafting == "probabilistic":
+            q = (torch.randn(N, VOCAB, generator=generator) * 2).softmax(-1)
+            drafts = q.argmax(-1)[None]
+        (ours,) = vllm_outcomes(target_logits, drafts, q, None, temperature=0.0, head=(head, hidden))
+        q_seen = q if q is not None else torch.nn.functional.one_hot(drafts[0], VOCAB).float()
         p = target_logits.softmax(-1)
-        w_t = head_w_t(head, hidden, p[:N], point_mass)
-        n_ref, next_ref, _ = verify_block_greedy(drafts[0], point_mass, p, w_t)
+        w_t = head_w_t(head, hidden, p[:N], q_seen, greedy=True)
+        departs += int((w_t - head_w_t(head, hidden, p[:N], q_seen)).abs().gt(0.01).sum())
+        n_ref, next_ref, _ = verify_block_greedy(drafts[0], q_seen, p, w_t)
         assert ours == (n_ref, int(next_ref))
+    assert departs > 0  # so the test tells the two forms apart
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 3.0])

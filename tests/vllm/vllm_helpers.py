@@ -58,7 +58,7 @@ def record_head_inputs(worker) -> None:
     if not hasattr(sampler, "test_records"):
         upstream = sampler.with_head_weights
 
-        def recording(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs):
+        def recording(per_token, step, num_draft_tokens, target_probs, draft_token_ids, *rest):
             target_hidden, draft_hidden = step.hidden
             sampler.test_records.append(
                 {
@@ -67,7 +67,7 @@ def record_head_inputs(worker) -> None:
                     "draft": draft_hidden.cpu(),
                 }
             )
-            return upstream(per_token, step, num_draft_tokens, target_probs, draft_token_ids, draft_probs)
+            return upstream(per_token, step, num_draft_tokens, target_probs, draft_token_ids, *rest)
 
         sampler.with_head_weights = recording
     sampler.test_records = []
