@@ -14,7 +14,7 @@ from ..models.heads import HeadError, list_heads, load_head
 from ..runtime.costs import choose_n_draft, measure_costs
 from ..runtime.dtype_choice import choice_note
 from .cards import head_cards, trained_greedy
-from .frontiers import RULE_REPORTS
+from .frontiers import RULE_REPORTS, RULE_REPORTS_GREEDY
 from .render import MODE_LABELS
 from .runs import APP_CONFIG
 from .shipped_files import dig, read_json, shown_path
@@ -135,15 +135,22 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     return with_draft_length(start, slowest_mode_fastest(chosen), alphas, costs)
 
 
-def rule_opening(start: Defaults, task: str | None, reports: dict[str, Path] = RULE_REPORTS) -> Defaults:
+def rule_opening(
+    start: Defaults,
+    task: str | None,
+    reports: dict[str, Path] = RULE_REPORTS,
+    greedy_reports: dict[str, Path] = RULE_REPORTS_GREEDY,
+) -> Defaults:
     """`start` moved to the per-token rule at T = 1 where its shipped evaluation on the task's held-out
-    prompts (results/rule/) put it beyond the static frontier in the task's own score: at the λ of highest
-    acceptance among those, the head kept for Compare. Else `start`, its why saying what was found."""
+    prompts (results/rule/) put it beyond the static frontier in the task's own score, at the λ of highest
+    acceptance among those (the head kept for Compare), and where its text scores no lower there than
+    greedy exact SD's on the same prompts: a first screen's text must read well. Else `start`, its why
+    saying what was found."""
     report, _ = read_json(reports[task]) if task in reports else (None, "")
     if not report:
         return start
     beyond = [
-        (row["acceptance"], label)
+        (row["acceptance"], row["quality"], label)
         for label, m in report["rules"].items()
         for row in report["points"]
         if row["point"] == label and m["verdict"]["kind"] == "beyond"
@@ -151,13 +158,30 @@ def rule_opening(start: Defaults, task: str | None, reports: dict[str, Path] = R
     measured = f"{report['examples']} held-out {task} prompts at T = 1 ({shown_path(reports[task])})"
     if not beyond:
         return replace(start, why=f"{start.why} {not_beyond(report, measured)}")
-    acceptance, label = max(beyond)
+    acceptance, quality, label = max(beyond)
     lam = float(label.removeprefix("cost:"))
-    settings = start.settings.replace(mode="cost", lam=lam, temperature=1.0, max_new_tokens=64)
-    note = f"Opened on the per-token rule at λ = {lam:g}, T = 1, where it beat the static frontier."
     verdict = report["rules"][label]["verdict"]["text"]
     why = f"The per-token rule at λ = {lam:g}, measured on {measured}: {verdict}."
+    greedy_quality = exact_quality(greedy_reports.get(task))
+    if greedy_quality is not None and quality < greedy_quality:
+        return replace(start, why=f"{start.why} {why} {reads_worse(quality, greedy_quality)}")
+    settings = start.settings.replace(mode="cost", lam=lam, temperature=1.0, max_new_tokens=64)
+    note = f"Opened on the per-token rule at λ = {lam:g}, T = 1, where it beat the static frontier."
     return replace(start, settings=settings, note=note, why=why)
+
+
+def exact_quality(path: Path | None) -> float | None:
+    """Exact SD's (w = 1) task score in a shipped evaluation of the rule, or None without one."""
+    report, _ = read_json(path) if path else (None, "")
+    return next((row["quality"] for row in (report or {}).get("points", []) if row["w"] == 1.0), None)
+
+
+def reads_worse(quality: float, greedy_quality: float) -> str:
+    return (
+        f"But the small target's text at T = 1 scores {quality:.3f} there, against {greedy_quality:.3f} for "
+        "exact SD greedy on the same prompts, so the app opens greedy, where its text reads best; the dial "
+        "shows the rule at T = 1."
+    )
 
 
 def not_beyond(report: dict, measured: str) -> str:

@@ -20,7 +20,6 @@ for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:1
   if [[ $T == 0 ]]; then heads=(--head "$task-greedy"); else heads=(--head "$task" --head "$task-cost"); fi
   .venv/bin/diversed-demo frontier "${common[@]}" "${heads[@]}" \
     --json "results/rule/$task-$set-$kind.json" --plot "results/rule/$task-$set-$kind.html"
-  if [[ $T != 0 ]]; then  # the sampled heads' cards (heads/<task>.json, <task>-cost.json), from these decodes
-    .venv/bin/diversed-demo frontier "${common[@]}" --head "$task" --head "$task-cost" --write-card >/dev/null
-  fi
+  # the heads' cards (heads/<task>.json and <task>-cost.json, or the greedy twin's), from these decodes
+  .venv/bin/diversed-demo frontier "${common[@]}" "${heads[@]}" --write-card >/dev/null
 done

@@ -152,25 +152,29 @@ def test_compare_opens_where_its_slowest_mode_is_fastest():
     assert opening.slowest_mode_fastest({"DIVERSED": diversed, "Exact SD": exact}) == 1
 
 
-def rule_report(tmp_path, kinds: dict[str, str]):
-    """A shipped evaluation of the rule (results/rule/'s form) with each λ's verdict kind: {task: path}."""
+def rule_report(tmp_path, kinds: dict[str, str], quality: float = 0.1, greedy_exact: float = 0.1):
+    """A shipped evaluation of the rule (results/rule/'s form) with each λ's verdict kind and its task score,
+    and the greedy one's exact SD score: ({task: path}, {task: greedy path})."""
     report = {
         "examples": 100,
-        "points": [{"point": label, "acceptance": 0.3 + 0.1 * i} for i, label in enumerate(kinds)],
+        "points": [
+            {"point": label, "acceptance": 0.3 + 0.1 * i, "quality": quality} for i, label in enumerate(kinds)
+        ],
         "rules": {
             label: {"verdict": {"kind": kind, "text": f"{kind} the frontier"}}
             for label, kind in kinds.items()
         },
     }
-    path = tmp_path / "summarization-spec_bench-T1.json"
+    path, greedy = tmp_path / "summarization-spec_bench-T1.json", tmp_path / "summarization-greedy.json"
     path.write_text(json.dumps(report))
-    return {"summarization": path}
+    greedy.write_text(json.dumps({"points": [{"point": "static:1", "w": 1.0, "quality": greedy_exact}]}))
+    return {"summarization": path}, {"summarization": greedy}
 
 
 def test_the_app_opens_on_the_rule_at_t1_where_its_evaluation_put_it_beyond_the_frontier(tmp_path):
     start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x", temperature=0.0), 0, "", "")
     reports = rule_report(tmp_path, {"cost:0.5": "beyond", "cost:2": "beyond", "cost:8": "below"})
-    opened = opening.rule_opening(start, "summarization", reports)
+    opened = opening.rule_opening(start, "summarization", *reports)
     assert (opened.settings.mode, opened.settings.lam, opened.settings.temperature) == ("cost", 2.0, 1.0)
     assert opened.settings.head == "x"  # Compare still runs the head
     assert "λ = 2" in opened.note and "beyond the frontier" in opened.why and "100 held-out" in opened.why
@@ -179,6 +183,17 @@ def test_the_app_opens_on_the_rule_at_t1_where_its_evaluation_put_it_beyond_the_
 def test_where_the_rule_was_not_beyond_the_app_opens_as_before_and_says_so(tmp_path):
     start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x", temperature=0.0), 0, "", "")
     reports = rule_report(tmp_path, {"cost:2": "unresolved"})
-    opened = opening.rule_opening(start, "summarization", reports)
+    opened = opening.rule_opening(start, "summarization", *reports)
     assert opened.settings == start.settings and "not beyond the static frontier" in opened.why
-    assert opening.rule_opening(start, "code", reports) == start  # no evaluation of the task: unchanged
+    assert opening.rule_opening(start, "code", *reports) == start  # no evaluation of the task: unchanged
+
+
+def test_where_the_text_at_t1_scores_below_greedy_the_app_stays_greedy_and_says_why(tmp_path):
+    # The small target's T = 1 summaries score far below its greedy ones: beyond the frontier at T = 1
+    # is no first screen.
+    start = opening.Defaults(runs.APP_CONFIG.replace(mode="dynamic", head="x", temperature=0.0), 0, "", "")
+    reports = rule_report(tmp_path, {"cost:5": "beyond"}, quality=0.035, greedy_exact=0.12)
+    opened = opening.rule_opening(start, "summarization", *reports)
+    assert opened.settings == start.settings and opened.note == start.note
+    assert "beyond the frontier" in opened.why and "0.035" in opened.why and "0.120" in opened.why
+    assert "opens greedy" in opened.why
