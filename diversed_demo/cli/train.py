@@ -104,6 +104,8 @@ def add_head_config_arguments(parser, defaults) -> None:
         "Lagrangian: λ starts at --lam and adapts after each step; with a warm start, "
         "λ is set once from the recorded positions); default off: λ fixed",
         "penalty": "ρ of that augmented Lagrangian: the gap penalty's weight and the multiplier's step",
+        "warm_start_hidden_dropout": "share of the hidden states' entries zeroed at each fit step, so that "
+        "the head learns what the p/q terms say (default 0)",
     }
     for name in (
         "temperature",
@@ -116,6 +118,7 @@ def add_head_config_arguments(parser, defaults) -> None:
         "target_acceptance",
         "penalty",
         "warm_start_lr",
+        "warm_start_hidden_dropout",
     ):
         parser.add_argument(
             "--" + name.replace("_", "-"), type=float, default=getattr(defaults, name), help=helps.get(name)

@@ -39,6 +39,9 @@ class HeadTrainConfig:
     positions_dir: str | None = None  # default: <user heads dir>/positions
     warm_start_steps: int = 300
     warm_start_lr: float = 3e-3
+    # Each fit step zeroes this share of the hidden states' entries (greedy twins: 0.5), so that the head
+    # learns what the p/q terms say rather than remembering fitted positions by their hidden states.
+    warm_start_hidden_dropout: float = 0.0
     dense_fidelity: float | None = None  # weight of the exact per-token expected fidelity term
     lr: float | None = None
     # optimizer steps per batch of rollouts (> 1 reuses them slightly off-policy, without PPO's ratio or
@@ -120,6 +123,10 @@ def check_config(config: HeadTrainConfig) -> None:
     ):
         raise ValueError(
             "need lr > 0, λ ≥ 0, dense_fidelity ≥ 0, 0 ≤ w_min < 1 and temperature ≥ 0 (0: greedy)"
+        )
+    if not 0 <= config.warm_start_hidden_dropout < 1:
+        raise ValueError(
+            f"warm_start_hidden_dropout must be in [0, 1), not {config.warm_start_hidden_dropout!r}"
         )
     if config.target_acceptance is not None and not (0 < config.target_acceptance < 1 and config.penalty > 0):
         raise ValueError("target_acceptance needs 0 < target < 1 and penalty > 0")

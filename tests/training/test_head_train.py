@@ -346,6 +346,8 @@ def test_bad_training_input_is_refused(pair, tmp_path):
         train_head(pair, HeadTrainConfig(task="poetry"), progress=False)
     with pytest.raises(ValueError, match="target_acceptance"):
         train_head(pair, HeadTrainConfig(target_acceptance=1.5), progress=False)
+    with pytest.raises(ValueError, match="warm_start_hidden_dropout"):
+        train_head(pair, HeadTrainConfig(warm_start_hidden_dropout=1.0), progress=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hello"}\nnot json\n')
     with pytest.raises(ValueError, match="line 2"):
@@ -550,6 +552,17 @@ def test_a_head_that_reads_the_pq_terms_keeps_the_optimum_where_the_hidden_state
     assert shares[True]["share_of_optimum"] > 0.8
     assert shares[False]["share_of_optimum"] < 0.3
     assert shares[True]["oracle_fidelity"] - shares[True]["static_fidelity"] > 0.2
+    # With the hidden states' entries dropped at each step the head still learns what the terms say.
+    torch.manual_seed(0)
+    head = new_head(pair, hidden_size=16, w_init=0.7, pq_features=True)
+    fit_to_positions(head, train, lam, steps=300, lr=0.03, hidden_dropout=0.5)
+    with torch.no_grad():
+        dropped = frontier_gain(head_weights(head, held_back, lam, hard=True)[0], held_back)
+    assert dropped["share_of_optimum"] > 0.8
+    seen = []  # and each step sees about that share of the hidden entries zeroed, never the terms
+    head.register_forward_pre_hook(lambda module, args: seen.append((args[0].eq(0).float().mean(), args[2])))
+    fit_to_positions(head, train, lam, steps=3, lr=0.03, hidden_dropout=0.5)
+    assert all(abs(float(zeros) - 0.5) < 0.02 and bool(terms.ne(0).any()) for zeros, terms in seen)
 
 
 @pytest.fixture
