@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SCALE=${SCALE:-1} T=${T:-1}
-if [[ $T == 0 ]]; then kind=greedy lams=0.5,1.5,4; else kind=T1 lams=0.5,2,4,8; fi
+if [[ $T == 0 ]]; then kind=greedy lams=0.5,1.5,2,4; else kind=T1 lams=0.5,2,4,8; fi
 for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:100 code:mbpp:40; do
   IFS=: read -r task set limit <<< "$spec"
   [[ " ${TASKS:-general summarization math code} " == *" $task "* ]] || continue
