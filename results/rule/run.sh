@@ -15,6 +15,7 @@ for spec in general:spec_bench:100 summarization:spec_bench:40 math:arithmetic:1
   limit=$(python3 -c "print(max(2, round($limit * $SCALE)))")
   task_lams=$lams  # and the λ its sampled head was fitted at, where the sweep has no point there
   [[ $T != 0 && $task == summarization ]] && task_lams=0.5,2,4,5,8
+  [[ $T == 0 && $task == summarization ]] && task_lams=0.5,1.5,2,2.5,3,4
   common=(--task "$task" --set "$set" --limit "$limit" --weights 0,0.25,0.5,0.75,1 --lams "$task_lams"
     --temperature "$T" --max-new-tokens 64 --n-draft 4 --dtype bfloat16 --log "results/rule/logs/$task-$set-$kind.jsonl")
   if [[ $T == 0 ]]; then heads=(--head "$task-greedy"); else heads=(--head "$task" --head "$task-cost"); fi

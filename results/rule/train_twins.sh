@@ -7,7 +7,7 @@
 # Resumable (each run's checkpoint in runs/heads/). Usage: bash results/rule/train_twins.sh [task ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-declare -A lam=([general]=2 [summarization]=2 [math]=2 [code]=2)
+declare -A lam=([general]=2 [summarization]=2.5 [math]=2 [code]=2)
 for task in "${@:-general summarization math code}"; do
   for t in $task; do
     .venv/bin/diversed-demo train --task "$t" --warm-start-positions 16000 --positions-dir runs/positions \
