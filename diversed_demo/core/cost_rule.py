@@ -36,11 +36,11 @@ def greedy_position_costs(target_probs: torch.Tensor, draft_probs: torch.Tensor)
     """The same three terms [n] for greedy decoding, which compares argmaxes: p and q as point masses on
     their choices, so the cost is the margin log max p − log p(the draft's choice), the price TV is 1 where
     the two choices differ (else 0), and H is −log max p. A head reads these where it serves greedy."""
-    log_p = target_probs.clamp_min(TINY).log()
-    best, target_choice = log_p.max(-1)
+    best, target_choice = target_probs.max(-1)  # two logs a row, not one per vocabulary entry
     draft_choice = greedy_tokens(draft_probs)
-    cost = best - log_p.gather(-1, draft_choice[..., None]).squeeze(-1)
-    return cost, target_choice.ne(draft_choice).to(log_p.dtype), -best
+    log_best = best.clamp_min(TINY).log()
+    cost = log_best - target_probs.gather(-1, draft_choice[..., None]).squeeze(-1).clamp_min(TINY).log()
+    return cost, target_choice.ne(draft_choice).to(log_best.dtype), -log_best
 
 
 def cost_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor, lam: float) -> torch.Tensor:
