@@ -222,9 +222,13 @@ def with_head_weights(per_token, step, num_draft_tokens, target_probs, draft_tok
         p = target_probs[rows]
         q = draft_probs[rows] if draft_probs is not None else one_hot(x, p.shape[-1]).to(p)
         config = DecodeConfig(mode="dynamic", head=head, lam=0.0 if math.isnan(lam) else lam)
-        hidden = target_hidden[rows], draft_hidden[rows]
-        w_t = weight_rule(config, greedy=False)(p, q, x, *hidden)
-        if getattr(head, "reads_pq", False) and greedy[rows].any():
-            w_t = torch.where(greedy[rows], weight_rule(config, greedy=True)(p, q, x, *hidden), w_t)
+        hidden, greedy_rows = (target_hidden[rows], draft_hidden[rows]), greedy[rows]
+        reads_pq = getattr(head, "reads_pq", False)
+        if reads_pq and greedy_rows.all():  # an all-greedy step computes no sampled terms
+            w_t = weight_rule(config, greedy=True)(p, q, x, *hidden)
+        else:
+            w_t = weight_rule(config, greedy=False)(p, q, x, *hidden)
+            if reads_pq and greedy_rows.any():
+                w_t = torch.where(greedy_rows, weight_rule(config, greedy=True)(p, q, x, *hidden), w_t)
         per_token[rows] = w_t.to(per_token.dtype)
     return per_token
