@@ -95,7 +95,7 @@ def run_bench_command(args) -> int:
     examples = bench_examples(args)
     run = shared.decode_config(args, BENCH_DECODING)
     parse_modes(args.modes, base=run)
-    n_draft = parse_n_draft(args.n_draft)
+    n_draft = shared.parse_n_draft(args.n_draft)
     if args.batch_rows is not None and args.batch_rows < 2:
         raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
     llama_cpp_gguf = llama_cpp_target(args) if args.vs_llama_cpp else None
@@ -126,13 +126,6 @@ def run_bench_command(args) -> int:
     if args.plot and args.batch_rows is None:
         bench_figure(report).write_html(args.plot)
     return 0
-
-
-def parse_n_draft(text: str) -> int | str:
-    """--n-draft: a positive integer, or "auto"."""
-    if text != "auto" and not (text.isdigit() and int(text) >= 1):
-        raise ValueError(f"--n-draft must be a positive integer or auto, not {text!r}")
-    return text if text == "auto" else int(text)
 
 
 def llama_cpp_target(args):

@@ -24,7 +24,11 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--head", default=None, help="head file (.safetensors) or name in heads/, for --mode dynamic"
     )
-    parser.add_argument("--n-draft", type=int, default=4)
+    parser.add_argument(
+        "--n-draft",
+        default="auto",
+        help="tokens drafted a step: a positive integer, or auto (as many as pay, step by step; the default)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     parser.add_argument("--top-p", type=float, default=1.0)

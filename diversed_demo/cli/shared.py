@@ -55,7 +55,7 @@ def decode_config(args, base=None):
         "ensemble_weight": getattr(args, "w", None),
         "head": head if isinstance(head, str) else None,  # the frontier's --head lists heads to evaluate
         "lam": getattr(args, "lam", None),
-        "n_draft": n_draft if isinstance(n_draft, int) else None,  # the bench's may be "auto"
+        "n_draft": parse_n_draft(n_draft) if isinstance(n_draft, str) else n_draft,
         "max_new_tokens": getattr(args, "max_new_tokens", None),
         "temperature": getattr(args, "temperature", None),
         "top_p": getattr(args, "top_p", None),
@@ -66,6 +66,13 @@ def decode_config(args, base=None):
     return (base or DecodeConfig()).replace(
         **{key: value for key, value in given.items() if value is not None}
     )
+
+
+def parse_n_draft(text: str) -> int | str:
+    """--n-draft: a positive integer, or "auto" (as many as pay, step by step)."""
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"--n-draft must be a positive integer or auto, not {text!r}")
+    return text if text == "auto" else int(text)
 
 
 def print_and_write(report: dict, table: str, json_path: str | None, markdown_path: str | None) -> None:

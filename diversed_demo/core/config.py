@@ -2,8 +2,8 @@
 
 Terms: the mode says which verifier decides (see `MODES`); w (`ensemble_weight`) is the static verifier's
 weight on the target; a head gives a per-token w_t; N (`n_draft`) is how many tokens the draft proposes a
-step; temperature 0 is greedy. The library, the command line, the app, the bench, the frontier and head
-training all build a DecodeConfig, and the decoder reads nothing else.
+step ("auto": as many as pay, step by step); temperature 0 is greedy. The library, the command line, the
+app, the bench, the frontier and head training all build a DecodeConfig, and the decoder reads nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 # per-token rule at λ (cost_rule.py); dynamic: w_t from a learned head.
 MODES = ("ar", "exact", "static", "cost", "dynamic")
 MAX_N_DRAFT = 32
+AUTO = "auto"  # n_draft: the draft length chosen step by step (core/draft_length.py)
 MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 
 
@@ -27,7 +28,7 @@ class DecodeConfig:
     ensemble_weight: float = 0.5  # w, for mode "static"
     head: object = None  # mode "dynamic": a loaded head, or its name until the caller loads it
     lam: float = 1.0  # mode "cost": λ, what a rejected draft is worth in nats of the target's likelihood
-    n_draft: int = 4
+    n_draft: int | str = 4  # or "auto": as many as pay, step by step (draft_length.py)
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,8 +48,8 @@ class DecodeConfig:
             raise ValueError(f"λ (lam) must be a number ≥ 0, not {self.lam!r}")
         if self.mode == "dynamic" and self.head is None:
             raise ValueError("dynamic mode needs a head (--head PATH)")
-        if self.mode != "ar" and not (isinstance(n, int) and 1 <= n <= MAX_N_DRAFT):
-            raise ValueError(f"n_draft must be an integer from 1 to {MAX_N_DRAFT}, not {n!r}")
+        if self.mode != "ar" and n != AUTO and not (isinstance(n, int) and 1 <= n <= MAX_N_DRAFT):
+            raise ValueError(f"n_draft must be an integer from 1 to {MAX_N_DRAFT} or {AUTO!r}, not {n!r}")
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens must be a positive integer, not {self.max_new_tokens!r}")
         if not self.temperature >= 0:

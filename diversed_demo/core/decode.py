@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .cache import MAX_FEED, CachedLM
 from .config import DecodeConfig
 from .draft import make_draft
+from .draft_length import AdaptiveLength, FixedLength, draft_length
 from .head import weight_rule
 from .lookup import PromptLookup
 from .prompt import eos_ids
@@ -94,11 +95,14 @@ class Step:
         return n if len(self.new_ids) > n_accepted else len(self.new_ids)
 
 
-def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None, room=0):
+def propose(
+    draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size: int, lookup=None, room=0, length=None
+):
     """Up to n drafted tokens (none without a draft, or before a feature draft has the target's features of
-    the prompt): (tokens [n], q [n, V], the draft's hidden states [n, H] or None). A PromptLookup, where
-    given, proposes the copies it finds in place of the draft's choices; one that copies whole blocks
-    proposes up to `room` copies alone where the text has them (lookup.py)."""
+    the prompt): (tokens [m], q [m, V], the draft's hidden states [m, H] or None), fewer where `length`
+    (draft_length.py) stops the draft. A PromptLookup, where given, proposes the copies it finds in place of
+    the draft's choices; one that copies whole blocks proposes up to `room` copies alone where the text has
+    them (lookup.py)."""
     if draft is None or n <= 0 or not draft.ready(len(sequence)):
         return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
     if lookup is not None:
@@ -110,7 +114,7 @@ def propose(draft, sequence: torch.Tensor, n: int, sampler: Sampler, vocab_size:
         if copied:
             tokens = sequence.new_tensor(copied)
             return tokens, F.one_hot(tokens, vocab_size).float(), None  # q: a point mass on each copy
-    return draft.propose(sequence, n, sampler, lookup)
+    return draft.propose(sequence, n, sampler, lookup, length)
 
 
 def make_lookup(config: DecodeConfig, sampler: Sampler, draft) -> PromptLookup | None:
@@ -131,13 +135,14 @@ def emitted_ids(verdict: Verdict, stop_ids: set[int]) -> tuple[list[int], bool]:
 @dataclass
 class Row:
     """One sequence of a batch as it decodes: its tokens so far, its draft's state, its weight rule, its
-    random stream and its prompt lookup."""
+    random stream, its prompt lookup and its draft length rule."""
 
     sequence: torch.Tensor
     draft: object
     weigh: Callable
     sampler: Sampler
     lookup: PromptLookup | None
+    length: FixedLength | AdaptiveLength
     emitted: int = 0
 
 
@@ -147,9 +152,9 @@ def start_row(pair, prompt_ids: list[int], config: DecodeConfig) -> Row:
     sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(config.seed))
     draft = make_draft(pair, config.mode)
     weigh = weight_rule(config, sampler.greedy)
-    return Row(
-        torch.tensor(prompt_ids, device=device), draft, weigh, sampler, make_lookup(config, sampler, draft)
-    )
+    lookup = make_lookup(config, sampler, draft)
+    length = draft_length(config, getattr(pair, "costs", None))
+    return Row(torch.tensor(prompt_ids, device=device), draft, weigh, sampler, lookup, length)
 
 
 def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clock=time.perf_counter):
@@ -162,7 +167,7 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
     the frontier and head training's rollouts all read this loop: one law."""
     if len({config.batch_settings for config in configs}) != 1:
         raise ValueError("the rows of a batch share N, max_new_tokens, temperature and top_p")
-    n_draft, max_new_tokens, _, _ = configs[0].batch_settings
+    _, max_new_tokens, _, _ = configs[0].batch_settings
     rows = [start_row(pair, prompt_ids, config) for prompt_ids, config in zip(prompts, configs)]
     aux_layer_ids = next((row.draft.aux_layer_ids for row in rows if row.draft is not None), ())
     target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass)
@@ -175,11 +180,12 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
             propose(
                 rows[r].draft,
                 rows[r].sequence,
-                min(n_draft, max_new_tokens - rows[r].emitted - 1),
+                rows[r].length.start(max_new_tokens - rows[r].emitted - 1),
                 rows[r].sampler,
                 pair.vocab_size,
                 rows[r].lookup,
                 room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
+                length=rows[r].length,
             )
             for r in active
         ]
@@ -207,6 +213,7 @@ def advance(
 ) -> bool:
     """Append a step's tokens to the row (the target's i-th row of the batch); whether it decodes on."""
     row.emitted += len(new_ids)
+    row.length.learn(verdict)
     row.sequence = torch.cat([row.sequence, row.sequence.new_tensor(new_ids)])
     if stopped or row.emitted >= budget:
         if row.draft is not None:

@@ -16,7 +16,6 @@ import weakref
 import torch
 
 from .cache import CachedLM, cached_attention
-from .lookup import PromptLookup
 from .sampling import Sampler
 
 
@@ -35,11 +34,11 @@ class StandaloneDraft:
         """Tokens of a `length`-token sequence the next proposal would feed first."""
         return length - self.lm.length
 
-    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
-        """Draft tokens [n], their q [n, V] and the draft's hidden states [n, H] (a token copied by `lookup`
-        where it has one)."""
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup=None, length=None):
+        """Draft tokens [m], their q [m, V] and the draft's hidden states [m, H] (a token copied by `lookup`
+        where it has one), m ≤ n: fewer where `length` (draft_length.py) stops the draft."""
         feed, tokens, probs, hidden = sequence[self.lm.length :], [], [], []
-        for _ in range(n):
+        for j in range(n):
             logits, last, _ = self.lm.forward(feed, keep=1)
             token, q = sampler(logits[0])
             if lookup is not None:
@@ -48,6 +47,12 @@ class StandaloneDraft:
             probs.append(q)
             hidden.append(last[0])
             feed = token.view(1)
+            if (
+                length is not None
+                and length.wants_confidence
+                and not length.go_on(j + 1, float(draft_confidence(q, token, sampler)))
+            ):
+                break
         return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
 
     def observe(self, length: int, target_features=None) -> None:
@@ -85,7 +90,8 @@ class FeatureDraft:
         """Verified positions of a `length`-token sequence the next proposal would feed first."""
         return length - 1 - self.length
 
-    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup: PromptLookup | None = None):
+    def propose(self, sequence: torch.Tensor, n: int, sampler: Sampler, lookup=None, length=None):
+        """As StandaloneDraft.propose, from the target's features of the verified positions."""
         end = len(sequence) - 1
         features = self.model.fuse(self.pending[: end - self.length])
         hidden, logits = self._step(features, sequence[self.length + 1 : end + 1], self.length)
@@ -94,10 +100,17 @@ class FeatureDraft:
         for step in range(n):
             # Sampled over the draft's own vocabulary (q is 0 elsewhere): the same law, a sixth of the cost.
             index, small_q = sampler(logits)
-            token = self.token_ids[index] if lookup is None else lookup.choose(self.token_ids[index])
+            own = self.token_ids[index]
+            token = own if lookup is None else lookup.choose(own)
             tokens.append(token.view(1))
             small_probs.append(small_q)
             states.append(hidden[0])
+            if length is not None and length.wants_confidence:
+                confidence = draft_confidence(
+                    small_q, index, sampler, None if token is own else self.token_ids == token
+                )
+                if not length.go_on(step + 1, float(confidence)):
+                    break
             if step < n - 1:  # the draft's own output stands in for the next position's target features
                 hidden, logits = self._step(hidden, token.view(1), end + step)
         probs = self.model.full_probs(torch.stack(small_probs))  # over the whole vocabulary, once a block
@@ -150,6 +163,15 @@ class FeatureDraft:
             self.pending = (
                 target_features if self.pending is None else torch.cat([self.pending, target_features])
             )
+
+
+def draft_confidence(q: torch.Tensor, index, sampler: Sampler, copied=None) -> torch.Tensor:
+    """What the draft length rule reads of a drafted position's q [V]: greedy, q of the proposed token (a
+    copy's, where `copied` marks it, may be 0); sampled, q's top probability, how sure the draft is there
+    (the sampled token's own q says more of the draw than of the position's acceptance 1 − TV)."""
+    if not sampler.greedy:
+        return q.max()
+    return q[index] if copied is None else q[copied].sum()
 
 
 def is_feature_draft(model) -> bool:

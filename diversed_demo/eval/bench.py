@@ -22,15 +22,14 @@ from ..core.head import COST_HEAD_LAM, CostHead
 from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
 from ..models.heads import head_kind, load_head, resolve_head_path
-from ..runtime.costs import choose_n_draft, measure_costs, memory_limit
+from ..runtime.costs import measure_costs, memory_limit
 from .bench_report import batch_report, report
 from .hf_baseline import hf_generate, transformers_kwargs
 from .llama_cpp_baseline import llama_cpp_generate
 from .rewards import fidelity, quality
-from .tasks import REFERENCE_TASKS, builtin_examples
+from .tasks import REFERENCE_TASKS
 
 DEFAULT_MODES = "ar,exact,static:0.5,dynamic:general"
-PROBE_N_DRAFT = 4  # the N each mode's acceptance is measured at when N is chosen by measurement
 BENCH_DECODING = DecodeConfig(max_new_tokens=128, temperature=0.0)  # Spec-Bench's setting: greedy
 
 
@@ -143,19 +142,16 @@ class BenchRuns:
         self.llama_cpp_identical.append(their_ids[: len(summary.token_ids)] == summary.token_ids)
 
 
-def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dict, dict, dict]:
-    """({mode: N}, with 0 for ar; the choice by measurement, or {}; the measured costs c and v[N])."""
+def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dict, dict]:
+    """({mode: N, or "auto" for a length chosen step by step}, with 0 for ar; the measured costs c and v[N]
+    over the candidates, which the report's analytic bound reads)."""
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
-        # measured once: the choice and the report share it
-        costs = measure_costs(pair, timing_prompt, list(candidates))
-        calibration = [e.prompt for e in builtin_examples("general", "train")[:2]]
-        probes = {name: config.replace(n_draft=PROBE_N_DRAFT) for name, config in modes.items()}
-        choice = choose_n_draft(pair, probes, costs, calibration)
-        return {name: choice[name]["n_draft"] if name in choice else 0 for name in modes}, choice, costs
+        lengths = {name: 0 if config.mode == "ar" else "auto" for name, config in modes.items()}
+        return lengths, measure_costs(pair, timing_prompt, list(candidates))
     if isinstance(n_draft, int) and n_draft >= 1:
         n_of = {name: 0 if config.mode == "ar" else n_draft for name, config in modes.items()}
-        return n_of, {}, measure_costs(pair, timing_prompt, n_draft)
+        return n_of, measure_costs(pair, timing_prompt, n_draft)
     raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
 
 
@@ -208,7 +204,7 @@ def run_bench(
     n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement.
     vs_llama_cpp: the target's GGUF, to time llama.cpp's target-only decoding of it after ours."""
     max_new_tokens, temperature, seed = shared_run(modes)
-    n_of, choice, costs = draft_lengths(pair, examples, modes, n_draft, candidates)
+    n_of, costs = draft_lengths(pair, examples, modes, n_draft, candidates)
     comparable = comparable_with_transformers(pair, modes)
     runs, names = BenchRuns(), list(modes)
     for i, example in enumerate(examples):
@@ -231,7 +227,6 @@ def run_bench(
     settings = {
         "examples": len(examples),
         "n_draft": {k: v for k, v in n_of.items() if v},
-        "n_draft_choice": choice,
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
         "seed": seed,

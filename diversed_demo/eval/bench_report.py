@@ -83,6 +83,8 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
             "speedup": c.tokens_per_second / ar_speed,
             "tau": c.tau,
             "acceptance_rate": c.acceptance_rate,
+            "verified_acceptance": c.verified_acceptance,
+            "drafted_per_step": c.drafted / c.target_passes if c.target_passes else None,
             "tokens_per_second": c.tokens_per_second,
             "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
             "fidelity": t["fidelity"] / t["examples"],
@@ -95,16 +97,21 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
 
 def bound_efficiency(overall: dict, n_of: dict, costs: dict) -> dict:
     """{mode: achieved speedup ÷ analytic bound}; each drafting mode's row gets its "analytic_bound",
-    (1 − α^{N+1}) / ((1 − α)(N·c + v)) at the measured acceptance α, draft cost c and verify cost v[N]."""
+    (1 − α^{N+1}) / ((1 − α)(N·c + v)) at the measured acceptance α, draft cost c and verify cost v[N]; for
+    a length chosen step by step ("auto"), the best fixed N's bound at the per-token acceptance verified."""
     efficiency = {}
     for name, row in overall.items():
-        if row["acceptance_rate"] is not None:
-            # accepted/drafted counts drafts after a rejection too: the bound needs per-token α.
-            n = n_of[name]
+        if row["acceptance_rate"] is None:
+            continue
+        n = n_of[name]
+        if n == "auto":
+            alpha = row["verified_acceptance"] or 0.0
+            bound = max(analytic_speedup(alpha, m, costs["c"], v) for m, v in costs["v"].items())
+        else:  # accepted/drafted counts drafts after a rejection too: the bound needs per-token α
             alpha = alpha_from_acceptance(row["acceptance_rate"], n)
             bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
-            efficiency[name] = row["speedup"] / bound
-            row["analytic_bound"] = bound
+        efficiency[name] = row["speedup"] / bound
+        row["analytic_bound"] = bound
     return efficiency
 
 
@@ -305,7 +312,7 @@ def settings_lines(report: dict) -> list[str]:
         f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
         f"{s['dtype']}, {where(s)}; n_draft "
         + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
-        + (" (chosen by measurement)" if s.get("n_draft_choice") else "")
+        + (" (auto: chosen step by step)" if "auto" in s["n_draft"].values() else "")
         + f"; c = {c['c']:.3f}, v = "
         + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
         + ".",

@@ -26,6 +26,10 @@ class ModelPair:
     # graphed passes it lends to one decode at a time (the draft's: a standalone draft's pass, or an
     # EAGLE-3 draft's step). The decoder runs what it is given here, eagerly where None.
     runtime: object | None = None
+    # What a drafted token (c) and a pass over j drafts and the bonus position (v[j]) cost here, in
+    # target-token units, as the runtime measured them; the adaptive draft length reads them (None: its
+    # defaults).
+    costs: dict | None = None
     target_pass: object | None = None
     draft_pass: object | None = None
 

@@ -94,12 +94,21 @@ def load_pair(
     if dtype == "auto" and pick_device(device).type == "cpu":
         pair, choice = measured_dtype(lambda name: fast_pair(target, draft, device, name), target, draft)
         pair.dtype_choice = choice
+        pair.costs = chosen_costs(choice)
         pair.runtime.dtype_why = "measured" + (" at an earlier start" if choice.get("cached") else "")
         log(f"dtype {choice_note(choice)}")
     else:
         pair = fast_pair(target, draft, device, dtype)
     start_passes(pair, compiled, log)
     return pair
+
+
+def chosen_costs(choice: dict) -> dict | None:
+    """The draft's and the verification's costs (c, v[N]) timed when the dtype was chosen, or None."""
+    figures = choice["figures"].get(choice["dtype"])
+    if not figures:
+        return None
+    return {"c": figures["c"], "v": {int(n): v for n, v in figures["v"].items()}}
 
 
 def dtype_name(pair: ModelPair) -> str:

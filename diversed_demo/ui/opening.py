@@ -98,16 +98,6 @@ def slowest_mode_fastest(chosen: dict[str, dict]) -> int:
     return max(lengths, key=lambda n: min(mode["bounds"][n] for mode in chosen.values()))
 
 
-def chosen_dtype_costs(pair) -> dict | None:
-    """The costs timed when the pair's dtype was chosen (the probe below, on a calibration prompt), or None:
-    timing them again would only lengthen the start."""
-    choice = pair.dtype_choice
-    figures = choice and choice["figures"].get(choice["dtype"])
-    if not figures:
-        return None
-    return {"c": figures["c"], "v": {int(n): v for n, v in figures["v"].items()}}
-
-
 def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defaults:
     """`start` at the draft length that pays on this machine for its example and settings: the draft's and
     the verification's costs timed, and the example decoded for 32 tokens in the opening mode and in exact
@@ -127,7 +117,7 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     probe = settings.replace(head=head, max_new_tokens=32)
     modes = {MODE_LABELS[settings.mode]: probe}
     modes.setdefault(MODE_LABELS["exact"], probe.replace(mode="exact", head=None))
-    costs = chosen_dtype_costs(pair) or measure_costs(
+    costs = pair.costs or measure_costs(
         pair, encode_prompt(pair.tokenizer, prompt), range(1, 7), rounds=1, calls=10, draft_tokens=16
     )
     chosen = choose_n_draft(pair, modes, costs, [prompt])

@@ -27,7 +27,8 @@ GENERATE = ["generate", "--prompt", "Hi", "--mode", "static"]
     "args, message",
     [
         ([*GENERATE, "--w", "2"], "ensemble weight"),
-        ([*GENERATE, "--n-draft", "0"], "n_draft"),
+        ([*GENERATE, "--n-draft", "0"], "--n-draft"),
+        ([*GENERATE, "--n-draft", "many"], "--n-draft"),
         ([*GENERATE, "--seed", str(10**30)], "seed"),
         ([*GENERATE, "--mode", "dynamic"], "head"),
         ([*GENERATE, "--mode", "dynamic", "--head", "no-such-head"], "no head 'no-such-head'"),

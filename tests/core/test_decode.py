@@ -266,9 +266,9 @@ class RecomputingFeatureDraft(draft.FeatureDraft):
     def ready(self, length):
         return self.all_features is not None
 
-    def propose(self, sequence, n, sampler, lookup=None):
+    def propose(self, sequence, n, sampler, lookup=None, length=None):
         self.cache, self.length, self.pending = [], 0, self.all_features
-        return super().propose(sequence, n, sampler, lookup)
+        return super().propose(sequence, n, sampler, lookup, length)
 
 
 @pytest.mark.parametrize(

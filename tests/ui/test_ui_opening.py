@@ -136,7 +136,9 @@ def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, mon
 
     figures = {"c": 0.0, "v": {str(n): 1.0 for n in range(1, 7)}, "tokens_per_second": 50.0}  # as cached
     choice = {"dtype": "float32", "alpha": 0.6, "cpu": "AVX2", "figures": {"float32": figures}}
-    chosen = dataclasses.replace(pair, dtype_choice=choice)
+    from diversed_demo.runtime.plan import chosen_costs
+
+    chosen = dataclasses.replace(pair, dtype_choice=choice, costs=chosen_costs(choice))
     monkeypatch.setattr(opening, "measure_costs", lambda *a, **k: pytest.fail("timed again"))
     examples = ui_examples()
     opened = opening.measured_opening(chosen, examples)

@@ -1,0 +1,138 @@
+"""How many tokens a step drafts: a fixed N, or, with n_draft="auto", as many as pay, token by token.
+
+Terms: in target-token units a drafted token costs c and the target's pass over j drafts and the bonus
+position v_j (v_0 = 1: a target-only step). A step that drafts j tokens then costs T_j = j·c + v_j and
+emits E_j = 1 + P_1 + … + P_j tokens on average, where P_i = α_1·…·α_i is the chance that the first i
+drafts are all kept. One more draft adds P_j·ᾱ tokens (ᾱ: the next draft's chance, before it is seen) for
+c + v_{j+1} − v_j, so drafting goes on while
+
+    P_j·ᾱ / (c + v_{j+1} − v_j)  ≥  E_j / T_j,
+
+the step's rate so far; as EAGLE-2 and SpecDec++ do, a drafted path stops where its confidence falls. At
+j = 0 the rule reads ᾱ ≥ c + v_1 − 1: where drafting returns less than it costs, the step drafts nothing
+and decoding runs at the target's own pace.
+
+α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
+prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
+static w, the running mean w_t of the rule or a head). Each verified position then corrects it: per bin of
+s, the kept share of the positions verified so far in this decode (the acceptance probability where
+sampling, a hit where greedy), against PRIOR_WEIGHT positions of the prior. The choice reads the decode's
+own tokens only, never the clock, so a seed replays the same decode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import MAX_FEED
+from .config import AUTO
+
+AUTO_MAX = MAX_FEED - 1  # the most a step drafts: one compiled pass scores 7 drafts and the bonus position
+BINS = 10  # bins of the draft's confidence s in [0, 1]
+PRIOR_WEIGHT = 2.0  # verified positions the prior counts for, per bin: a few positions outweigh it
+# A step that drafts nothing verifies nothing: it forgets this share of the evidence, so that the prior
+# pulls a poor stretch's estimate back up and drafting is tried again some steps later.
+FORGET = 0.85
+# Where the runtime measured no costs (a GPU, transformers' own layers): a draft a tenth of the target,
+# a pass over j + 1 tokens 1 + 0.04·j target tokens (the embedded pair's eager figures on a CPU).
+DEFAULT_C = 0.1
+DEFAULT_V_SLOPE = 0.04
+
+
+class FixedLength:
+    """N drafts a step (fewer only where the budget ends first)."""
+
+    def __init__(self, n_draft: int):
+        self.n_draft = n_draft
+
+    def start(self, room: int) -> int:
+        """The most this step may draft, given `room` for drafts."""
+        return min(self.n_draft, room)
+
+    def go_on(self, drafted: int, confidence: float) -> bool:
+        return True
+
+    @property
+    def wants_confidence(self) -> bool:
+        return False
+
+    def learn(self, verdict) -> None:
+        pass
+
+
+class AdaptiveLength:
+    """The rule above for one decode: its costs, its evidence per bin of confidence, this step's path."""
+
+    def __init__(self, costs: dict | None, w_prior: float):
+        costs = costs or {}
+        self.c = float(costs.get("c", DEFAULT_C))
+        measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
+        self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]
+        self.kept, self.seen = torch.zeros(BINS, dtype=torch.float64), torch.zeros(BINS, dtype=torch.float64)
+        self.w_total, self.w_count = w_prior * PRIOR_WEIGHT, PRIOR_WEIGHT
+        self.confidences: list[float] = []  # of this step's drafts
+        self.path, self.tokens, self.limit = 1.0, 1.0, 0
+
+    @property
+    def wants_confidence(self) -> bool:
+        return True
+
+    def _w(self) -> float:
+        return self.w_total / self.w_count
+
+    def chance(self, confidence: float) -> float:
+        """α of a draft the draft gave probability `confidence`."""
+        b = min(int(confidence * BINS), BINS - 1)
+        prior = 1.0 - self._w() * (1.0 - confidence)
+        return float((self.kept[b] + PRIOR_WEIGHT * prior) / (self.seen[b] + PRIOR_WEIGHT))
+
+    def mean_chance(self) -> float:
+        """ᾱ: a draft's chance before its confidence is known (a confidence of one half a priori)."""
+        prior = 1.0 - self._w() * 0.5
+        return float((self.kept.sum() + PRIOR_WEIGHT * prior) / (self.seen.sum() + PRIOR_WEIGHT))
+
+    def _pays(self, drafted: int) -> bool:
+        if drafted >= self.limit:
+            return False
+        gain = self.path * self.mean_chance() / (self.c + self.v[drafted + 1] - self.v[drafted])
+        return gain >= self.tokens / (drafted * self.c + self.v[drafted])
+
+    def start(self, room: int) -> int:
+        """The most this step may draft (0: it drafts nothing), given `room` for drafts."""
+        self.confidences, self.path, self.tokens = [], 1.0, 1.0
+        self.limit = min(room, AUTO_MAX)
+        if self._pays(0):
+            return self.limit
+        self.kept *= FORGET
+        self.seen *= FORGET
+        return 0
+
+    def go_on(self, drafted: int, confidence: float) -> bool:
+        """Whether to draft another token after the `drafted`-th, which the draft gave `confidence`."""
+        self.confidences.append(confidence)
+        self.path *= self.chance(confidence)
+        self.tokens += self.path
+        return self._pays(drafted)
+
+    def learn(self, verdict) -> None:
+        """Count the step's verified positions: each one's chance of being kept, by its draft's confidence."""
+        n = len(self.confidences)
+        verified = min(verdict.n_accepted + 1, n)
+        if not verified:
+            return
+        kept = verdict.accept_probs[:verified].double().cpu()
+        bins = (
+            (torch.tensor(self.confidences[:verified], dtype=torch.float64) * BINS).long().clamp_(0, BINS - 1)
+        )
+        self.kept.index_add_(0, bins, kept)
+        self.seen.index_add_(0, bins, torch.ones_like(kept))
+        self.w_total += float(verdict.w[:verified].sum())
+        self.w_count += verified
+
+
+def draft_length(config, costs: dict | None):
+    """The config's draft length rule: fixed N, or adaptive for n_draft="auto" (the mode's w as prior)."""
+    if config.n_draft != AUTO:
+        return FixedLength(config.n_draft)
+    w_prior = float(config.ensemble_weight) if config.mode == "static" else 1.0
+    return AdaptiveLength(costs, w_prior)
