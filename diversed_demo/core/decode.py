@@ -84,8 +84,9 @@ class Step:
     verdict: Verdict
     new_ids: list[int]  # emitted tokens, cut after an EOS
     stopped: bool  # an EOS ended the decode
-    draft_s: float
-    verify_s: float
+    draft_s: float  # proposing: the draft's steps, its sampling and the length rule
+    verify_s: float  # the target's pass and the decision (pass_s of it the pass alone)
+    pass_s: float = 0.0
 
     @property
     def drafted(self) -> int:
@@ -190,12 +191,17 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
             for r in active
         ]
         drafted = clock()
-        verdicts = verify_rows(target, [rows[r] for r in active], proposals)
-        draft_s, verify_s = (drafted - start) / len(active), (clock() - drafted) / len(active)
+        feeds, scored = score_rows(target, [rows[r] for r in active], proposals)
+        passed = clock()
+        verdicts = [
+            verify_step(out, len(feed) - len(p[0]), *p, rows[r].weigh, rows[r].sampler)
+            for out, feed, p, r in zip(scored, feeds, proposals, active)
+        ]
+        share = [(b - a) / len(active) for a, b in ((start, drafted), (drafted, clock()), (drafted, passed))]
         still = []
         for i, (r, verdict) in enumerate(zip(active, verdicts)):
             new_ids, stopped = emitted_ids(verdict, stop_ids)
-            yield r, Step(index, rows[r].sequence, verdict, new_ids, stopped, draft_s, verify_s)
+            yield r, Step(index, rows[r].sequence, verdict, new_ids, stopped, *share)
             if advance(rows[r], target, i, verdict, new_ids, stopped, max_new_tokens):
                 still.append(i)
         if len(still) < len(active):
@@ -226,14 +232,10 @@ def advance(
     return True
 
 
-def verify_rows(target: CachedLM, rows: list[Row], proposals) -> list[Verdict]:
-    """One target pass over each row's unseen tokens and its drafts, and each row's verdict."""
+def score_rows(target: CachedLM, rows: list[Row], proposals) -> tuple[list, list]:
+    """One target pass over each row's unseen tokens and its drafts: (the feeds, each row's scores)."""
     feeds = [
         torch.cat([row.sequence[target.lengths[i] :], p[0]])
         for i, (row, p) in enumerate(zip(rows, proposals))
     ]
-    scored = target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])
-    return [
-        verify_step(out, len(feed) - len(p[0]), *p, row.weigh, row.sampler)
-        for out, feed, p, row in zip(scored, feeds, proposals, rows)
-    ]
+    return feeds, target.forward_rows(feeds, [len(p[0]) + 1 for p in proposals])

@@ -73,6 +73,10 @@ class Summary(Rates):
     token_ids: list[int] = field(default_factory=list)
     events_s: float = 0.0  # of wall_time_s, the time spent building and yielding token events
     rejected: int = 0
+    # of wall_time_s, the steps' drafting, the target's passes and the decisions after them (Step's times)
+    draft_s: float = 0.0
+    pass_s: float = 0.0
+    decide_s: float = 0.0
 
     @property
     def counts(self) -> Counts:
@@ -120,6 +124,9 @@ class Tally:
         summary.new_tokens += len(step.new_ids)
         summary.token_ids += step.new_ids
         summary.wall_time_s += step.draft_s + step.verify_s
+        summary.draft_s += step.draft_s
+        summary.pass_s += step.pass_s
+        summary.decide_s += step.verify_s - step.pass_s
 
     def finish(self, tokenizer, wall_time_s: float | None = None) -> Summary:
         """The Summary, with its text; wall_time_s replaces the steps' own time (which leaves out the

@@ -48,6 +48,7 @@ def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = N
             "target_only_share": achieved and achieved / limit["tokens_per_second"],
         }
     result["streaming_overhead"] = streaming_overhead(runs)
+    result["step_breakdown"] = step_breakdown(runs)
     result["goals"] = goals(result)
     return result
 
@@ -113,6 +114,23 @@ def bound_efficiency(overall: dict, n_of: dict, costs: dict) -> dict:
         efficiency[name] = row["speedup"] / bound
         row["analytic_bound"] = bound
     return efficiency
+
+
+STEP_PARTS = ("draft", "pass", "decide", "events")  # what a step's time is spent on, as the loop times it
+
+
+def step_breakdown(runs) -> dict:
+    """{mode: ms per step of each part}: proposing (the draft's steps, sampling, the length rule), the
+    target's pass (the prompt's included), the decision (probabilities, w_t, verification), the token
+    events, and the rest of the loop (bookkeeping, cache rollback, Python), over every run."""
+    breakdown = {}
+    for name, totals in runs.totals["overall"].items():
+        counts = runs.counts["overall"][name]
+        steps = max(counts.target_passes, 1)
+        parts = {part: totals[f"{part}_s"] * 1e3 / steps for part in STEP_PARTS}
+        parts["loop"] = counts.wall_time_s * 1e3 / steps - sum(parts.values())
+        breakdown[name] = parts
+    return breakdown
 
 
 def streaming_overhead(runs) -> float:
@@ -226,12 +244,29 @@ def cell(value, spec=".2f") -> str:
     return fmt(value, spec, missing="–")
 
 
+def breakdown_lines(report: dict) -> list[str]:
+    """Where a step's time goes, per mode (`step_breakdown`), in ms, with the drafts a step proposed."""
+    parts = (*STEP_PARTS, "loop")
+    lines = [
+        "\n| mode | drafted a step | " + " | ".join(f"{part} ms" for part in parts) + " | step ms |",
+        "|---|---" + "|---" * (len(parts) + 1) + "|",
+    ]
+    for name, times in report["step_breakdown"].items():
+        drafted = report["overall"][name].get("drafted_per_step")
+        cells = " | ".join(f"{times[part]:.2f}" for part in parts)
+        shown = "–" if not drafted else f"{drafted:.2f}"
+        lines.append(f"| {name} | {shown} | {cells} | {sum(times.values()):.2f} |")
+    return lines
+
+
 def markdown_table(report: dict) -> str:
     """The bench report as Markdown: a cell per category and mode, the settings, each mode against its
     analytic bound and transformers, streaming's price, and each relaxed mode against exact SD."""
     modes = list(report["overall"])
     lines = category_rows(report, modes) + ["", *settings_lines(report), "", *bound_rows(report, modes)]
     lines += ["", *limit_lines(report)]
+    if report.get("step_breakdown"):
+        lines += breakdown_lines(report)
     if "streaming_overhead" in report:
         lines.append(
             f"\nStreaming token events costs {100 * report['streaming_overhead']:+.2f}% against the bare "

@@ -142,6 +142,11 @@ def test_auto_n_draft_decodes_step_by_step_and_is_held_to_the_best_fixed_bound(p
         assert row["analytic_bound"] == pytest.approx(best)
         assert report["bound_efficiency"][name] == pytest.approx(row["speedup"] / best)
         assert 0 <= row["drafted_per_step"] <= 7
+    for name, parts in report["step_breakdown"].items():  # where each step's time went, adding up to it
+        row = report["overall"][name]
+        assert sum(parts.values()) == pytest.approx(row["tau"] / row["tokens_per_second"] * 1e3)
+        assert parts["pass"] > 0 and min(parts[p] for p in ("draft", "decide", "events")) >= 0
+    assert report["step_breakdown"]["ar"]["draft"] < report["step_breakdown"]["exact"]["draft"]
     with pytest.raises(ValueError, match="n_draft"):
         run_bench(pair, examples, modes, n_draft=0)
 
