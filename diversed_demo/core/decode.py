@@ -186,7 +186,7 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
                 pair.vocab_size,
                 rows[r].lookup,
                 room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
-                length=rows[r].length,
+                length=rows[r].length.stopper,
             )
             for r in active
         ]

@@ -47,11 +47,7 @@ class StandaloneDraft:
             probs.append(q)
             hidden.append(last[0])
             feed = token.view(1)
-            if (
-                length is not None
-                and length.wants_confidence
-                and not length.go_on(j + 1, float(draft_confidence(q, token, sampler)))
-            ):
+            if length is not None and not length.go_on(j + 1, float(draft_confidence(q, token, sampler))):
                 break
         return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
 
@@ -105,7 +101,7 @@ class FeatureDraft:
             tokens.append(token.view(1))
             small_probs.append(small_q)
             states.append(hidden[0])
-            if length is not None and length.wants_confidence:
+            if length is not None:
                 confidence = draft_confidence(
                     small_q, index, sampler, None if token is own else self.token_ids == token
                 )

@@ -49,12 +49,10 @@ class FixedLength:
         """The most this step may draft, given `room` for drafts."""
         return min(self.n_draft, room)
 
-    def go_on(self, drafted: int, confidence: float) -> bool:
-        return True
-
     @property
-    def wants_confidence(self) -> bool:
-        return False
+    def stopper(self) -> None:
+        """Nothing stops a fixed draft early: the draft need not read its confidence."""
+        return None
 
     def learn(self, verdict) -> None:
         pass
@@ -74,8 +72,9 @@ class AdaptiveLength:
         self.path, self.tokens, self.limit = 1.0, 1.0, 0
 
     @property
-    def wants_confidence(self) -> bool:
-        return True
+    def stopper(self) -> AdaptiveLength:
+        """What the draft asks, token by token, whether to go on (`go_on`)."""
+        return self
 
     def _w(self) -> float:
         return self.w_total / self.w_count
@@ -101,6 +100,8 @@ class AdaptiveLength:
         """The most this step may draft (0: it drafts nothing), given `room` for drafts."""
         self.confidences, self.path, self.tokens = [], 1.0, 1.0
         self.limit = min(room, AUTO_MAX)
+        if self.limit <= 0:  # the budget is spent: nothing was skipped for want of pay
+            return 0
         if self._pays(0):
             return self.limit
         self.kept *= FORGET

@@ -204,7 +204,7 @@ def run_bench(
     """Every mode (parse_modes': their length, temperature and seed shared) on every question, the i-th
     at seed + i: the report (`bench_report.report`) of what was measured.
 
-    n_draft: one draft length for every mode, or "auto" to choose each mode's by measurement.
+    n_draft: one draft length for every mode, or "auto" to choose it step by step (core/draft_length.py).
     vs_llama_cpp: the target's GGUF, to time llama.cpp's target-only decoding of it after ours."""
     max_new_tokens, temperature, seed = shared_run(modes)
     n_of, costs = draft_lengths(pair, examples, modes, n_draft, candidates)
