@@ -4,19 +4,21 @@ With grouped-query attention (SmolLM2: 9 query heads over 3 K/V heads), transfor
 K/V heads of the whole cache once per query head group whenever the pass has a mask, i.e. in every
 multi-token pass over a cache: each verification. PyTorch's CPU kernel takes grouped heads and a mask
 together (`enable_gqa`); on CUDA that combination falls back to the math kernel, so this is for the CPU.
-A one-token pass in bf16 or fp16 attends in float32 products instead, where that is the faster here.
+One sequence's decoding steps and verifications in bf16 or fp16 attend in blocks instead
+(block_attention.py), so that a position gets the same logits in a one-token pass and in a verification.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..common.timing import runs_faster
+from ..core.cache import MAX_FEED
+from .block_attention import attend_in_blocks, mask_bias, padded_width
 
 GROUPED_SDPA = "sdpa_grouped"
 
@@ -26,8 +28,8 @@ def grouped_sdpa_attention(
 ):
     """transformers' attention signature: query [B, Hq, T, D], key/value [B, Hkv, S, D] ->
     ([B, T, Hq, D], None)."""
-    if query.shape[2] == 1 and attention_mask is None and single_query_pays(query.dtype):
-        return single_query_attention(query, key, value, scaling), None
+    if takes_blocks(query, attention_mask, scaling):
+        return attention_in_blocks(query, key, value, attention_mask), None
     causal = module.is_causal if is_causal is None else is_causal
     # Without a mask transformers relies on SDPA's causal flag (a prefill over an empty cache: T == S).
     causal = bool(causal and attention_mask is None and query.shape[2] > 1)
@@ -44,31 +46,33 @@ def grouped_sdpa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def single_query_attention(query, key, value, scaling=None):
-    """One query per head over grouped K/V heads, in float32 products: as accurate as PyTorch's CPU flash
-    kernel, and on some CPUs faster for one query in bf16 (docs/measurements/speed.md). -> [B, 1, Hq, D]."""
-    batch, n_query_heads, _, dim = query.shape
-    n_kv_heads = key.shape[1]
-    grouped = query.reshape(batch, n_kv_heads, n_query_heads // n_kv_heads, dim).float()
-    scores = torch.matmul(grouped, key.float().transpose(-1, -2)) * (scaling or dim**-0.5)
-    out = torch.matmul(scores.softmax(-1), value.float())
-    return out.view(batch, 1, n_query_heads, dim).to(query.dtype)
+def takes_blocks(query, attention_mask, scaling) -> bool:
+    """Whether a pass attends row-invariantly (block_attention.py): one sequence's decoding step or
+    verification, in bf16 or fp16 (a float32 model computes exactly what transformers does)."""
+    batch, _, new, dim = query.shape
+    plain = attention_mask is None or attention_mask.dtype == torch.bool
+    default_scale = scaling is None or scaling == dim**-0.5
+    return batch == 1 and new <= MAX_FEED and query.dtype != torch.float32 and plain and default_scale
 
 
-@functools.cache
-def single_query_pays(dtype: torch.dtype) -> bool:
-    """Whether `single_query_attention` beats PyTorch's kernel here for one query (SmolLM2's 9 heads over 3
-    K/V heads, 256 cached tokens), timed once per process (tens of ms): it depends on the CPU. Never in
-    float32, where the target must compute exactly what transformers does."""
-    if dtype == torch.float32:
-        return False
-    generator = torch.Generator().manual_seed(0)
-    query = torch.randn(1, 9, 1, 64, generator=generator).to(dtype)
-    key, value = (torch.randn(1, 3, 256, 64, generator=generator).to(dtype) for _ in range(2))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    return runs_faster(
-        lambda: single_query_attention(query, key, value), lambda: sdpa(query, key, value, enable_gqa=True)
-    )
+def attention_in_blocks(query, key, value, attention_mask):
+    """`takes_blocks`' passes: query [1, Hq, T, D] over key/value [1, Hkv, S, D] (a causal feed of the last
+    T positions where attention_mask [1, 1, T, S] is None) -> [1, T, Hq, D]."""
+    _, n_query, new, dim = query.shape
+    used = key.shape[2]
+    width = padded_width(used)
+    if attention_mask is None:
+        mask = (
+            torch.arange(used, device=query.device)[None]
+            <= torch.arange(used - new, used, device=query.device)[:, None]
+        )
+    else:
+        mask = attention_mask[0, 0]
+    mask = F.pad(mask, (0, width - used), value=False)
+    keys, values = (F.pad(t[0], (0, 0, 0, width - used)) for t in (key, value))  # [Hkv, W, D]
+    bias = mask_bias(mask, n_query // key.shape[1])
+    out = attend_in_blocks(query[0].transpose(0, 1), keys, values, bias)
+    return out.view(1, new, n_query, dim)
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
@@ -87,7 +91,6 @@ def use_grouped_attention(model: torch.nn.Module) -> bool:
     if not (grouped and getattr(config, "_attn_implementation", None) == "sdpa"):
         return False
     model.set_attn_implementation(GROUPED_SDPA)
-    single_query_pays(parameter.dtype)  # timed now rather than in the first decoding step
     return True
 
 

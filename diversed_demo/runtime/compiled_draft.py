@@ -13,6 +13,7 @@ import torch
 
 from ..common.files import cache_dir
 from ..models.eagle import Eagle3Draft
+from .block_attention import padded_width
 from .compiled_pass import (
     K_MAX,
     MAX_LEN,
@@ -30,6 +31,7 @@ STEP_SOURCES = (
     "runtime/compiled_draft.py",
     "runtime/static_draft.py",
     "runtime/static_pass.py",
+    "runtime/block_attention.py",
     "runtime/int8_draft.py",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
@@ -88,8 +90,8 @@ def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) ->
     get the same input each step: fed their own hidden states, the two would drift apart by roundings
     that compound over the steps, which is not what the check is for."""
     device = draft.fc.weight.device
-    eager = StaticDraftStep(draft, 64)
     ends = list(itertools.accumulate((12, *sizes)))
+    eager = StaticDraftStep(draft, padded_width(ends[-1]))
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(ends[-1], draft.hidden_size, generator=generator).to(device, draft.fc.weight.dtype)
     tokens = torch.randint(0, draft.vocab_size, (ends[-1],), generator=generator).to(device)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
+from .block_attention import BLOCK, MIN_BLOCKS
 from .static_pass import K_MAX, StaticPass, feed_rows
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
@@ -81,18 +82,18 @@ class CompiledPass:
 
     def forward(self, tokens: torch.Tensor, length: int, *inputs):
         """Feed tokens [k] (and the module's further `inputs`) after `length` cached ones: the module's
-        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds outside the runner's
-        ranges (more than K_MAX rows, or a used length under 2, which the AOTInductor export excludes) run
-        the module eagerly, on the same cache."""
+        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds of more than K_MAX
+        rows, outside the runner's range, run the module eagerly, on the same cache."""
         k = tokens.numel()
         positions, mask = feed_rows(length, length + k, tokens.device)
-        runner = self.runner if k <= K_MAX and length + k >= 2 else self.module  # the graph's ranges
+        runner = self.runner if k <= K_MAX else self.module  # the graph's range
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 
 
 # The files whose code (or build settings) a compiled package holds: a change to any builds a new one.
 PASS_SOURCES = (
     "runtime/static_pass.py",
+    "runtime/block_attention.py",
     "runtime/gguf_int4.py",
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
@@ -149,13 +150,14 @@ def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | Non
 
 def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | None = None) -> Path:
     """Export a static module for 1..K_MAX new rows and any used length (its arguments: tokens, positions
-    [k], mask [k, S], then `inputs` with k rows first, for four rows here) and compile it into `path`."""
+    [k], mask [k, W] as feed_rows makes it, then `inputs` with k rows first, for four rows here) and
+    compile it into `path`."""
     new = torch.export.Dim("new", min=1, max=K_MAX)
-    used = torch.export.Dim("used", min=2, max=MAX_LEN - 1)
+    width = BLOCK * torch.export.Dim("blocks", min=MIN_BLOCKS, max=MAX_LEN // BLOCK)
     # Example sizes like a verification's over a few hundred positions: inductor sizes its loops from
     # them (a tiny example left the attention's softmax on one thread).
     tokens, (positions, mask) = torch.tensor([1, 2, 3, 4]), feed_rows(252, 256)
-    dynamic = ({0: new}, {0: new}, {0: new, 1: used}, *({0: new} for _ in inputs))
+    dynamic = ({0: new}, {0: new}, {0: new, 1: width}, *({0: new} for _ in inputs))
     with torch.no_grad():
         program = torch.export.export(module, (tokens, positions, mask, *inputs), dynamic_shapes=dynamic)
     path.parent.mkdir(parents=True, exist_ok=True)

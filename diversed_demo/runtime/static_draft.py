@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .block_attention import attend_in_blocks, mask_bias, padded_width
 from .int8_draft import int8_product
 from .lean_layer import rms_norm
-from .static_pass import K_MAX, attend_static, mask_bias, rotate
+from .static_pass import K_MAX, rotate
 
 
 class StaticDraftStep(nn.Module):
@@ -62,7 +63,7 @@ class StaticDraftStep(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         for name in ("keys", "values"):
-            slots = torch.zeros(self.n_kv, max_len, self.head_dim, dtype=dtype, device=device)
+            slots = torch.zeros(self.n_kv, padded_width(max_len), self.head_dim, dtype=dtype, device=device)
             self.register_buffer(name, slots, persistent=False)
 
     n_layers = 1  # its cache, as compiled_pass.CompiledPass reads a static cache
@@ -96,7 +97,7 @@ class StaticDraftStep(nn.Module):
         """query [p, n_q, D] over the used slots: float32 products for a step (the graph's), PyTorch's
         kernel for a longer feed (eager: a prompt's scores in float32 would take hundreds of MB)."""
         if query.shape[0] <= K_MAX:
-            return attend_static(query, self.keys, self.values, mask_bias(mask, self.n_query // self.n_kv))
+            return attend_in_blocks(query, self.keys, self.values, mask_bias(mask, self.n_query // self.n_kv))
         used = mask.shape[1]
         keys, values = self.keys[None, :, :used], self.values[None, :, :used]
         out = F.scaled_dot_product_attention(

@@ -21,6 +21,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from ..core.cache import MAX_FEED
+from .block_attention import attend_in_blocks, mask_bias, padded_width
 from .gguf_int4 import int4_product
 from .lean_layer import LeanLlamaLayer, rms_norm
 
@@ -71,7 +72,9 @@ class StaticPass(nn.Module):
                 f"l{i}_norm2", layer.post_attention_layernorm.weight.detach(), persistent=False
             )
             for name in ("keys", "values"):
-                slots = torch.zeros(self.n_kv, max_len, self.head_dim, dtype=dtype)
+                slots = torch.zeros(
+                    self.n_kv, padded_width(max_len), self.head_dim, dtype=dtype
+                )  # a mask's width
                 self.register_buffer(f"l{i}_{name}", slots, persistent=False)
         self.n_layers = len(decoder.layers)
 
@@ -127,7 +130,7 @@ class StaticPass(nn.Module):
         keys, values = self.buffers_of_layer(i)
         keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
         values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
-        return self._product(i, "o", attend_static(qk[:, :n_q], keys, values, bias))
+        return self._product(i, "o", attend_in_blocks(qk[:, :n_q], keys, values, bias))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -136,27 +139,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def feed_rows(start: int, end: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions [k] of a feed of sequence positions start..end − 1 and its mask [k, end] (each sees
-    itself and every earlier slot)."""
+    """The positions [k] of a feed of sequence positions start..end − 1 and its mask [k, W] (each sees
+    itself and every earlier slot), W = `padded_width(end)`: the later slots masked."""
     positions = torch.arange(start, end, device=device)
-    return positions, torch.arange(end, device=device)[None, :] <= positions[:, None]
-
-
-def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
-    head j of token t)."""
-    k, used = mask.shape
-    bias = torch.zeros(k, used, device=mask.device).masked_fill(~mask, float("-inf"))
-    return bias[:, None].expand(k, group, used).reshape(k * group, used)
-
-
-def attend_static(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor):
-    """query [k, n_q, D] over the first S slots of a static cache (keys, values [n_kv, max_len, D]; bias
-    [k·group, S]) in float32 products -> [k, n_q·D] in the query's dtype."""
-    k, n_q, dim = query.shape
-    n_kv, used = keys.shape[0], bias.shape[1]
-    group = n_q // n_kv
-    query = query.reshape(k, n_kv, group, dim).permute(1, 0, 2, 3).reshape(n_kv, k * group, dim)
-    scores = torch.matmul(query.float(), keys[:, :used].float().transpose(-1, -2)) * dim**-0.5 + bias
-    out = torch.matmul(scores.softmax(-1), values[:, :used].float())  # [n_kv, k·group, D]
-    return out.view(n_kv, k, group, dim).permute(1, 0, 2, 3).reshape(k, n_q * dim).to(query.dtype)
+    return positions, torch.arange(padded_width(end), device=device)[None, :] <= positions[:, None]

@@ -66,6 +66,24 @@ def test_greedy_exact_sd_equals_greedy_target_on_embedded_pair(embedded):
     assert reference.text.strip()
 
 
+EXACTNESS_PROMPTS = (
+    "Explain in three sentences why the sky is blue.",
+    "Write a short poem about a lighthouse keeper.",
+    "What is 17 times 23? Show your steps.",
+)
+
+
+@pytest.mark.parametrize("prompt", EXACTNESS_PROMPTS)
+def test_greedy_exact_sd_is_target_only_token_for_token_in_the_default_dtype(prompt):
+    """As the app runs the pair (its dtype measured here, bf16 on most CPUs), at several draft lengths:
+    a verification gives each position the logits a one-token pass gives it (block_attention.py)."""
+    pair = load_pair(compiled="off")
+    reference, _ = generate(pair, prompt, mode="ar", max_new_tokens=40, temperature=0)
+    for n_draft in (2, 5, "auto"):
+        summary, _ = generate(pair, prompt, mode="exact", n_draft=n_draft, max_new_tokens=40, temperature=0)
+        assert summary.token_ids == reference.token_ids, (str(pair.runtime), n_draft)
+
+
 @pytest.mark.slow
 def test_cli_generate_json_on_embedded_pair():
     out = subprocess.run(

@@ -1,0 +1,49 @@
+"""Attention that gives a query row the same bits whatever rows stand beside it: a verification pass then
+gives each position what a one-token pass gives it, and exact decoding equals target-only decoding token for
+token (docs/measurements/speed.md has the probe and its cost).
+
+A product over all the used slots, or a softmax over them, picks its summation order by their number and
+by the number of query rows, so the last bits of a position's logits would depend on how many drafts were
+verified with it. Here every sum runs over a fixed width: the slots in blocks of BLOCK, the mask's masked
+slots padding the last, each block's products and sums the same for any number of rows, and the blocks
+added one after another (a cumulative sum, to which a masked block adds exact zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 64  # cache slots a sum runs over at a time
+MIN_BLOCKS = 2  # masks at least this wide: an exported graph then serves every width in one piece
+
+
+def padded_width(used: int) -> int:
+    """The used slots rounded up to whole blocks of BLOCK, at least MIN_BLOCKS of them."""
+    return max(MIN_BLOCKS, -(-used // BLOCK)) * BLOCK
+
+
+def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
+    head j of token t)."""
+    k, used = mask.shape
+    bias = torch.zeros(k, used, device=mask.device).masked_fill(~mask, float("-inf"))
+    return bias[:, None].expand(k, group, used).reshape(k * group, used)
+
+
+def attend_in_blocks(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor):
+    """query [k, n_q, D] over the first W slots of a cache (keys, values [n_kv, ≥ W, D]; bias [k·group, W],
+    W a multiple of BLOCK: `padded_width`) in float32 products -> [k, n_q·D] in the query's dtype.
+
+    A row's result does not depend on k, nor on how many masked slots follow its own."""
+    k, n_q, dim = query.shape
+    n_kv, width = keys.shape[0], bias.shape[1]
+    group = n_q // n_kv
+    rows = query.reshape(k, n_kv, group, dim).permute(1, 0, 2, 3).reshape(n_kv, k * group, dim).float()
+    scores = torch.matmul(rows, keys[:, :width].float().transpose(-1, -2)) * dim**-0.5  # [n_kv, k·group, W]
+    scores = (scores + bias).unflatten(-1, (-1, BLOCK)).transpose(1, 2)
+    value_blocks = values[:, :width].float().unflatten(1, (-1, BLOCK))
+    weights = torch.exp(scores - scores.amax((1, 3), keepdim=True))  # [n_kv, blocks, k·group, BLOCK]
+    parts = torch.cat([torch.matmul(weights, value_blocks), weights.sum(-1, keepdim=True)], -1)
+    total = parts.cumsum(1)[:, -1]  # [n_kv, k·group, D + 1]: the weighted values, then the weights' sum
+    out = total[..., :dim] / total[..., dim:]
+    return out.view(n_kv, k, group, dim).permute(1, 0, 2, 3).reshape(k, n_q * dim).to(query.dtype)
