@@ -215,6 +215,11 @@ def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_re
     claim = greedy_exactness(pair_in(torch.bfloat16), (report,))
     assert "10 of 26 Spec-Bench prompts" in claim and "never departs" in claim.split(";")[-1]
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16, "cuda"), (report,))  # the CPU's figure
+    report.write_text(json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 1.0}}))
+    assert "on all 26 Spec-Bench prompts" in greedy_exactness(pair_in(torch.bfloat16), (report,))
+    report.write_text(
+        json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 10 / 26}})
+    )
     gpu_settings = {**settings, "device": "cuda:0"}
     gpu_report.write_text(
         json.dumps({"settings": gpu_settings, "greedy_identical_to_target_only": {"exact": 11 / 26}})
