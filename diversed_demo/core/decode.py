@@ -169,49 +169,54 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
     if len({config.batch_settings for config in configs}) != 1:
         raise ValueError("the rows of a batch share N, max_new_tokens, temperature and top_p")
     _, max_new_tokens, _, _ = configs[0].batch_settings
-    rows = [start_row(pair, prompt_ids, config) for prompt_ids, config in zip(prompts, configs)]
-    aux_layer_ids = next((row.draft.aux_layer_ids for row in rows if row.draft is not None), ())
-    target = CachedLM(pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass)
-    stop_ids, active, index = eos_ids(pair), list(range(len(rows))), 0
-    while active:
-        index += 1
-        start = clock()
-        # Never draft past the budget: the step emits at most n + 1 tokens.
-        proposals = [
-            propose(
-                rows[r].draft,
-                rows[r].sequence,
-                rows[r].length.start(max_new_tokens - rows[r].emitted - 1),
-                rows[r].sampler,
-                pair.vocab_size,
-                rows[r].lookup,
-                room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
-                length=rows[r].length.stopper,
-            )
-            for r in active
-        ]
-        drafted = clock()
-        feeds, scored = score_rows(target, [rows[r] for r in active], proposals)
-        passed = clock()
-        verdicts = [
-            verify_step(out, len(feed) - len(p[0]), *p, rows[r].weigh, rows[r].sampler)
-            for out, feed, p, r in zip(scored, feeds, proposals, active)
-        ]
-        share = [(b - a) / len(active) for a, b in ((start, drafted), (drafted, clock()), (drafted, passed))]
-        still = []
-        for i, (r, verdict) in enumerate(zip(active, verdicts)):
-            new_ids, stopped = emitted_ids(verdict, stop_ids)
-            yield r, Step(index, rows[r].sequence, verdict, new_ids, stopped, *share)
-            if advance(rows[r], target, i, verdict, new_ids, stopped, max_new_tokens):
-                still.append(i)
-        if len(still) < len(active):
-            if still:
-                target.keep_rows(still)
-            active = [active[i] for i in still]
-    target.close()
-    for row in rows:
-        if row.draft is not None:
-            row.draft.close()
+    with pair.in_use():  # what the runtime builds meanwhile is swapped in after this decode
+        rows = [start_row(pair, prompt_ids, config) for prompt_ids, config in zip(prompts, configs)]
+        aux_layer_ids = next((row.draft.aux_layer_ids for row in rows if row.draft is not None), ())
+        target = CachedLM(
+            pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass
+        )
+        stop_ids, active, index = eos_ids(pair), list(range(len(rows))), 0
+        while active:
+            index += 1
+            start = clock()
+            # Never draft past the budget: the step emits at most n + 1 tokens.
+            proposals = [
+                propose(
+                    rows[r].draft,
+                    rows[r].sequence,
+                    rows[r].length.start(max_new_tokens - rows[r].emitted - 1),
+                    rows[r].sampler,
+                    pair.vocab_size,
+                    rows[r].lookup,
+                    room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
+                    length=rows[r].length.stopper,
+                )
+                for r in active
+            ]
+            drafted = clock()
+            feeds, scored = score_rows(target, [rows[r] for r in active], proposals)
+            passed = clock()
+            verdicts = [
+                verify_step(out, len(feed) - len(p[0]), *p, rows[r].weigh, rows[r].sampler)
+                for out, feed, p, r in zip(scored, feeds, proposals, active)
+            ]
+            share = [
+                (b - a) / len(active) for a, b in ((start, drafted), (drafted, clock()), (drafted, passed))
+            ]
+            still = []
+            for i, (r, verdict) in enumerate(zip(active, verdicts)):
+                new_ids, stopped = emitted_ids(verdict, stop_ids)
+                yield r, Step(index, rows[r].sequence, verdict, new_ids, stopped, *share)
+                if advance(rows[r], target, i, verdict, new_ids, stopped, max_new_tokens):
+                    still.append(i)
+            if len(still) < len(active):
+                if still:
+                    target.keep_rows(still)
+                active = [active[i] for i in still]
+        target.close()
+        for row in rows:
+            if row.draft is not None:
+                row.draft.close()
 
 
 def advance(

@@ -2,15 +2,58 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 
 class PairError(ValueError):
     """A model pair that cannot work together (or cannot be found); the message says why."""
+
+
+class Upgrades:
+    """A pair's upgrades, each a function that swaps one in whole: run while no decode of the pair is
+    running (`in_use`)."""
+
+    def __init__(self):
+        self.lock, self.offered, self.users = threading.Lock(), [], 0
+
+    def __deepcopy__(self, memo) -> Upgrades:
+        return Upgrades()  # a copy of a pair is another pair, with nothing offered to it
+
+    def offer(self, swap: Callable[[], None]) -> threading.Event:
+        """Swap `swap` in at once where no decode runs, else when the last running one ends (on the thread
+        that ran it: in the app, the model thread); the event is set once it is in."""
+        done = threading.Event()
+        with self.lock:
+            self.offered.append((swap, done))
+            if not self.users:
+                self._swap_offered()
+        return done
+
+    @contextlib.contextmanager
+    def in_use(self):
+        """Around a decode: no upgrade is swapped in while one runs."""
+        with self.lock:
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if not self.users:
+                    self._swap_offered()
+
+    def _swap_offered(self) -> None:  # under the lock: no decode starts halfway through a swap
+        offered, self.offered = self.offered, []
+        for swap, done in offered:
+            swap()
+            done.set()
 
 
 @dataclass
@@ -32,6 +75,15 @@ class ModelPair:
     costs: dict | None = None
     target_pass: object | None = None
     draft_pass: object | None = None
+    # What the runtime builds aside while the pair serves (a faster kernel's operands, compiled passes),
+    # swapped in between decodes: nothing changes under a running decode.
+    upgrades: Upgrades = field(default_factory=lambda: Upgrades(), repr=False)
+
+    def offer_upgrade(self, swap: Callable[[], None]) -> threading.Event:
+        return self.upgrades.offer(swap)
+
+    def in_use(self):
+        return self.upgrades.in_use()
 
     @property
     def vocab_size(self) -> int:

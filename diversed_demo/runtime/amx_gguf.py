@@ -153,7 +153,7 @@ def pending() -> bool:
 
 def upgrade() -> bool:
     """Build the pending kernel at low priority (background work, about 10 s) and decide again: whether it
-    serves from now on (the model's operands are then packed for it anew: `plan.fast_target`)."""
+    serves from now on (the model's operands are then packed for it anew: `plan.upgrade_target`)."""
     global _decision, _pending
     if not _pending:
         return bool(_decision)

@@ -86,9 +86,10 @@ def compiled_parts(pair) -> dict[Path, Callable]:
 
 
 def lend(pair, slot: str, attach_part: Callable, *args, log=print) -> None:
+    """Attach a part and hand it to the pair between decodes (`ModelPair.offer_upgrade`)."""
     runner = attach_part(*args, log=log)
     if runner is not None:
-        setattr(pair, slot, runner)
+        pair.offer_upgrade(functools.partial(setattr, pair, slot, runner))
 
 
 def lowest_priority() -> None:

@@ -17,11 +17,12 @@ from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
 
 @torch.inference_mode()
-def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16) -> dict[int, float]:
+def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16, runner=None) -> dict[int, float]:
     """{k: median time of a cached forward of k new tokens (with the LM head on all of them)} after one
-    prefill of the prompt. The sizes take turns within each call, so a burst of load on a shared machine
-    slows them alike instead of one size; the first turn, after the prefill, runs cold and is not timed."""
-    lm = CachedLM(model, model.config.get_text_config().vocab_size)
+    prefill of the prompt, on `runner` (the pair's compiled pass, which decodes then run on) where given.
+    The sizes take turns within each call, so a burst of load on a shared machine slows them alike instead
+    of one size; the first turn, after the prefill, runs cold and is not timed."""
+    lm = CachedLM(model, model.config.get_text_config().vocab_size, runner=runner)
     lm.forward(torch.tensor(prompt_ids, device=model.device), keep=1)
     feeds = {k: torch.tensor(prompt_ids[-k:], device=model.device) for k in sorted(set(sizes))}
     times = {k: [] for k in feeds}
@@ -52,11 +53,13 @@ def measure_costs(
     pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16, draft_tokens: int = 48
 ) -> dict:
     """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
-    each a median of `calls` passes, the draft's over a greedy decode of `draft_tokens`)."""
+    each a median of `calls` passes, on the passes decodes run on, the draft's over a greedy decode of
+    `draft_tokens`)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
     passes, draft = [], []
     for _ in range(rounds):
-        passes.append(pass_ms(pair.target, prompt_ids, [1] + [n + 1 for n in n_drafts], calls))
+        sizes = [1] + [n + 1 for n in n_drafts]
+        passes.append(pass_ms(pair.target, prompt_ids, sizes, calls, runner=pair.target_pass))
         draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
     t, d = statistics.median(p[1] for p in passes), statistics.median(draft)
     verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}

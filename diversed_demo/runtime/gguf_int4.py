@@ -229,12 +229,21 @@ def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
     """Switch the model's projections stored as Q4 blocks in its GGUF (and, on the AMX kernel, its Q8_0 LM
     head) to GgufLinear, where the model runs in bf16 or fp16 on the CPU and the int4 product is the faster
     here (`int4_pays`); returns how many were switched."""
+    return switch_to_operands(model, quantised_operands(model, gguf_path))
+
+
+def quantised_operands(model: torch.nn.Module, gguf_path: Path) -> dict[str, tuple]:
+    """{module name: operands} for `use_gguf_int4`, on the kernel that serves now, built without touching
+    the model; empty where its products stay dense."""
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
-        return 0
+        return {}
     if getattr(model.config, "model_type", None) != "llama" or not int4_pays(weight.dtype):
-        return 0
-    operands = int4_operands(gguf_path, model) or {}
+        return {}
+    return int4_operands(gguf_path, model) or {}
+
+
+def switch_to_operands(model: torch.nn.Module, operands: dict[str, tuple]) -> int:
     for name, ops in operands.items():
         module = model.get_submodule(name)
         module.operands = ops

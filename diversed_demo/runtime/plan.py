@@ -33,7 +33,7 @@ from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count
 from .cuda_graphs import attach_graphs
 from .dtype_choice import choice_note, measured_dtype
-from .gguf_int4 import use_gguf_int4
+from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
 from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
@@ -142,13 +142,16 @@ def speed_up(pair: ModelPair, gguf: Path | None = None) -> Runtime:
 def fast_target(model, gguf: Path | None) -> str:
     """The target's products that are faster here swapped in: what it runs on, in words."""
     if gguf is not None and use_gguf_int4(model, gguf):
-        model.gguf_path = gguf  # where its blocks are read again for another kernel (`upgrade_products`)
-        lean = use_lean_layers(model)
-        kernel = "AMX" if int4_operand_count(model) == 1 else "PyTorch's int4"
-        return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
+        model.gguf_path = gguf  # where its blocks are read again for another kernel (`upgrade_target`)
+        return on_blocks(model, use_lean_layers(model))
     if use_fast_linear(model):
         return "few-row fp32 products"
     return "dense"
+
+
+def on_blocks(model, lean: int) -> str:
+    kernel = "AMX" if int4_operand_count(model) == 1 else "PyTorch's int4"
+    return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
 
 
 def fast_draft(draft) -> str:
@@ -182,9 +185,25 @@ def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None
 
 def build_passes(pair: ModelPair, wait: bool, log) -> None:
     if amx_gguf.pending() and amx_gguf.upgrade():
-        pair.runtime.target = fast_target(pair.target, pair.target.gguf_path)  # repacked for the AMX kernel
-        log("the 4-bit products run on the AMX kernel")
-    attach_or_build(pair, wait, log, done=lambda: note_passes(pair, "compiled"))
+        upgrade_target(pair, log)
+    attach_or_build(pair, wait, log, done=lambda: pair.offer_upgrade(lambda: note_passes(pair, "compiled")))
+
+
+def upgrade_target(pair: ModelPair, log) -> None:
+    """Move the target's 4-bit products onto the AMX kernel, built since the pair loaded: its operands are
+    packed here, aside, then swapped in whole between decodes (`ModelPair.offer_upgrade`); returns once
+    they are in, so that the compiled pass is built and checked over them."""
+    model = pair.target
+    operands = quantised_operands(model, model.gguf_path)
+    if not operands:
+        return
+
+    def swap() -> None:
+        switch_to_operands(model, operands)
+        pair.runtime.target = on_blocks(model, use_lean_layers(model))
+
+    pair.offer_upgrade(swap).wait()
+    log("the 4-bit products run on the AMX kernel")
 
 
 def note_passes(pair: ModelPair, how: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..core.config import MAX_N_DRAFT, MAX_SEED, DecodeConfig
+from ..core.config import AUTO, MAX_N_DRAFT, MAX_SEED, DecodeConfig
 from ..core.head import COST_HEAD_LAM
 from ..models.heads import HeadError, list_heads, read_head_metadata, resolve_head_path
 from .cards import head_cards, head_for_temperature
@@ -30,18 +30,29 @@ class Sidebar:
     max_new_tokens: gr.Slider
     temperature: gr.Slider
     seed: gr.Number
+    auto_n: gr.Checkbox  # N chosen step by step (core/draft_length.py); the slider's N where unticked
 
     @property
     def inputs(self) -> list:
-        """The components a decode reads, in `settings_from`'s order after the mode (λ last: the API's
-        callers from before it keep their order)."""
-        return [self.w, self.head, self.n_draft, self.max_new_tokens, self.temperature, self.seed, self.lam]
+        """The components a decode reads, in `settings_from`'s order after the mode (λ and the draft length
+        rule last: the API's callers from before them keep their order)."""
+        return [
+            self.w,
+            self.head,
+            self.n_draft,
+            self.max_new_tokens,
+            self.temperature,
+            self.seed,
+            self.lam,
+            self.auto_n,
+        ]
 
 
 def settings_from(
-    mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam=APP_CONFIG.lam
+    mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam=APP_CONFIG.lam, auto_n=False
 ) -> DecodeConfig:
-    """The app's config of a decode in `mode` (a code of core.config.MODES) from the sidebar's values."""
+    """The app's config of a decode in `mode` (a code of core.config.MODES) from the sidebar's values: N
+    chosen step by step where `auto_n` (the page's default), else the slider's (an API caller's N)."""
     if seed is None or not 0 <= float(seed) <= MAX_SEED or float(seed) != int(seed):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
     if mode == "dynamic" and not head_name:
@@ -51,7 +62,7 @@ def settings_from(
         ensemble_weight=float(w),
         lam=float(lam),
         head=head_name or None,
-        n_draft=int(n_draft),
+        n_draft=AUTO if auto_n else int(n_draft),
         max_new_tokens=int(max_new_tokens),
         temperature=float(temperature),
         seed=int(seed),
@@ -140,6 +151,13 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
             elem_id="head",
         )
         n_draft, max_new_tokens, temperature = sliders(start.settings)
+        auto_n = gr.Checkbox(
+            True,
+            label="choose N step by step",
+            info="drafting stops where one more token is expected to cost more than it returns; "
+            "untick for the slider's N",
+            elem_id="auto-n",
+        )
         seed = gr.Number(
             start.settings.seed, precision=0, minimum=0, maximum=MAX_SEED, label="seed", elem_id="seed"
         )
@@ -150,4 +168,4 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     )
     head.input(cost_head_lam, head, lam, api_visibility="private")  # the visitor's pick, not a switch
     app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
-    return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed)
+    return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed, auto_n)

@@ -127,13 +127,16 @@ def on_compare(
     temperature,
     seed,
     lam=APP_CONFIG.lam,
+    auto_n=False,
     request: gr.Request = None,
 ):
     """Stream the comparison: (a panel per mode, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
     last_chart = -math.inf
     with user_errors():
-        settings = settings_from("static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam)
+        settings = settings_from(
+            "static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n
+        )
         comparison = Comparison()
         with DECODE_SLOTS.hold(request):
             comparing = MODEL_THREAD.iterate(lambda: stream_comparison(pair, prompt, settings, example))

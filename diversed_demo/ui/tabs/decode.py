@@ -40,12 +40,13 @@ def on_generate(
     temperature,
     seed,
     lam=APP_CONFIG.lam,
+    auto_n=False,
     request: gr.Request = None,
 ):
     """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
     last_chart, run = -math.inf, None
     with user_errors():
-        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam)
+        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n)
         head = MODEL_THREAD.call(resolve_head, pair, settings)
         with DECODE_SLOTS.hold(request):
             decoding = MODEL_THREAD.iterate(lambda: stream_decode(pair, prompt, settings, head))
