@@ -12,9 +12,12 @@ model call on this one thread, and its request threads only wait for results.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Callable, Iterator
 
-_END = object()
+# A decode's items gathered on the model thread per hand-over: one hand-over per token cost a thread switch
+# each (docs/measurements/speed.md, "The app's decode"), and the page shows text at most every 0.1 s.
+SLICE_S = 0.05
 
 
 class ModelThread:
@@ -27,17 +30,30 @@ class ModelThread:
         """fn(*args, **kwargs) on the model thread; its result (or its exception) here."""
         return self.executor.submit(fn, *args, **kwargs).result()
 
-    def iterate(self, make: Callable[[], Iterator]) -> Iterator:
-        """The items of the iterator `make()` returns, each computed on the model thread; closing this
-        generator (a visitor's Stop) closes that iterator there, so its decode gives back what it holds.
-        Several iterations interleave item by item, as two decodes share the cores."""
+    def iterate(self, make: Callable[[], Iterator], slice_s: float = SLICE_S) -> Iterator:
+        """The items of the iterator `make()` returns, computed on the model thread `slice_s` seconds' worth
+        at a time (at least one item); closing this generator (a visitor's Stop) closes that iterator
+        there, so its decode gives back what it holds. Several iterations interleave slice by slice, as two
+        decodes share the cores."""
         items = self.call(lambda: iter(make()))
         try:
-            while (item := self.call(next, items, _END)) is not _END:
-                yield item
+            ended = False
+            while not ended:
+                batch, ended = self.call(take, items, slice_s)
+                yield from batch
         finally:
             if hasattr(items, "close"):
                 self.call(items.close)
+
+
+def take(items: Iterator, slice_s: float) -> tuple[list, bool]:
+    """The next items for up to `slice_s` seconds (at least one, unless it ended), and whether it ended."""
+    batch, start = [], time.perf_counter()
+    for item in items:
+        batch.append(item)
+        if time.perf_counter() - start >= slice_s:
+            return batch, False
+    return batch, True
 
 
 MODEL_THREAD = ModelThread()

@@ -45,7 +45,15 @@ def test_closing_the_iteration_closes_the_decode_on_the_model_thread():
     assert len(closed_on) == 1 and closed_on[0].startswith("model")
 
 
-def test_two_iterations_interleave_item_by_item():
+def test_two_iterations_interleave_slice_by_slice():
     model = ModelThread()
-    first, second = model.iterate(lambda: iter("ab")), model.iterate(lambda: iter("xy"))
+    first, second = model.iterate(lambda: iter("ab"), 0), model.iterate(lambda: iter("xy"), 0)
     assert [next(first), next(second), next(first), next(second)] == ["a", "x", "b", "y"]
+
+
+def test_a_slice_hands_over_several_items_in_one_call_to_the_model_thread():
+    model, calls = ModelThread(), []
+    submit = model.executor.submit
+    model.executor.submit = lambda fn, *args: calls.append(fn) or submit(fn, *args)
+    assert list(model.iterate(lambda: iter(range(100)), slice_s=10)) == list(range(100))
+    assert len(calls) <= 3  # start, one slice of all, close
