@@ -4,7 +4,6 @@ time charts, a table, a one-line verdict and the comparison's trace."""
 from __future__ import annotations
 
 import html
-import math
 import time
 from pathlib import Path
 
@@ -132,7 +131,7 @@ def on_compare(
 ):
     """Stream the comparison: (a panel per mode, two charts, table, verdict, trace files)."""
     example = find_example(prompt, examples)
-    last_chart = -math.inf
+    last_chart = time.perf_counter()  # the first chart a chart interval in, as in Decode
     with user_errors():
         settings = settings_from(
             "static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n

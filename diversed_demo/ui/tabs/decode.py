@@ -44,7 +44,8 @@ def on_generate(
     request: gr.Request = None,
 ):
     """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
-    last_chart, run = -math.inf, None
+    # The first chart a chart interval in: a chart costs tens of ms here, and one at the start shows nothing.
+    last_chart, run = time.perf_counter(), None
     with user_errors():
         settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n)
         head = MODEL_THREAD.call(resolve_head, pair, settings)

@@ -1,0 +1,74 @@
+"""The served app's speed against the library's, measured as the app runs: a fresh process whose model work
+all runs on the model thread (runtime/model_thread.py: a second thread with its own OpenMP team would slow
+both). Prints JSON: per mode the median seconds of a decode through the app's Decode handler and through
+`generate` on the same prompt, alternating; then the first example's Compare speed-ups over target-only.
+Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from diversed_demo.core.generate import generate
+from diversed_demo.runtime.model_thread import MODEL_THREAD
+from diversed_demo.runtime.plan import load_pair
+from diversed_demo.ui.examples import load_examples
+from diversed_demo.ui.opening import measured_opening
+from diversed_demo.ui.runs import resolve_head, speedup, stream_comparison
+from diversed_demo.ui.tabs.decode import on_generate
+
+ROUNDS = 3
+
+
+def app_decode_s(pair, prompt, settings) -> float:
+    """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's."""
+    start = time.perf_counter()
+    for _ in on_generate(
+        pair,
+        prompt,
+        settings.mode,
+        settings.ensemble_weight,
+        settings.head_name,
+        4,
+        settings.max_new_tokens,
+        settings.temperature,
+        settings.seed,
+        settings.lam,
+        auto_n=True,
+    ):
+        pass
+    return time.perf_counter() - start
+
+
+def library_decode_s(pair, prompt, settings, head) -> float:
+    start = time.perf_counter()
+    generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    pair = MODEL_THREAD.call(load_pair, compiled="wait")
+    examples = load_examples()
+    start = MODEL_THREAD.call(measured_opening, pair, examples)
+    example = examples[start.example_index]
+    figures = {"runtime": str(pair.runtime), "decode_s": {}}
+    for mode in ("ar", "exact", "dynamic"):
+        settings = start.settings.replace(mode=mode, n_draft="auto", temperature=0.0, max_new_tokens=128)
+        head = MODEL_THREAD.call(resolve_head, pair, settings)
+        app, library = [], []
+        for _ in range(ROUNDS):  # alternating, so that a burst of load slows both alike
+            app.append(app_decode_s(pair, example.prompt, settings))
+            library.append(MODEL_THREAD.call(library_decode_s, pair, example.prompt, settings, head))
+        figures["decode_s"][mode] = {"app": statistics.median(app), "library": statistics.median(library)}
+    settings = start.settings.replace(n_draft="auto")
+    comparison = MODEL_THREAD.call(
+        lambda: list(stream_comparison(pair, example.prompt, settings, example))[-1]
+    )
+    base = comparison.runs["ar"]
+    figures["compare_speedup"] = {mode: speedup(run, base) for mode, run in comparison.runs.items()}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
