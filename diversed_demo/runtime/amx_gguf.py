@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
+from ..common.priority import lowest_priority
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
@@ -51,7 +51,7 @@ def library_path() -> Path:
 
 def build(path: Path, background: bool = False) -> None:
     """Compile the kernel into `path` (compiled with OpenMP, linked without it: PyTorch's own runtime
-    serves its threads); in the background at low priority, as the compiled pass is built."""
+    serves its threads); in the background at the lowest priority, as the compiled pass is built."""
     torch_dir = Path(torch.__file__).parent
     includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}"]
     includes.append(f"-I{sysconfig.get_paths()['include']}")
@@ -61,9 +61,14 @@ def build(path: Path, background: bool = False) -> None:
         compile_ = ["g++", *FLAGS, *includes, "-c", str(SOURCE), "-o", f"{partial}.o"]
         libraries = [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
         link = ["g++", "-shared", f"{partial}.o", *libraries, "-o", str(partial)]
-        low_priority = ["nice", "-n", "10"] if background and shutil.which("nice") else []
         for command in (compile_, link):
-            subprocess.run(low_priority + command, check=True, capture_output=True, text=True)
+            subprocess.run(
+                command,
+                check=True,
+                capture_output=True,
+                text=True,
+                preexec_fn=lowest_priority if background else None,
+            )
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

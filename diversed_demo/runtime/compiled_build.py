@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.priority import lowest_priority
 from . import amx_gguf
 from .compiled_draft import attach_draft, draft_compilable, draft_package_path, uses_int8
 from .compiled_pass import attach, int4_operand_count, package_path
@@ -40,6 +41,8 @@ def attach_or_build(pair, wait: bool, log, done: Callable[[], None] = lambda: No
     log(f"compiling the decoding pass in the background (a minute or two); log: {build_log}")
 
     def finish():
+        if not wait:
+            lowest_priority()  # its checks of the built packages run where the app leaves a core idle
         build.wait()
         for path, attach_part in parts.items():
             if path.exists():
@@ -90,15 +93,6 @@ def lend(pair, slot: str, attach_part: Callable, *args, log=print) -> None:
     runner = attach_part(*args, log=log)
     if runner is not None:
         pair.offer_upgrade(functools.partial(setattr, pair, slot, runner))
-
-
-def lowest_priority() -> None:
-    """The build's CPU time only where the app leaves a core idle: Linux's idle scheduling class, else
-    nice 19 (docs/measurements/speed.md, "The first minute")."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
 
 
 def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:

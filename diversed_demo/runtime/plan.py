@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
 from ..models.pair import ModelPair
@@ -178,12 +179,16 @@ def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None
     work = functools.partial(build_passes, pair, wait, log)
     if amx_gguf.pending() and not wait:  # first the AMX kernel (seconds), so that the pass compiles over it
         log("building the AMX kernel in the background (about 10 s), then the compiled pass")
-        threading.Thread(target=work, daemon=True, name="amx-kernel-build").start()
+        threading.Thread(
+            target=work, kwargs={"background": True}, daemon=True, name="amx-kernel-build"
+        ).start()
     else:
         work()
 
 
-def build_passes(pair: ModelPair, wait: bool, log) -> None:
+def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> None:
+    if background:  # a thread of its own: packing operands, checking packages, where a core is idle
+        lowest_priority()
     if amx_gguf.pending() and amx_gguf.upgrade():
         upgrade_target(pair, log)
     attach_or_build(pair, wait, log, done=lambda: pair.offer_upgrade(lambda: note_passes(pair, "compiled")))
