@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..common import priority
+
 
 class PairError(ValueError):
     """A model pair that cannot work together (or cannot be found); the message says why."""
@@ -21,7 +23,8 @@ class Upgrades:
     running (`in_use`)."""
 
     def __init__(self):
-        self.lock, self.offered, self.users = threading.Lock(), [], 0
+        # Reentrant: a decode left to the garbage collector may end (and swap) inside any of these calls.
+        self.lock, self.offered, self.users = threading.RLock(), [], 0
 
     def __deepcopy__(self, memo) -> Upgrades:
         return Upgrades()  # a copy of a pair is another pair, with nothing offered to it
@@ -38,11 +41,13 @@ class Upgrades:
 
     @contextlib.contextmanager
     def in_use(self):
-        """Around a decode: no upgrade is swapped in while one runs."""
+        """Around a decode: no upgrade is swapped in while one runs, and the builds of the next ones stop
+        (common/priority.py)."""
         with self.lock:
             self.users += 1
         try:
-            yield
+            with priority.decoding():
+                yield
         finally:
             with self.lock:
                 self.users -= 1

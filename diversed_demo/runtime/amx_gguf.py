@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..common import priority
 from ..common.files import cache_dir, discard_damaged
-from ..common.priority import lowest_priority
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
@@ -62,13 +62,15 @@ def build(path: Path, background: bool = False) -> None:
         libraries = [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
         link = ["g++", "-shared", f"{partial}.o", *libraries, "-o", str(partial)]
         for command in (compile_, link):
-            subprocess.run(
-                command,
-                check=True,
-                capture_output=True,
-                text=True,
-                preexec_fn=lowest_priority if background else None,
-            )
+            if background:  # out of a visitor's way: idle priority, stopped while a decode runs
+                process = priority.background(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+                output, _ = process.communicate()
+                if priority.finished(process):
+                    raise subprocess.CalledProcessError(process.returncode, command, output, output)
+            else:
+                subprocess.run(command, check=True, capture_output=True, text=True)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.priority import lowest_priority
+from ..common import priority
 from . import amx_gguf
 from .compiled_draft import attach_draft, draft_compilable, draft_package_path, uses_int8
 from .compiled_pass import attach, int4_operand_count, package_path
@@ -42,8 +42,8 @@ def attach_or_build(pair, wait: bool, log, done: Callable[[], None] = lambda: No
 
     def finish():
         if not wait:
-            lowest_priority()  # its checks of the built packages run where the app leaves a core idle
-        build.wait()
+            priority.lowest_priority()  # its checks of the built packages: where a core is idle
+        priority.finished(build)
         for path, attach_part in parts.items():
             if path.exists():
                 attach_part(log=log)
@@ -116,6 +116,4 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
         *map(str, paths),
     ]
     with open(log, "w") as out:
-        return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=lowest_priority
-        )
+        return priority.background(command, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -11,8 +11,11 @@ model call on this one thread, and its request threads only wait for results.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 # A decode's items gathered on the model thread per hand-over: one hand-over per token cost a thread switch
@@ -25,16 +28,26 @@ class ModelThread:
 
     def __init__(self):
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self.left = collections.deque()  # iterators their consumers left: closed on the model thread
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs) on the model thread; its result (or its exception) here."""
-        return self.executor.submit(fn, *args, **kwargs).result()
+        return self.executor.submit(self._run, fn, *args, **kwargs).result()
 
-    def iterate(self, make: Callable[[], Iterator], slice_s: float = SLICE_S) -> Iterator:
+    def _run(self, fn: Callable, *args, **kwargs):
+        while self.left:
+            try:
+                self.left.popleft().close()
+            except Exception as error:  # a decode that fails to give back what it holds: say so, go on
+                warnings.warn(f"closing a left decode failed: {error}", RuntimeWarning, stacklevel=1)
+        return fn(*args, **kwargs)
+
+    def iterate(self, make: Callable[[], Iterator], slice_s: float | None = None) -> Iterator:
         """The items of the iterator `make()` returns, computed on the model thread `slice_s` seconds' worth
-        at a time (at least one item); closing this generator (a visitor's Stop) closes that iterator
-        there, so its decode gives back what it holds. Several iterations interleave slice by slice, as two
-        decodes share the cores."""
+        at a time (at least one item; SLICE_S by default); closing this generator (a visitor's Stop) closes
+        that iterator there, so its decode gives back what it holds. Several iterations interleave slice by
+        slice, as two decodes share the cores."""
+        slice_s = SLICE_S if slice_s is None else slice_s
         items = self.call(lambda: iter(make()))
         try:
             ended = False
@@ -43,7 +56,11 @@ class ModelThread:
                 yield from batch
         finally:
             if hasattr(items, "close"):
-                self.call(items.close)
+                # Closed on the model thread, but never waited for here: this may run as a finalizer, in
+                # the middle of any thread's work (even another thread pool's submit, whose lock it would
+                # wait on forever).
+                self.left.append(items)
+                threading.Thread(target=self.call, args=(lambda: None,), daemon=True).start()
 
 
 def take(items: Iterator, slice_s: float) -> tuple[list, bool]:

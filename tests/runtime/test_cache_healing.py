@@ -243,8 +243,10 @@ def test_a_damaged_compiled_package_is_built_again_at_the_next_start(lean_pair, 
     builds = []
 
     class Build:
+        pid = -1  # no process
+
         def wait(self):
-            pass
+            return 0
 
     monkeypatch.setattr(
         compiled_build, "start_build", lambda pair, paths, log: builds.append(paths) or Build()

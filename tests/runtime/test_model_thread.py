@@ -39,10 +39,43 @@ def test_closing_the_iteration_closes_the_decode_on_the_model_thread():
         finally:
             closed_on.append(threading.current_thread().name)
 
-    iteration = ModelThread().iterate(decode)
+    model = ModelThread()
+    iteration = model.iterate(decode, 0)
     assert next(iteration) == 0
     iteration.close()  # as Gradio closes a handler's generator on Stop
+    model.call(lambda: None)  # any later call finds it closed
     assert len(closed_on) == 1 and closed_on[0].startswith("model")
+
+
+def test_a_left_iteration_is_closed_without_waiting_on_the_thread_that_drops_it():
+    """Dropped by the garbage collector inside another thread pool's submit (loading a model does that),
+    where concurrent.futures' module lock is held, the iteration must not wait for the model thread there
+    (a submit would wait on that lock forever): it is closed on the model thread soon after."""
+    import concurrent.futures.thread
+    import gc
+
+    model, closed = ModelThread(), threading.Event()
+
+    def decode():
+        try:
+            yield from range(10)
+        finally:
+            closed.set()
+
+    iteration = model.iterate(decode, 0)
+    next(iteration)
+    cycle = [iteration]
+    cycle.append(cycle)  # only the cyclic collector frees it
+    del iteration, cycle
+
+    def collect_inside_a_submit():
+        with concurrent.futures.thread._global_shutdown_lock:
+            gc.collect()
+
+    collector = threading.Thread(target=collect_inside_a_submit, daemon=True)
+    collector.start()
+    collector.join(10)
+    assert not collector.is_alive() and closed.wait(10)
 
 
 def test_two_iterations_interleave_slice_by_slice():

@@ -95,13 +95,18 @@ def test_a_public_apps_sweep_is_bounded(pair, monkeypatch):
     assert asked == {"prompts": dial.PUBLIC_SWEEP_PROMPTS, "tokens": dial.PUBLIC_SWEEP_TOKENS}
 
 
-def test_one_visitor_holds_one_decode_slot_at_a_time(pair):
+def test_one_visitor_holds_one_decode_slot_at_a_time(pair, monkeypatch):
     from types import SimpleNamespace
 
     import gradio as gr
     from conftest import UI_PROMPT
 
+    from diversed_demo.runtime import model_thread
     from diversed_demo.ui.tabs import decode
+
+    monkeypatch.setattr(
+        model_thread, "SLICE_S", 0
+    )  # token by token: the tiny model's decode is still running
 
     def generate(visitor):
         request = SimpleNamespace(session_hash=visitor)  # what Gradio passes as gr.Request
