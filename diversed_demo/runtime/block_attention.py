@@ -4,9 +4,10 @@ token (docs/measurements/speed.md has the probe and its cost).
 
 A product over all the used slots, or a softmax over them, picks its summation order by their number and
 by the number of query rows, so the last bits of a position's logits would depend on how many drafts were
-verified with it. Here every sum runs over a fixed width: the slots in blocks of BLOCK, the mask's masked
-slots padding the last, each block's products and sums the same for any number of rows, and the blocks
-added one after another (a cumulative sum, to which a masked block adds exact zeros).
+verified with it. Here every sum runs over a fixed width: a score over the head's D, the weighted values
+and the weights within blocks of BLOCK slots (the mask's masked slots pad the last), and the blocks added
+one after another (a cumulative sum, to which a masked block adds exact zeros). Measured, not proven: the
+score product over a width of whole blocks gave every row the same bits for any number of rows here.
 """
 
 from __future__ import annotations
