@@ -71,7 +71,8 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
         else "where the head was not beyond the static frontier"
     )
     card_path = shown_path(Path(head_paths[name]).with_suffix(".json"))
-    note = f"Opened at N = {settings.n_draft}, as the {name} head was measured."
+    unticked = f"N = {settings.n_draft} unticked, as the {name} head was measured"
+    note = f"Opened with N chosen step by step ({unticked})."
     return Defaults(settings, example_index, note, f"The settings of {card_path}'s frontier run, {verdict}.")
 
 
@@ -79,7 +80,7 @@ def with_draft_length(start: Defaults, n_draft: int, alphas: dict[str, float], c
     """`start` at the draft length found fastest on this machine for the slower of the measured modes (by
     the analytic bound at each one's per-token acceptance α with the measured costs), and why. A card's N
     is a frontier setting, and which N pays depends on the machine (docs/measurements/app.md)."""
-    note = f"Opened at N = {n_draft}, the fastest on this machine."
+    note = f"Opened with N chosen step by step (N = {n_draft} unticked, the fastest fixed N here)."
     measured = ", ".join(f"{name} {alpha:.2f}" for name, alpha in alphas.items())
     why = (
         f"{start.why} N = {n_draft}"

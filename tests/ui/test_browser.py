@@ -196,7 +196,9 @@ def test_arrival_shows_the_key_measured_result_with_its_source(page):
 
 def test_arrival_notes_the_opening_settings_in_two_short_sentences(page):
     note = page.locator("#sidebar .prose").first.inner_text()
-    assert "Opened at N =" in note and note.count(". ") <= 2  # two short sentences, the rest folded
+    assert (
+        "Opened with N chosen step by step (N =" in note and note.count(". ") <= 2
+    )  # two short sentences, the rest folded
 
 
 def test_the_first_generate_needs_no_typing(page):

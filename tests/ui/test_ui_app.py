@@ -90,7 +90,7 @@ def test_the_app_command_opens_at_the_draft_length_timed_on_the_pair(pair, carde
     assert by_id["n-draft"]["value"] <= 2 < carded_head["frontier"]["settings"]["n_draft"]
     values = [str(c["props"].get("value")) for c in launched[0].get_config_file()["components"]]
     note = next(value for value in values if value.startswith("### Decoding settings"))
-    assert note.endswith(f"Opened at N = {by_id['n-draft']['value']}, the fastest on this machine.")
+    assert note.endswith(f"(N = {by_id['n-draft']['value']} unticked, the fastest fixed N here).")
     why = f"N = {by_id['n-draft']['value']}, not {carded_head['frontier']['settings']['n_draft']},"
     assert any(why in value for value in values)  # in the sidebar's "Why these settings" fold
 

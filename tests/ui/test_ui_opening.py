@@ -61,7 +61,8 @@ def test_why_the_app_opens_so_gives_the_cards_verdict(carded, card):
 
 def test_the_opening_note_says_the_head_was_measured_at_that_n(carded, card):
     n_draft = card["frontier"]["settings"]["n_draft"]
-    assert carded.note == f"Opened at N = {n_draft}, as the summarization-greedy head was measured."
+    measured = f"N = {n_draft} unticked, as the summarization-greedy head was measured"
+    assert carded.note == f"Opened with N chosen step by step ({measured})."
 
 
 def test_without_cards_the_app_opens_the_static_ensemble_with_the_pairs_head(uncarded):
@@ -81,7 +82,8 @@ def test_the_app_opens_at_the_draft_length_that_pays_on_this_machine(pair, monke
     start = opening.arrival_defaults(examples, {})
     opened = opening.opening_draft_length(pair, examples, start)
     assert fastest(opened.settings.n_draft)
-    assert opened.note == f"Opened at N = {opened.settings.n_draft}, the fastest on this machine."
+    fixed = f"N = {opened.settings.n_draft} unticked, the fastest fixed N here"
+    assert opened.note == f"Opened with N chosen step by step ({fixed})."
     assert opened.why.startswith(start.why)
     assert f"N = {opened.settings.n_draft}, not {start.settings.n_draft}," in opened.why
     assert opened.settings == start.settings.replace(n_draft=opened.settings.n_draft)
@@ -143,7 +145,10 @@ def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, mon
     examples = ui_examples()
     opened = opening.measured_opening(chosen, examples)
     assert opened.settings.n_draft == 6  # free extra tokens: the longest draft
-    assert opened.note == "Opened at N = 6, the fastest on this machine, in float32."
+    assert (
+        opened.note
+        == "Opened with N chosen step by step (N = 6 unticked, the fastest fixed N here), in float32."
+    )
     assert "The models run in float32: the fastest here" in opened.why
 
 
