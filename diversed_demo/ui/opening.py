@@ -83,7 +83,9 @@ def with_draft_length(start: Defaults, n_draft: int, alphas: dict[str, float], c
     note = f"Opened with N chosen step by step (N = {n_draft} unticked, the fastest fixed N here)."
     measured = ", ".join(f"{name} {alpha:.2f}" for name, alpha in alphas.items())
     why = (
-        f"{start.why} N = {n_draft}"
+        f"{start.why} Each step drafts while one more token is expected to return more than it costs (the"
+        " tick under N). Unticked, N"
+        f" = {n_draft}"
         + (f", not {start.settings.n_draft}," if n_draft != start.settings.n_draft else "")
         + f" is where the slower of {' and '.join(alphas)} is fastest here by the analytic bound (Compare"
         f" runs every mode at one N), at this example's acceptance in a short decode at start"
