@@ -199,12 +199,18 @@ def measured_opening(pair, examples: list[Example]) -> Defaults:
     if pair.target_name == EMBEDDED and examples:  # the rule's shipped evaluations are of the embedded pair
         start = rule_opening(start, examples[0].task)
     start = opening_draft_length(pair, examples, start)
-    runtime = f" How the pair runs here, as it opened: {pair.runtime}." if pair.runtime else ""
     if pair.dtype_choice is None:
-        return replace(start, why=f"{start.why}{runtime}")
+        return start
     dtype = pair.dtype_choice["dtype"]
     return replace(
         start,
         note=f"{start.note.removesuffix('.')}, in {dtype}.",
-        why=f"{start.why} The models run in {choice_note(pair.dtype_choice)}.{runtime}",
+        why=f"{start.why} The models run in {choice_note(pair.dtype_choice)}.",
     )
+
+
+def settings_why(pair, start: Defaults) -> str:
+    """The sidebar's fold: where the settings come from, then how the pair runs at this moment (what the
+    runtime builds while the app serves lands between decodes: the AMX kernel, the compiled passes)."""
+    runtime = f" How the pair runs here now: {pair.runtime}." if pair.runtime else ""
+    return f"{start.why}{runtime}".strip()

@@ -13,7 +13,7 @@ from ..core.head import COST_HEAD_LAM
 from ..models.heads import HeadError, list_heads, read_head_metadata, resolve_head_path
 from .cards import head_cards, head_for_temperature
 from .handlers import bind
-from .opening import Defaults
+from .opening import Defaults, settings_why
 from .runs import APP_CONFIG, NO_HEAD
 
 LAM_MAX = 10  # nats: past a few, the rule keeps nearly every draft
@@ -122,9 +122,8 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     the heads on disk on each page load."""
     with gr.Sidebar(label="Decoding settings", open=True, elem_id="sidebar"):
         gr.Markdown(f"### Decoding settings\nShared by Decode, Compare and the dial. {start.note}")
-        if start.why:
-            with gr.Accordion("Why these settings", open=False, elem_id="sidebar-why"):
-                gr.Markdown(start.why)
+        with gr.Accordion("Why these settings", open=False, elem_id="sidebar-why"):
+            why = gr.Markdown(settings_why(pair, start))
         w = gr.Slider(
             0,
             1,
@@ -168,4 +167,5 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     )
     head.input(cost_head_lam, head, lam, api_visibility="private")  # the visitor's pick, not a switch
     app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
+    app.load(bind(settings_why, pair, start), None, why, api_visibility="private")  # the runtime now
     return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed, auto_n)

@@ -204,3 +204,20 @@ def test_where_the_text_at_t1_scores_below_greedy_the_app_stays_greedy_and_says_
     assert opened.settings == start.settings and opened.note == start.note
     assert "beyond the frontier" in opened.why and "0.035" in opened.why and "0.120" in opened.why
     assert "opens greedy" in opened.why
+
+
+def test_the_settings_fold_says_how_the_pair_runs_at_this_moment(pair):
+    """What the runtime builds while the app serves lands between decodes: the fold, drawn again at each page
+    load, says what runs now, not what ran at the start."""
+    from dataclasses import replace
+
+    start = opening.Defaults(runs.APP_CONFIG, 0, "Opened here.", "The card's settings.")
+    opened = pair.runtime
+    try:
+        pair.runtime = replace(opened, passes="eager while the compiled ones are built")
+        assert opening.settings_why(pair, start).endswith("passes: eager while the compiled ones are built.")
+        pair.runtime = replace(opened, passes="compiled: target and draft")
+        why = opening.settings_why(pair, start)
+        assert why.startswith("The card's settings.") and why.endswith("passes: compiled: target and draft.")
+    finally:
+        pair.runtime = opened
