@@ -18,7 +18,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..core.cache import MAX_FEED
-from .block_attention import attend_in_blocks, mask_bias, padded_width
+from .block_attention import attend_in_blocks, feed_rows, mask_bias, padded_width
 
 GROUPED_SDPA = "sdpa_grouped"
 
@@ -62,13 +62,9 @@ def attention_in_blocks(query, key, value, attention_mask):
     used = key.shape[2]
     width = padded_width(used)
     if attention_mask is None:
-        mask = (
-            torch.arange(used, device=query.device)[None]
-            <= torch.arange(used - new, used, device=query.device)[:, None]
-        )
+        _, mask = feed_rows(used - new, used, query.device)
     else:
-        mask = attention_mask[0, 0]
-    mask = F.pad(mask, (0, width - used), value=False)
+        mask = F.pad(attention_mask[0, 0], (0, width - used), value=False)
     keys, values = (F.pad(t[0], (0, 0, 0, width - used)) for t in (key, value))  # [Hkv, W, D]
     bias = mask_bias(mask, n_query // key.shape[1])
     out = attend_in_blocks(query[0].transpose(0, 1), keys, values, bias)

@@ -23,6 +23,13 @@ def padded_width(used: int) -> int:
     return max(MIN_BLOCKS, -(-used // BLOCK)) * BLOCK
 
 
+def feed_rows(start: int, end: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions [k] of a feed of sequence positions start..end − 1 and its mask [k, W] (each sees
+    itself and every earlier slot), W = `padded_width(end)`: the later slots masked."""
+    positions = torch.arange(start, end, device=device)
+    return positions, torch.arange(padded_width(end), device=device)[None, :] <= positions[:, None]
+
+
 def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:
     """A mask [k, S] as an additive bias over grouped query rows [k·group, S] (row t·group + j is query
     head j of token t)."""

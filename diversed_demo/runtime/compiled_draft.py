@@ -13,7 +13,7 @@ import torch
 
 from ..common.files import cache_dir
 from ..models.eagle import Eagle3Draft
-from .block_attention import padded_width
+from .block_attention import feed_rows, padded_width
 from .compiled_pass import (
     K_MAX,
     MAX_LEN,
@@ -24,7 +24,6 @@ from .compiled_pass import (
     source_digests,
 )
 from .static_draft import StaticDraftStep
-from .static_pass import feed_rows
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
 STEP_SOURCES = (

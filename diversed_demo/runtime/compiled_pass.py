@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
-from .block_attention import BLOCK, MIN_BLOCKS
-from .static_pass import K_MAX, StaticPass, feed_rows
+from .block_attention import BLOCK, MIN_BLOCKS, feed_rows
+from .static_pass import K_MAX, StaticPass
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
 SWITCH = "DIVERSED_COMPILED_PASS"

@@ -17,10 +17,11 @@ from torch import nn
 from transformers import StaticCache
 
 from ..core.cache import cache_keyword
+from .block_attention import feed_rows
 from .compiled_draft import step_agrees_with_eager
 from .compiled_pass import MAX_LEN, CompiledPass, agrees_with_eager
 from .static_draft import StaticDraftStep
-from .static_pass import K_MAX, feed_rows
+from .static_pass import K_MAX
 
 EVERY_ROW_COUNT = tuple(range(1, K_MAX + 1))  # a graph each, each checked against the eager pass
 

@@ -136,10 +136,3 @@ class StaticPass(nn.Module):
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary embedding of x [k, heads, D] at cos, sin [k, 1, D]."""
     return x * cos + rotate_half(x) * sin
-
-
-def feed_rows(start: int, end: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions [k] of a feed of sequence positions start..end − 1 and its mask [k, W] (each sees
-    itself and every earlier slot), W = `padded_width(end)`: the later slots masked."""
-    positions = torch.arange(start, end, device=device)
-    return positions, torch.arange(padded_width(end), device=device)[None, :] <= positions[:, None]

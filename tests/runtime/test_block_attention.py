@@ -10,8 +10,7 @@ import torch
 from tiny import tiny_model
 
 from diversed_demo.core.cache import MAX_FEED, CachedLM
-from diversed_demo.runtime.block_attention import BLOCK, attend_in_blocks, mask_bias, padded_width
-from diversed_demo.runtime.static_pass import feed_rows
+from diversed_demo.runtime.block_attention import BLOCK, attend_in_blocks, feed_rows, mask_bias, padded_width
 
 N_KV, GROUP, DIM, SLOTS = 3, 3, 64, 1024  # SmolLM2's heads
 

@@ -12,6 +12,7 @@ import torch
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.runtime import static_pass
+from diversed_demo.runtime.block_attention import padded_width
 from diversed_demo.runtime.plan import load_pair
 
 pair = load_pair(compiled="wait")
@@ -37,7 +38,7 @@ def spied(name, op, split):
 def attention_row(args, i):
     query, keys, values, bias = args
     group = len(bias) // len(query)
-    width = static_pass.padded_width(int((bias[(i + 1) * group - 1] == 0).nonzero().max()) + 1)
+    width = padded_width(int((bias[(i + 1) * group - 1] == 0).nonzero().max()) + 1)
     return query[i : i + 1], keys, values, bias[i * group : (i + 1) * group, :width]
 
 
