@@ -73,7 +73,9 @@ class Summary(Rates):
     token_ids: list[int] = field(default_factory=list)
     events_s: float = 0.0  # of wall_time_s, the time spent building and yielding token events
     rejected: int = 0
-    # of wall_time_s, the steps' drafting, the target's passes and the decisions after them (Step's times)
+    # of wall_time_s, the steps' drafting, the target's passes and the decisions after them (Step's times);
+    # the first pass, over the prompt, apart: every mode pays it once, whatever it drafts
+    prompt_s: float = 0.0
     draft_s: float = 0.0
     pass_s: float = 0.0
     decide_s: float = 0.0
@@ -111,6 +113,10 @@ class Tally:
 
     def add(self, step: Step) -> None:
         summary, verdict, n = self.summary, step.verdict, len(step.verdict.draft_tokens)
+        if summary.target_passes:
+            summary.pass_s += step.pass_s
+        else:
+            summary.prompt_s += step.pass_s
         summary.target_passes += 1
         summary.drafted += step.drafted
         summary.accepted += min(verdict.n_accepted, len(step.new_ids))
@@ -125,7 +131,6 @@ class Tally:
         summary.token_ids += step.new_ids
         summary.wall_time_s += step.draft_s + step.verify_s
         summary.draft_s += step.draft_s
-        summary.pass_s += step.pass_s
         summary.decide_s += step.verify_s - step.pass_s
 
     def finish(self, tokenizer, wall_time_s: float | None = None) -> Summary:

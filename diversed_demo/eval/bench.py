@@ -179,6 +179,7 @@ def decode_question(pair, example, prompt_ids, config: DecodeConfig):
     scores = quality(example.task, example, summary.text) if example.task in REFERENCE_TASKS else {}
     figures = {
         "events_s": summary.events_s,
+        "prompt_s": summary.prompt_s,
         "draft_s": summary.draft_s,
         "pass_s": summary.pass_s,
         "decide_s": summary.decide_s,

@@ -1,7 +1,7 @@
 """Where a decoding step's time goes, each piece timed in place (docs/measurements/speed.md, "What is left
 outside the passes"): 13 Spec-Bench first turns, greedy, 64 tokens, after one warm round.
 
-    python docs/measurements/probes/step_pieces.py exact 2     # or: ar 0
+    python docs/measurements/probes/step_pieces.py exact 2     # or: ar 0, static auto 0.5
 """
 
 import collections
@@ -25,27 +25,34 @@ def timed(owner, name: str) -> None:
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        # A target pass over an empty cache is a prompt's pass: counted apart from the steps'.
+        prompt = label.endswith("forward_rows") and not any(args[0].lengths)
         start = time.perf_counter()
         result = function(*args, **kwargs)
-        totals[label][0] += 1
-        totals[label][1] += time.perf_counter() - start
+        key = label + " (prompt)" if prompt else label
+        totals[key][0] += 1
+        totals[key][1] += time.perf_counter() - start
         return result
 
     setattr(owner, name, wrapper)
 
 
 pair = pair_from_args(SimpleNamespace(target=None, draft=None, device="cpu", dtype="auto"), compiled="wait")
-mode, n_draft = sys.argv[1], int(sys.argv[2])
-pieces = [(compiled_pass.CompiledPass, "forward"), (decode.CachedLM, "forward"), (decode, "verify_step")]
+mode, n_draft = sys.argv[1], sys.argv[2] if sys.argv[2] == "auto" else int(sys.argv[2])
+w = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
+pieces = [(compiled_pass.CompiledPass, "forward"), (decode.CachedLM, "forward_rows"), (decode, "verify_step")]
 pieces += [(draft.FeatureDraft, "propose"), (draft.FeatureDraft, "_step"), (type(pair.draft), "fuse")]
 pieces += [(type(pair.draft), "full_probs"), (sampling.Sampler, "__call__"), (generate, "step_events")]
+pieces += [(sampling.Sampler, "probs"), (decode, "verify_block_greedy"), (decode, "advance")]
+pieces += [(decode, "propose"), (decode.CachedLM, "rollback"), (draft.FeatureDraft, "observe")]
 for owner, name in pieces:
     timed(owner, name)
 prompts = [encode_prompt(pair.tokenizer, example.prompt) for example in load_spec_bench(per_category=1)]
 
 
 def run() -> int:
-    options = dict(mode=mode, n_draft=n_draft, max_new_tokens=64, temperature=0.0)
+    options = dict(mode=mode, n_draft=n_draft, max_new_tokens=64, temperature=0.0, ensemble_weight=w)
+    options["prompt_lookup"] = mode != "ar"  # as the bench decodes
     return sum(generate.generate(pair, ids, **options)[0].new_tokens for ids in prompts)
 
 
