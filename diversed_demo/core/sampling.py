@@ -37,6 +37,17 @@ def sample(probs: torch.Tensor, generator=None) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
+def sample_distinct(probs: torch.Tensor, k: int, generator=None) -> torch.Tensor:
+    """Up to k distinct tokens of probs [V] drawn without replacement, in draw order (the Gumbel top-k
+    trick: the order of log p + Gumbel noise is that of successive draws, each from what is left); fewer
+    where fewer than k tokens have p > 0."""
+    k = min(k, int((probs > 0).sum()))
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
+    uniform = uniform.clamp_min(torch.finfo(torch.float32).tiny)  # log 0 guard
+    keys = probs.float().log() - (-uniform.log()).log()
+    return keys.topk(k).indices
+
+
 def greedy_tokens(probs: torch.Tensor) -> torch.Tensor:
     """The most probable token of each row of probs [..., V], the first on a tie (as argmax): on a CPU over a
     49k vocabulary `max` finds it in a third of argmax's time."""

@@ -1,0 +1,131 @@
+"""Draft trees: several candidates per position, scored by one target pass and verified against ν.
+
+A tree of n drafted nodes hangs from the root, the last verified token. Node i holds a token and its parent
+(−1 for the root); its depth is one more than its parent's. A node's children are the nodes whose parent it
+is, in index order, which is the order the draft drew them. A chain is the tree where each node has at most
+one child. Rows: row 0 is the root's position and row i + 1 node i's, so
+
+    target_probs [n + 1, V]  the target's distribution after each row's token (one pass scores them all),
+    draft_probs  [n + 1, V]  the draft's distribution there, the one that row's children were drawn from
+                             (unused where a row has no children),
+    w            [n + 1]     the ensemble weight at each row, ν = w·p + (1 − w)·q there.
+
+Sampled verification is recursive rejection sampling against ν at each row of the path: the row's children
+are tried in turn, child i kept with probability min(1, r(x_i) / q_i(x_i)), where r starts as ν and after
+each rejection becomes norm(max(0, r − q_i)); q_i is the law child i was drawn from: q itself when the
+children are drawn with replacement, q without the children drawn before it, renormalised, when without.
+Each try is one rejection step of a draw from q_i against r, so the token emitted at each position follows
+ν given the path (SpecTr, Sun et al. 2023; recursive rejection sampling without replacement, Jeon et al.
+2024). If every child is rejected the token is drawn from the last r; past a kept leaf, the bonus token
+from p, as in a chain. How many children a row gets may depend on anything drawn before them, never on
+their own draws.
+
+Greedy verification follows the children that equal argmax ν, and emits argmax ν at the first row where none
+does (argmax p past a leaf): greedy exact decoding on a tree is target-only's, token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import greedy_tokens, sample
+from .verify import acceptance_prob, ensemble_probs
+
+RESIDUAL_FLOOR = 1e-12  # a residual with less mass than this could not have been reached: keep r
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    """Per row (root, then each node), the indices of its children in draw order."""
+    children = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        if not -1 <= parent < node:
+            raise ValueError(f"node {node}'s parent {parent} must be −1 or an earlier node")
+        children[parent + 1].append(node)
+    return children
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth: 1 for the root's children."""
+    result = []
+    for parent in parents:
+        result.append(1 if parent < 0 else result[parent] + 1)
+    return result
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool: node i sees node j where j is i or one of its ancestors (the tree's attention among the
+    drafted nodes; every node also sees the whole verified sequence)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            mask[node] |= mask[parent]
+    return mask
+
+
+@dataclass
+class TreeVerdict:
+    """What verifying a tree decided: the kept nodes from the root down, the token after them (a redraw
+    at the first rejection, or the bonus), and every tried child with its chance of being kept."""
+
+    path: list[int]
+    next_token: torch.Tensor
+    tried: list[tuple[int, float]]  # (node, min(1, r(x)/q_i(x))) in the order tried
+    rejected_at: int | None  # the row whose children were all rejected, or None past a kept leaf
+
+
+def residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, r − q)) [V], or r where that has no mass (a rejection that could not happen)."""
+    rest = torch.clamp(r - q, min=0.0)
+    mass = float(rest.sum())
+    return rest / mass if mass > RESIDUAL_FLOOR else r
+
+
+def without(q: torch.Tensor, token: int) -> torch.Tensor:
+    """q [V] with `token` removed, renormalised: the law of the next draw without replacement."""
+    rest = q.clone()
+    rest[token] = 0.0
+    mass = float(rest.sum())
+    return rest / mass if mass > 0 else rest
+
+
+def verify_tree(
+    tokens, parents, draft_probs, target_probs, w, generator=None, replacement: bool = False
+) -> TreeVerdict:
+    """Sampled verification of a tree (tokens [n], parents: list of n ints; the rows as the module says)."""
+    children, row, path, tried = children_of(parents), 0, [], []
+    while children[row]:
+        r = ensemble_probs(target_probs[row], draft_probs[row], w[row])
+        q = draft_probs[row]
+        kept = None
+        for node in children[row]:
+            x = int(tokens[node])
+            chance = float(acceptance_prob(r[x], q[x]))
+            tried.append((node, chance))
+            if float(torch.rand((), generator=generator)) < chance:
+                kept = node
+                break
+            r = residual(r, q)
+            if not replacement:
+                q = without(q, x)
+        if kept is None:
+            return TreeVerdict(path, sample(r, generator), tried, row)
+        path.append(kept)
+        row = kept + 1
+    return TreeVerdict(path, sample(target_probs[row], generator), tried, None)
+
+
+def verify_tree_greedy(tokens, parents, draft_probs, target_probs, w) -> TreeVerdict:
+    """Greedy verification of a tree: follow the child that is argmax ν at each row."""
+    children, row, path, tried = children_of(parents), 0, [], []
+    while children[row]:
+        choice = greedy_tokens(ensemble_probs(target_probs[row], draft_probs[row], w[row]))
+        kept = next((node for node in children[row] if int(tokens[node]) == int(choice)), None)
+        tried += [(node, float(node == kept)) for node in children[row]]
+        if kept is None:
+            return TreeVerdict(path, choice, tried, row)
+        path.append(kept)
+        row = kept + 1
+    return TreeVerdict(path, greedy_tokens(target_probs[row]), tried, None)
