@@ -26,8 +26,9 @@ def add_bench_question_arguments(parser) -> None:
         "--modes",
         default=DEFAULT_MODES,
         help="comma-separated: ar, exact, static:<w>, cost:<λ> (the per-token rule), dynamic:<head> (a cost "
-        "head at its default λ, or dynamic:<head>@<λ>); a name ending in /no-lookup drafts without prompt "
-        "lookup (greedy decoding's copies from the text), e.g. exact/no-lookup",
+        "head at its default λ, or dynamic:<head>@<λ>); options after a /: no-lookup drafts without prompt "
+        "lookup (greedy decoding's copies from the text), tree drafts trees sized step by step, "
+        "tree=W,E,D,N trees of that shape (separate the modes by ; then), e.g. exact/no-lookup, exact/tree",
     )
     parser.add_argument(
         "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"
@@ -58,6 +59,13 @@ def add_bench_decoding_arguments(parser) -> None:
         default="auto",
         help="draft length for every mode, or auto: each mode's best by the analytic bound at the "
         "acceptance of a calibration run on the project's own prompts (default)",
+    )
+    parser.add_argument(
+        "--tree",
+        dest="tree_twins",  # not the modes' own setting: each mode runs as a chain and as a tree
+        default="off",
+        help="also run each drafting mode with draft trees (as <mode>/tree): auto (sized step by step) "
+        "or a shape W,E,D,N (children a node, nodes expanded a depth, depth, nodes); off (default): chains",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
@@ -94,13 +102,14 @@ def run_bench_command(args) -> int:
     # Everything that can be checked without the models is checked before they load.
     examples = bench_examples(args)
     run = shared.decode_config(args, BENCH_DECODING)
-    parse_modes(args.modes, base=run)
+    mode_spec = with_trees(args.modes, args.tree_twins)
+    parse_modes(mode_spec, base=run)
     n_draft = shared.parse_n_draft(args.n_draft)
     if args.batch_rows is not None and args.batch_rows < 2:
         raise ValueError(f"--batch-rows must be at least 2, not {args.batch_rows}")
     llama_cpp_gguf = llama_cpp_target(args) if args.vs_llama_cpp else None
     pair = shared.pair_from_args(args, compiled="wait")
-    modes = parse_modes(args.modes, pair, run)
+    modes = parse_modes(mode_spec, pair, run)
     bar = tqdm(total=len(examples) * len(modes), desc="bench")
     if args.batch_rows is not None:
         report = run_batch_bench(
@@ -126,6 +135,19 @@ def run_bench_command(args) -> int:
     if args.plot and args.batch_rows is None:
         bench_figure(report).write_html(args.plot)
     return 0
+
+
+def with_trees(spec: str, tree: str) -> str:
+    """--modes with, for --tree other than off, each drafting mode's twin drafting trees (<mode>/tree)."""
+    from ..core.config import TREE_OFF, tree_shape
+
+    tree_shape(tree)  # a bad --tree fails here, before the models load
+    if tree == TREE_OFF:
+        return spec
+    names = [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]
+    option = "tree" if tree == "auto" else f"tree={tree}"
+    twins = [f"{name}/{option}" for name in names if not name.startswith("ar")]
+    return ";".join(names + twins)
 
 
 def llama_cpp_target(args):

@@ -29,6 +29,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="tokens drafted a step: a positive integer, or auto (as many as pay, step by step; the default)",
     )
+    parser.add_argument(
+        "--tree",
+        default="off",
+        help="draft trees, several candidates a position: auto (sized step by step) or a shape W,E,D,N "
+        "(children a node, nodes expanded a depth, depth, nodes); off (default): a chain",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     parser.add_argument("--top-p", type=float, default=1.0)

@@ -62,6 +62,7 @@ def decode_config(args, base=None):
         "seed": getattr(args, "seed", None),
         "chat": None if not hasattr(args, "no_chat") else not args.no_chat,
         "prompt_lookup": None if not hasattr(args, "no_lookup") else not args.no_lookup,
+        "tree": getattr(args, "tree", None),
     }
     return (base or DecodeConfig()).replace(
         **{key: value for key, value in given.items() if value is not None}

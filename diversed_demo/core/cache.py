@@ -51,15 +51,17 @@ class CachedLM:
     def length(self) -> int:
         return self.lengths[0]
 
-    def forward(self, tokens: torch.Tensor, keep: int):
+    def forward(self, tokens: torch.Tensor, keep: int, rows=None):
         """Feed one row's tokens [k]; return logits [keep, V] and last hidden states [keep, H] of the last
-        `keep`, and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers)."""
+        `keep`, and the aux hidden states of all k tokens ([k, n_aux·H], or None without aux layers).
+        `rows`: a draft tree's (positions [k], visible [k, length + k]: the slots each token sees, as
+        `tree_feed` makes them), else the tokens follow each other."""
         k = tokens.numel()
         if self.compiled is not None and not self.compiled.fits(self.lengths[0], k):
             self._leave_compiled()
         if self.compiled is not None:
             try:
-                logits, hidden, aux = self.compiled.forward(tokens, self.lengths[0])
+                logits, hidden, aux = self.compiled.forward(tokens, self.lengths[0], rows=rows)
             except RuntimeError as error:  # the decode goes on eagerly, from the slots it had
                 self.compiled.fail(error)
                 self._leave_compiled()
@@ -70,11 +72,13 @@ class CachedLM:
                     hidden[k - keep :],
                     aux if self.aux_layer_ids else None,
                 )
+        tree = {} if rows is None else {"position_ids": rows[0][None], "attention_mask": rows[1][None, None]}
         out = self.decoder(
             input_ids=tokens.view(1, -1),
             use_cache=True,
             **{self.cache_keyword: self.cache},
             output_hidden_states=bool(self.aux_layer_ids),
+            **tree,
         )
         self.lengths[0] += k
         outputs = self._outputs(out, 0, k, keep)
@@ -190,6 +194,19 @@ class CachedLM:
             self.cache.crop(keep - self.slot_positions.shape[1])
             self.slot_positions = self.slot_positions[:, :keep]
 
+    def keep_path(self, length: int, kept: torch.Tensor) -> None:
+        """One row's cache keeps its first `length` slots and then the slots `kept` [m] (a draft tree's kept
+        path, in order), moved up behind them: as a chain's cache would hold the same tokens."""
+        if self.compiled is not None:
+            self.compiled.keep_slots(length, kept)
+        else:
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    entries = getattr(layer, name)
+                    entries[:, :, length : length + len(kept)] = entries[:, :, kept]
+            self.cache.crop(length + len(kept) - self.lengths[0])  # transformers takes the slots to drop
+        self.lengths[0] = length + len(kept)
+
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every other row of the batch (finished decodes; after the batch's first pass)."""
         index = torch.tensor(rows, device=self.slot_positions.device)
@@ -198,15 +215,26 @@ class CachedLM:
         self.slot_positions = self.slot_positions[index]
 
 
-def cached_attention(cache: list, q, k, v):
-    """Decoding: append k, v to `cache` ([keys, values] or empty) and attend causally over it."""
+def tree_feed(length: int, offsets: torch.Tensor, sees: torch.Tensor):
+    """The rows of a feed into the slots after `length` cached ones whose tokens sit at positions
+    length + offsets [k] and see every cached slot and, among themselves, what `sees` [k, k] says (a draft
+    tree's ancestors): (positions [k], visible [k, length + k]), as `CachedLM.forward` takes them."""
+    k = len(offsets)
+    visible = torch.ones(k, length + k, dtype=torch.bool, device=sees.device)
+    visible[:, length:] = sees
+    return length + offsets.to(sees.device), visible
+
+
+def cached_attention(cache: list, q, k, v, visible=None):
+    """Decoding: append k, v to `cache` ([keys, values] or empty) and attend over it, causally, or to what
+    `visible` [new, total] says each new position sees (a draft tree's rows)."""
     if cache:
         cache[0], cache[1] = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
     else:
         cache[:] = [k, v]
     keys, values = cache
     new, total = q.shape[2], keys.shape[2]
-    mask = None
-    if new > 1:  # the new positions see the cache and each other causally
+    mask = visible
+    if new > 1 and mask is None:  # the new positions see the cache and each other causally
         mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(total - new)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 MODES = ("ar", "exact", "static", "cost", "dynamic")
 MAX_N_DRAFT = 32
 AUTO = "auto"  # n_draft: the draft length chosen step by step (core/draft_length.py)
+TREE_OFF = "off"  # tree: a chain of drafts; "auto": a tree sized step by step; "W,E,D,N": a fixed shape
 MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 
 
@@ -34,6 +35,7 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     prompt_lookup: bool = False  # greedy decoding: copies from the text may stand in for drafts (lookup.py)
+    tree: str = TREE_OFF  # several candidates a position (draft_tree.py): "off", "auto" or "W,E,D,N"
     chat: bool = True  # wrap a text prompt in the tokenizer's chat template
 
     def __post_init__(self):
@@ -50,6 +52,7 @@ class DecodeConfig:
             raise ValueError("dynamic mode needs a head (--head PATH)")
         if self.mode != "ar" and n != AUTO and not (isinstance(n, int) and 1 <= n <= MAX_N_DRAFT):
             raise ValueError(f"n_draft must be an integer from 1 to {MAX_N_DRAFT} or {AUTO!r}, not {n!r}")
+        tree_shape(self.tree)  # raises on a bad shape
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens must be a positive integer, not {self.max_new_tokens!r}")
         if not self.temperature >= 0:
@@ -70,6 +73,27 @@ class DecodeConfig:
     def batch_settings(self) -> tuple:
         """What the rows of one batch share: one target pass a step decides N, length and sampling."""
         return self.n_draft, self.max_new_tokens, self.temperature, self.top_p
+
+
+TREE_LIMITS = (8, 8, 7, 7)  # width, expansion, depth, nodes at most: one compiled pass scores 7 nodes
+
+
+def tree_shape(tree: str) -> tuple[int, int, int, int] | None:
+    """A tree setting's fixed shape (width, expansion, depth, nodes), None for "off" and "auto"; a
+    ValueError that says what is accepted otherwise."""
+    if tree in (TREE_OFF, AUTO):
+        return None
+    try:
+        shape = tuple(int(part) for part in str(tree).split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or not all(1 <= a <= b for a, b in zip(shape, TREE_LIMITS)):
+        limits = ", ".join(str(b) for b in TREE_LIMITS)
+        raise ValueError(
+            f"tree must be 'off', 'auto' or 'W,E,D,N' (children a node, nodes expanded a depth, depth, "
+            f"nodes; each from 1 up to {limits}), not {tree!r}"
+        )
+    return shape
 
 
 def check_context(pair, prompt_ids: list[int], max_new_tokens: int) -> None:

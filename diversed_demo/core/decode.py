@@ -10,6 +10,7 @@ also runs a batch of sequences through one target pass a step (`decode_rows`), w
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,14 +18,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .cache import MAX_FEED, CachedLM
-from .config import DecodeConfig
+from .cache import MAX_FEED, CachedLM, tree_feed
+from .config import TREE_OFF, DecodeConfig, tree_shape
 from .draft import make_draft
 from .draft_length import AdaptiveLength, FixedLength, draft_length
+from .draft_tree import DraftTree, Grower, TreeShape
 from .head import weight_rule
 from .lookup import PromptLookup
 from .prompt import eos_ids
 from .sampling import Sampler
+from .tree import TreeVerdict, children_of, feed_layout, verify_tree, verify_tree_greedy
 from .verify import verify_block, verify_block_greedy
 
 
@@ -42,6 +45,19 @@ class Verdict:
     target_hidden: torch.Tensor  # [n + 1, H] the target's last hidden states at the scored positions
     draft_hidden: torch.Tensor | None  # [n, Hd] what the head read beside them
     target_features: torch.Tensor | None  # aux hidden states of the verified positions, for a feature draft
+    # a tree's step; the fields above are then the chain it verified: the kept path, and the first child
+    # tried at the row where every child was rejected
+    tree: TreeStep | None = None
+
+
+@dataclass
+class TreeStep:
+    """A tree step's tree, what verification decided, and the target's p and w_t at every row."""
+
+    tree: DraftTree
+    decided: TreeVerdict
+    target_probs: torch.Tensor  # [n + 1, V]
+    w: torch.Tensor  # [n + 1], 1 at rows the draft did not expand
 
 
 def verify_step(scored, fed: int, draft_tokens, draft_probs, draft_hidden, weigh, sampler) -> Verdict:
@@ -75,6 +91,50 @@ def verify_step(scored, fed: int, draft_tokens, draft_probs, draft_hidden, weigh
     )
 
 
+def verify_tree_step(scored, fed: int, tree: DraftTree, weigh, sampler) -> Verdict:
+    """Decide a tree (draft_tree.py) from the target's pass over the `fed` unseen tokens and its nodes
+    (scored as in verify_step, rows: the root's then each node's) by tree.py's rules, w_t at each row
+    the draft expanded."""
+    logits, target_hidden, aux = scored
+    p, q, children = sampler.probs(logits), tree.draft_probs, children_of(tree.parents)
+    rows = [r for r, expanded in enumerate(tree.expanded) if expanded]
+    w = p.new_ones(len(p))
+    if rows:
+        index = torch.tensor(rows)
+        # the greedy rule weighs the draft's own choice at a row: its first child, or q's top where none
+        first = torch.stack([tree.tokens[children[r][0]] if children[r] else q[r].argmax() for r in rows])
+        hidden = None if tree.draft_hidden is None else tree.draft_hidden[index]
+        w[index] = weigh(p[index], q[index], first, target_hidden[index], hidden).float()
+    if sampler.greedy:
+        decided = verify_tree_greedy(tree.tokens, tree.parents, q, p, w)
+    else:
+        decided = verify_tree(tree.tokens, tree.parents, q, p, w, sampler.generator)
+    chain = list(decided.path)
+    if decided.rejected_at is not None:
+        chain.append(children[decided.rejected_at][0])  # the rejection the chain view shows
+    at = [0] + [node + 1 for node in chain]  # the row deciding each position, then the one after
+    chance = dict(decided.tried)
+    n = len(chain)
+    verified = (
+        None
+        if aux is None
+        else torch.cat([aux[:fed], aux[fed + torch.tensor(decided.path, dtype=torch.long)]])
+    )
+    return Verdict(
+        tree.tokens[chain] if chain else tree.tokens[:0],
+        q[at[:n]],
+        p[at],
+        w[at[:n]],
+        len(decided.path),
+        decided.next_token,
+        p.new_tensor([chance.get(node, 0.0) for node in chain]),
+        target_hidden[at],
+        None if tree.draft_hidden is None else tree.draft_hidden[at[:n]],
+        verified,
+        TreeStep(tree, decided, p, w),
+    )
+
+
 @dataclass
 class Step:
     """One decoding step: the sequence before it, the verdict, the tokens it emits, and its timing."""
@@ -93,6 +153,8 @@ class Step:
         """The drafts this step put to the target: all, unless an accepted EOS ended the decode before the
         rest were looked at."""
         n, n_accepted = len(self.verdict.draft_tokens), self.verdict.n_accepted
+        if self.verdict.tree is not None:  # a tree put all its nodes to the target
+            return len(self.verdict.tree.tree.tokens)
         return n if len(self.new_ids) > n_accepted else len(self.new_ids)
 
 
@@ -144,18 +206,35 @@ class Row:
     sampler: Sampler
     lookup: PromptLookup | None
     length: FixedLength | AdaptiveLength
+    tree: TreeShape | None = None  # a tree's bounds where the row drafts trees, else a chain
     emitted: int = 0
 
 
-def start_row(pair, prompt_ids: list[int], config: DecodeConfig) -> Row:
+def start_row(pair, prompt_ids: list[int], config: DecodeConfig, rows: int = 1) -> Row:
     device = pair.target.device
     _, _, temperature, top_p = config.batch_settings
     sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(config.seed))
     draft = make_draft(pair, config.mode)
     weigh = weight_rule(config, sampler.greedy)
-    lookup = make_lookup(config, sampler, draft)
     length = draft_length(config, getattr(pair, "costs", None))
-    return Row(torch.tensor(prompt_ids, device=device), draft, weigh, sampler, lookup, length)
+    # Trees for one sequence: a batch's rows share one pass a step, and its rows' feeds a chain's layout.
+    if draft is None or config.tree == TREE_OFF or rows > 1:
+        lookup, tree = make_lookup(config, sampler, draft), None
+    else:
+        lookup, tree = None, TreeShape(*(tree_shape(config.tree) or ()))
+    return Row(torch.tensor(prompt_ids, device=device), draft, weigh, sampler, lookup, length, tree)
+
+
+def propose_tree(row: Row, room: int, vocab_size: int):
+    """The row's drafted tree, sized by its length rule, or no drafts (an empty chain) where the rule
+    drafts nothing or the draft has no features yet."""
+    limit = row.length.start(room) if row.draft.ready(len(row.sequence)) else 0
+    if limit <= 0:
+        sequence = row.sequence
+        return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
+    shape = dataclasses.replace(row.tree, depth=min(row.tree.depth, limit))
+    grower = Grower(shape, row.length, row.sampler.greedy, row.sampler.generator)
+    return row.draft.propose_tree(row.sequence, grower, row.sampler)
 
 
 def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clock=time.perf_counter):
@@ -170,7 +249,7 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
         raise ValueError("the rows of a batch share N, max_new_tokens, temperature and top_p")
     _, max_new_tokens, _, _ = configs[0].batch_settings
     with pair.in_use():  # what the runtime builds meanwhile is swapped in after this decode
-        rows = [start_row(pair, prompt_ids, config) for prompt_ids, config in zip(prompts, configs)]
+        rows = [start_row(pair, ids, config, len(prompts)) for ids, config in zip(prompts, configs)]
         aux_layer_ids = next((row.draft.aux_layer_ids for row in rows if row.draft is not None), ())
         target = CachedLM(
             pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass
@@ -181,23 +260,15 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
             start = clock()
             # Never draft past the budget: the step emits at most n + 1 tokens.
             proposals = [
-                propose(
-                    rows[r].draft,
-                    rows[r].sequence,
-                    rows[r].length.start(max_new_tokens - rows[r].emitted - 1),
-                    rows[r].sampler,
-                    pair.vocab_size,
-                    rows[r].lookup,
-                    room=min(MAX_FEED - 1, max_new_tokens - rows[r].emitted - 1),
-                    length=rows[r].length.stopper,
-                )
-                for r in active
+                proposal(rows[r], max_new_tokens - rows[r].emitted - 1, pair.vocab_size) for r in active
             ]
             drafted = clock()
             feeds, scored = score_rows(target, [rows[r] for r in active], proposals)
             passed = clock()
             verdicts = [
-                verify_step(out, len(feed) - len(p[0]), *p, rows[r].weigh, rows[r].sampler)
+                verify_tree_step(out, len(feed) - len(p.tokens), p, rows[r].weigh, rows[r].sampler)
+                if isinstance(p, DraftTree)
+                else verify_step(out, len(feed) - len(p[0]), *p, rows[r].weigh, rows[r].sampler)
                 for out, feed, p, r in zip(scored, feeds, proposals, active)
             ]
             share = [
@@ -219,12 +290,32 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
                 row.draft.close()
 
 
+def proposal(row: Row, room: int, vocab_size: int):
+    """This step's drafts for the row, at most `room` deep (the step emits at most one more token): a
+    DraftTree where the row drafts trees, else a chain (tokens [m], q [m, V], the draft's hidden states)."""
+    if row.tree is not None:
+        return propose_tree(row, room, vocab_size)
+    return propose(
+        row.draft,
+        row.sequence,
+        row.length.start(room),
+        row.sampler,
+        vocab_size,
+        row.lookup,
+        room=min(MAX_FEED - 1, room),
+        length=row.length.stopper,
+    )
+
+
 def advance(
     row: Row, target: CachedLM, i: int, verdict: Verdict, new_ids, stopped: bool, budget: int
 ) -> bool:
     """Append a step's tokens to the row (the target's i-th row of the batch); whether it decodes on."""
     row.emitted += len(new_ids)
     row.length.learn(verdict)
+    if verdict.tree is not None and not stopped:  # the target's cache keeps the kept path only
+        path = torch.tensor(verdict.tree.decided.path, dtype=torch.long, device=row.sequence.device)
+        target.keep_path(len(row.sequence), len(row.sequence) + path)
     row.sequence = torch.cat([row.sequence, row.sequence.new_tensor(new_ids)])
     if stopped or row.emitted >= budget:
         if row.draft is not None:
@@ -239,6 +330,11 @@ def advance(
 
 def score_rows(target: CachedLM, rows: list[Row], proposals) -> tuple[list, list]:
     """One target pass over each row's unseen tokens and its drafts: (the feeds, each row's scores)."""
+    if len(rows) == 1 and isinstance(proposals[0], DraftTree):  # one sequence's tree, in tree layout
+        tree, unseen = proposals[0], rows[0].sequence[target.length :]
+        feed = torch.cat([unseen, tree.tokens])
+        layout = tree_feed(target.length, *feed_layout(len(unseen), tree.parents))
+        return [feed], [target.forward(feed, keep=len(tree.tokens) + 1, rows=layout)]
     feeds = [
         torch.cat([row.sequence[target.lengths[i] :], p[0]])
         for i, (row, p) in enumerate(zip(rows, proposals))

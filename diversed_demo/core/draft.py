@@ -51,6 +51,20 @@ class StandaloneDraft:
                 break
         return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
 
+    def propose_tree(self, sequence: torch.Tensor, grower, sampler: Sampler):
+        """A tree of drafts (draft_tree.py): the verified tokens fed, then each expanded depth in one pass
+        whose rows see the sequence and their own ancestors."""
+        logits, last, _ = self.lm.forward(sequence[self.lm.length :], keep=1)
+        grower.root(sampler.probs(logits[0]), last[0])
+        entries = {}  # node -> its slot in the draft's cache
+        while nodes := grower.to_expand():
+            tokens = sequence.new_tensor([grower.tokens[i] for i in nodes])
+            positions = sequence.new_tensor([len(sequence) - 1 + grower.depth_of[i] for i in nodes])
+            visible = tree_visible(grower, nodes, entries, self.lm.length)
+            logits, last, _ = self.lm.forward(tokens, keep=len(nodes), rows=(positions, visible))
+            grower.expanded(nodes, sampler.probs(logits), last)
+        return grower.tree(lambda ids: ids.to(sequence.device), lambda probs: probs)
+
     def observe(self, length: int, target_features=None) -> None:
         """The sequence is `length` tokens long: keep the cache on its verified part (all but the last)."""
         self.lm.rollback(length - 1)
@@ -112,6 +126,43 @@ class FeatureDraft:
         probs = self.model.full_probs(torch.stack(small_probs))  # over the whole vocabulary, once a block
         return torch.cat(tokens), probs, torch.stack(states)
 
+    def propose_tree(self, sequence: torch.Tensor, grower, sampler: Sampler):
+        """A tree of drafts (draft_tree.py) from the target's features of the verified positions: each
+        expanded depth in one step whose rows read their parents' hidden states and see the verified
+        entries and their own ancestors'."""
+        end = len(sequence) - 1
+        features = self.model.fuse(self.pending[: end - self.length])
+        hidden, logits = self._step(features, sequence[self.length + 1 : end + 1], self.length)
+        self.length, self.pending = end, None
+        grower.root(sampler.probs(logits), hidden[0])
+        entries, used = {}, end  # node -> its slot; the cache's entries so far
+        while nodes := grower.to_expand():
+            parents = [grower.parents[i] + 1 for i in nodes]
+            features = torch.stack([grower.rows[row][1] for row in parents])
+            tokens = self.token_ids[torch.tensor([grower.tokens[i] for i in nodes])]
+            positions = sequence.new_tensor([end + grower.depth_of[i] - 1 for i in nodes])
+            visible = tree_visible(grower, nodes, entries, used)
+            hidden, logits = self._tree_step(features, tokens, positions, visible)
+            used += len(nodes)
+            grower.expanded(nodes, sampler.probs(logits), hidden)
+        return grower.tree(lambda ids: self.token_ids[ids], self.model.full_probs)
+
+    def _tree_step(self, features, tokens, positions, visible):
+        """The draft's layer over rows that see `visible` [m, used + m] of its cache's slots: (hidden states
+        [m, H], logits over the draft vocabulary [m, Vd])."""
+        used = visible.shape[1] - len(tokens)
+        if self.compiled is not None and visible.shape[1] >= self.compiled.module.max_len:
+            self._leave_compiled(used)
+        if self.compiled is not None:
+            try:
+                return self.compiled.forward(tokens, used, features, rows=(positions, visible))
+            except RuntimeError as error:
+                self.compiled.fail(error)
+                self._leave_compiled(used)
+        attend = lambda q, k, v: cached_attention(self.cache, q, k, v, visible)  # noqa: E731
+        hidden = self.model.layer(features[None], tokens[None], positions[None], attend)[0]
+        return hidden, self.model.draft_logits(hidden)
+
     def _step(self, features, token_ids, start: int):
         """The draft's layer over rows at positions start, start + 1, …: (its last hidden state [1, H], its
         logits over the draft vocabulary [Vd])."""
@@ -122,7 +173,7 @@ class FeatureDraft:
         if self.compiled is not None:
             try:
                 hidden, logits = self.compiled.forward(token_ids, start, features)
-                return hidden[-1:], logits
+                return hidden[-1:], logits[-1]
             except RuntimeError as error:
                 self.compiled.fail(error)
                 self._leave_compiled(start)
@@ -159,6 +210,21 @@ class FeatureDraft:
             self.pending = (
                 target_features if self.pending is None else torch.cat([self.pending, target_features])
             )
+
+
+def tree_visible(grower, nodes: list[int], entries: dict, used: int) -> torch.Tensor:
+    """What the rows expanding `nodes` see of a draft's cache [m, used + m]: the verified slots, their
+    ancestors' entries (`entries`: node -> slot, filled in here with theirs) and their own."""
+    visible = torch.zeros(len(nodes), used + len(nodes), dtype=torch.bool)
+    visible[:, : used - len(entries)] = True
+    for j, node in enumerate(nodes):
+        ancestor = grower.parents[node]
+        while ancestor >= 0:
+            visible[j, entries[ancestor]] = True
+            ancestor = grower.parents[ancestor]
+        entries[node] = used + j
+        visible[j, used + j] = True
+    return visible
 
 
 def draft_confidence(q: torch.Tensor, index, sampler: Sampler, copied=None) -> torch.Tensor:

@@ -14,10 +14,12 @@ and decoding runs at the target's own pace.
 
 α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
 prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
-static w, the running mean w_t of the rule or a head). Each verified position then corrects it: per bin of
-s, the kept share of the positions verified so far in this decode (the acceptance probability where
-sampling, a hit where greedy), against PRIOR_WEIGHT positions of the prior. The choice reads the decode's
-own tokens only, never the clock, so a seed replays the same decode.
+static w, the running mean w_t of the rule or a head). A draft tree's later children (draft_tree.py) are
+kept only where the target's choice passes over the first: about w·s. Each verified position then corrects
+it: per rank (first child or later) and bin of s, the kept share of the positions verified so far in this
+decode (the acceptance probability where sampling, a hit where greedy), against PRIOR_WEIGHT positions of
+the prior. The choice reads the decode's own tokens only, never the clock, so a seed replays the same
+decode.
 """
 
 from __future__ import annotations
@@ -39,11 +41,20 @@ DEFAULT_C = 0.1
 DEFAULT_V_SLOPE = 0.04
 
 
-class FixedLength:
-    """N drafts a step (fewer only where the budget ends first)."""
+def prior_chance(w: float, confidence: float, later: bool = False) -> float:
+    """The mode's acceptance at a draft of probability `confidence` before any evidence: 1 − w·(1 − s) for
+    a first child (a chain's every draft), w·s for a tree's later children."""
+    return w * confidence if later else 1.0 - w * (1.0 - confidence)
 
-    def __init__(self, n_draft: int):
-        self.n_draft = n_draft
+
+class FixedLength:
+    """N drafts a step (fewer only where the budget ends first); a tree's nodes priced by the prior."""
+
+    def __init__(self, n_draft: int, w_prior: float = 1.0):
+        self.n_draft, self.w_prior = n_draft, w_prior
+
+    def chance(self, confidence: float, later: bool = False) -> float:
+        return prior_chance(self.w_prior, confidence, later)
 
     def start(self, room: int) -> int:
         """The most this step may draft, given `room` for drafts."""
@@ -66,7 +77,8 @@ class AdaptiveLength:
         self.c = float(costs.get("c", DEFAULT_C))
         measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
         self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]
-        self.kept, self.seen = torch.zeros(BINS, dtype=torch.float64), torch.zeros(BINS, dtype=torch.float64)
+        # per rank (0: a first child, 1: a later one) and bin of confidence
+        self.kept, self.seen = (torch.zeros(2, BINS, dtype=torch.float64) for _ in range(2))
         self.w_total, self.w_count = w_prior * PRIOR_WEIGHT, PRIOR_WEIGHT
         self.confidences: list[float] = []  # of this step's drafts
         self.path, self.tokens, self.limit = 1.0, 1.0, 0
@@ -79,16 +91,16 @@ class AdaptiveLength:
     def _w(self) -> float:
         return self.w_total / self.w_count
 
-    def chance(self, confidence: float) -> float:
-        """α of a draft the draft gave probability `confidence`."""
-        b = min(int(confidence * BINS), BINS - 1)
-        prior = 1.0 - self._w() * (1.0 - confidence)
-        return float((self.kept[b] + PRIOR_WEIGHT * prior) / (self.seen[b] + PRIOR_WEIGHT))
+    def chance(self, confidence: float, later: bool = False) -> float:
+        """α of a draft the draft gave probability `confidence` (a tree's later child where `later`)."""
+        b, rank = min(int(confidence * BINS), BINS - 1), int(later)
+        prior = prior_chance(self._w(), confidence, later)
+        return float((self.kept[rank, b] + PRIOR_WEIGHT * prior) / (self.seen[rank, b] + PRIOR_WEIGHT))
 
     def mean_chance(self) -> float:
-        """ᾱ: a draft's chance before its confidence is known (a confidence of one half a priori)."""
+        """ᾱ: a first draft's chance before its confidence is known (a confidence of one half a priori)."""
         prior = 1.0 - self._w() * 0.5
-        return float((self.kept.sum() + PRIOR_WEIGHT * prior) / (self.seen.sum() + PRIOR_WEIGHT))
+        return float((self.kept[0].sum() + PRIOR_WEIGHT * prior) / (self.seen[0].sum() + PRIOR_WEIGHT))
 
     def _pays(self, drafted: int) -> bool:
         if drafted >= self.limit:
@@ -116,24 +128,31 @@ class AdaptiveLength:
         return self._pays(drafted)
 
     def learn(self, verdict) -> None:
-        """Count the step's verified positions: each one's chance of being kept, by its draft's confidence."""
-        n = len(self.confidences)
-        verified = min(verdict.n_accepted + 1, n)
-        if not verified:
+        """Count the step's verified positions: each one's chance of being kept, by its draft's confidence
+        (a tree's: every child tried, by the confidence its value was priced from)."""
+        if verdict.tree is not None:
+            tree, decided = verdict.tree.tree, verdict.tree.decided
+            confidences = [tree.confidences[node] for node, _ in decided.tried]
+            ranks = [int(tree.later[node]) for node, _ in decided.tried]
+            kept = torch.tensor([chance for _, chance in decided.tried], dtype=torch.float64)
+            verified = len(verdict.w)
+        else:
+            verified = min(verdict.n_accepted + 1, len(self.confidences))
+            confidences, ranks = self.confidences[:verified], [0] * verified
+            kept = verdict.accept_probs[:verified].double().cpu()
+        if not len(kept):
             return
-        kept = verdict.accept_probs[:verified].double().cpu()
-        bins = (
-            (torch.tensor(self.confidences[:verified], dtype=torch.float64) * BINS).long().clamp_(0, BINS - 1)
-        )
-        self.kept.index_add_(0, bins, kept)
-        self.seen.index_add_(0, bins, torch.ones_like(kept))
+        bins = (torch.tensor(confidences, dtype=torch.float64) * BINS).long().clamp_(0, BINS - 1)
+        cells = torch.tensor(ranks) * BINS + bins
+        self.kept.view(-1).index_add_(0, cells, kept)
+        self.seen.view(-1).index_add_(0, cells, torch.ones_like(kept))
         self.w_total += float(verdict.w[:verified].sum())
         self.w_count += verified
 
 
 def draft_length(config, costs: dict | None):
     """The config's draft length rule: fixed N, or adaptive for n_draft="auto" (the mode's w as prior)."""
-    if config.n_draft != AUTO:
-        return FixedLength(config.n_draft)
     w_prior = float(config.ensemble_weight) if config.mode == "static" else 1.0
+    if config.n_draft != AUTO:
+        return FixedLength(config.n_draft, w_prior)
     return AdaptiveLength(costs, w_prior)

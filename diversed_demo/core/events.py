@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .cost_rule import position_costs
 from .decode import Step, Verdict
+from .tree import depths
 
 KINDS = ("accepted", "rejected", "resampled", "bonus", "ar")
 
@@ -25,6 +27,7 @@ class TokenEvent:
     drafted: int = 0  # how many tokens the draft proposed in this step
     draft_ms: float = 0.0  # the step's drafting time
     verify_ms: float = 0.0  # the step's target pass and verification time
+    tree: dict | None = None  # a tree step's first event: the tree it verified (`tree_figure`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,9 +62,47 @@ def draft_figures(verdict: Verdict) -> list[tuple[float, float, float, float]]:
     return torch.stack([f.float() for f in figures], dim=1).tolist()
 
 
-def step_events(tokenizer, step: Step, mode: str) -> list[TokenEvent]:
+def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
+    """A tree step's tree as the app draws it: per node its token, text, parent (−1: the root), depth,
+    p and q of its token at its parent's row, its chance of being kept where it was tried, and whether it
+    was kept; per row the draft expanded, w_t and the rule's terms H(p), TV(p, q) and CE(q, p) − H(p)
+    (with λ·TV where a λ is given); the row where every child was rejected."""
+    tree, decided, p, w = (getattr(step.verdict.tree, f) for f in ("tree", "decided", "target_probs", "w"))
+    q, parents, tokens = tree.draft_probs, tree.parents, tree.tokens.tolist()
+    chance, path = dict(decided.tried), set(decided.path)
+    cost, tv, entropy = position_costs(p, q)
+    nodes = [
+        {
+            "token_id": token,
+            "text": tokenizer.decode([token], skip_special_tokens=False),
+            "parent": parent,
+            "depth": depth,
+            "p": float(p[parent + 1, token]),
+            "q": float(q[parent + 1, token]),
+            "accept_prob": chance.get(node),
+            "kept": node in path,
+        }
+        for node, (token, parent, depth) in enumerate(zip(tokens, parents, depths(parents)))
+    ]
+    rows = [
+        {
+            "row": row,
+            "w": float(w[row]),
+            "entropy": float(entropy[row]),
+            "tv": float(tv[row]),
+            "cost": float(cost[row]),
+            "lam_tv": None if lam is None else lam * float(tv[row]),
+        }
+        for row, expanded in enumerate(tree.expanded)
+        if expanded
+    ]
+    return {"nodes": nodes, "rows": rows, "rejected_at": decided.rejected_at}
+
+
+def step_events(tokenizer, step: Step, mode: str, lam: float | None = None) -> list[TokenEvent]:
     """The events of one decoding step, in order: the accepted drafts, then either the rejected draft and
-    its resampled replacement, or the bonus token (the target's own token in target-only decoding)."""
+    its resampled replacement, or the bonus token (the target's own token in target-only decoding). A
+    tree step's first event carries its tree (`tree_figure`, λ·TV beside the rule's cost where given)."""
     verdict = step.verdict
     n, n_accepted, next_token = verdict.draft_tokens.numel(), verdict.n_accepted, int(verdict.next_token)
     at = min(n_accepted, n)  # position of next_token among the drafted ones (n for the bonus)
@@ -86,4 +127,6 @@ def step_events(tokenizer, step: Step, mode: str) -> list[TokenEvent]:
         events.append(event(next_token, "resampled", w=w, p=next_p, q=next_q))
     else:
         events.append(event(next_token, "ar" if mode == "ar" else "bonus", p=next_p))
+    if verdict.tree is not None:
+        events[0].tree = tree_figure(tokenizer, step, lam)
     return events

@@ -50,7 +50,7 @@ def speculative_generate(
         tally.add(step)
         if emit_events:
             t3 = time.perf_counter()
-            events = step_events(tokenizer, step, config.mode)
+            events = step_events(tokenizer, step, config.mode, config.lam if config.mode == "cost" else None)
             yield from output_events(events, len(step.new_ids))
             tally.summary.events_s += time.perf_counter() - t3
     yield tally.finish(tokenizer, time.perf_counter() - start)

@@ -16,12 +16,14 @@ each rejection becomes norm(max(0, r − q_i)); q_i is the law child i was drawn
 children are drawn with replacement, q without the children drawn before it, renormalised, when without.
 Each try is one rejection step of a draw from q_i against r, so the token emitted at each position follows
 ν given the path (SpecTr, Sun et al. 2023; recursive rejection sampling without replacement, Jeon et al.
-2024). If every child is rejected the token is drawn from the last r; past a kept leaf, the bonus token
-from p, as in a chain. How many children a row gets may depend on anything drawn before them, never on
-their own draws.
+2024). If every child is rejected the token is drawn from the last r. Past a kept leaf comes the bonus
+token: from ν where the draft gave its q there (it expanded the node and none of its children was kept),
+from p where it did not, as after a chain's last draft. How many children a row gets may depend on anything
+drawn before them, never on their own draws.
 
 Greedy verification follows the children that equal argmax ν, and emits argmax ν at the first row where none
-does (argmax p past a leaf): greedy exact decoding on a tree is target-only's, token for token.
+does (past a leaf, argmax of the bonus's law): greedy exact decoding on a tree is target-only's, token for
+token.
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
+def feed_layout(prefix: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target feed of `prefix` unseen sequence tokens followed by a tree's nodes: each row's position past
+    the first (offsets [k]: the prefix's in turn, a node's its depth past the last) and what the rows see
+    of each other (sees [k, k]: the prefix causally, a node the whole prefix, its ancestors and itself)."""
+    k = prefix + len(parents)
+    offsets = torch.tensor(list(range(prefix)) + [prefix - 1 + d for d in depths(parents)])
+    sees = torch.ones(k, k, dtype=torch.bool).tril()
+    sees[prefix:, prefix:] = ancestor_mask(parents)
+    return offsets, sees
+
+
 @dataclass
 class TreeVerdict:
     """What verifying a tree decided: the kept nodes from the root down, the token after them (a redraw
@@ -91,6 +104,13 @@ def without(q: torch.Tensor, token: int) -> torch.Tensor:
     return rest / mass if mass > 0 else rest
 
 
+def bonus_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor, w) -> torch.Tensor:
+    """The law of the token past a kept leaf [V]: ν where the draft's q [V] is there, else p (q is zeros)."""
+    if float(draft_probs.sum()) > 0:
+        return ensemble_probs(target_probs, draft_probs, w)
+    return target_probs
+
+
 def verify_tree(
     tokens, parents, draft_probs, target_probs, w, generator=None, replacement: bool = False
 ) -> TreeVerdict:
@@ -114,7 +134,8 @@ def verify_tree(
             return TreeVerdict(path, sample(r, generator), tried, row)
         path.append(kept)
         row = kept + 1
-    return TreeVerdict(path, sample(target_probs[row], generator), tried, None)
+    bonus = bonus_probs(target_probs[row], draft_probs[row], w[row])
+    return TreeVerdict(path, sample(bonus, generator), tried, None)
 
 
 def verify_tree_greedy(tokens, parents, draft_probs, target_probs, w) -> TreeVerdict:
@@ -128,4 +149,5 @@ def verify_tree_greedy(tokens, parents, draft_probs, target_probs, w) -> TreeVer
             return TreeVerdict(path, choice, tried, row)
         path.append(kept)
         row = kept + 1
-    return TreeVerdict(path, greedy_tokens(target_probs[row]), tried, None)
+    bonus = bonus_probs(target_probs[row], draft_probs[row], w[row])
+    return TreeVerdict(path, greedy_tokens(bonus), tried, None)

@@ -36,16 +36,15 @@ BENCH_DECODING = DecodeConfig(max_new_tokens=128, temperature=0.0)  # Spec-Bench
 def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> dict[str, DecodeConfig]:
     """'ar,exact,static:0.5,dynamic:general,dynamic:general-cost@8' -> {name: `base` (the run's length,
     temperature and seed) in that mode}. Without a pair it only checks the spec (weights in [0, 1], heads
-    that exist), which needs no model, and leaves each head as its path. A name ending in /no-lookup
-    drafts without prompt lookup (core/lookup.py), to measure what it adds."""
+    that exist), which needs no model, and leaves each head as its path. Options after a / (several
+    allowed): no-lookup drafts without prompt lookup (core/lookup.py), to measure what it adds; tree drafts
+    trees sized step by step, tree=W,E,D,N trees of that shape (core/draft_tree.py)."""
     modes = {}
-    for name in [m.strip() for m in spec.split(",") if m.strip()]:
-        spec_mode, _, option = name.partition("/")
-        if option not in ("", "no-lookup"):
-            raise ValueError(f"mode {name!r}: the only option after / is no-lookup")
+    for name in [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]:
+        spec_mode, *options = name.split("/")
         kind, _, arg = spec_mode.partition(":")
-        if option and kind == "ar":
-            raise ValueError(f"mode {name!r}: target-only decoding drafts nothing, so has no lookup")
+        if options and kind == "ar":
+            raise ValueError(f"mode {name!r}: target-only decoding drafts nothing, so takes no options")
         if kind in ("ar", "exact") and not arg:
             modes[name] = base.replace(mode=kind)
         elif kind == "static" and arg:
@@ -68,10 +67,27 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
             raise ValueError(
                 f"unknown mode {name!r}: use ar, exact, static:<w>, cost:<λ> or dynamic:<head>[@<λ>]"
             )
-        modes[name] = modes[name].replace(prompt_lookup=kind != "ar" and not option)
+        modes[name] = with_options(name, modes[name], options)
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes
+
+
+def with_options(name: str, config: DecodeConfig, options: list[str]) -> DecodeConfig:
+    """A mode's config with its options after / (parse_modes), prompt lookup on where it drafts."""
+    changes = {"prompt_lookup": config.mode != "ar"}
+    for option in options:
+        kind, equals, value = option.partition("=")
+        if option == "no-lookup":
+            changes["prompt_lookup"] = False
+        elif kind == "tree":
+            changes["tree"] = value if equals else "auto"
+        else:
+            raise ValueError(f"mode {name!r}: an option after / is no-lookup, tree or tree=W,E,D,N")
+    try:
+        return config.replace(**changes)
+    except ValueError as error:
+        raise ValueError(f"mode {name!r}: {error}") from None
 
 
 def head_mode(name: str, arg: str, pair, base: DecodeConfig) -> DecodeConfig:

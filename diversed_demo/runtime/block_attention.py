@@ -13,6 +13,7 @@ score product over a width of whole blocks gave every row the same bits for any 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 BLOCK = 64  # cache slots a sum runs over at a time
 MIN_BLOCKS = 2  # masks at least this wide: an exported graph then serves every width in one piece
@@ -28,6 +29,19 @@ def feed_rows(start: int, end: int, device=None) -> tuple[torch.Tensor, torch.Te
     itself and every earlier slot), W = `padded_width(end)`: the later slots masked."""
     positions = torch.arange(start, end, device=device)
     return positions, torch.arange(padded_width(end), device=device)[None, :] <= positions[:, None]
+
+
+def padded_mask(visible: torch.Tensor) -> torch.Tensor:
+    """A feed's mask [k, S] (what each of its rows sees of the S slots up to its own: a draft tree's rows
+    see the sequence and their ancestors) padded with unseen slots to `padded_width(S)`."""
+    return F.pad(visible, (0, padded_width(visible.shape[1]) - visible.shape[1]), value=False)
+
+
+def own_slots(mask: torch.Tensor) -> torch.Tensor:
+    """The slot each row of a feed's mask [k, W] writes: the last it sees (a row sees itself, after every
+    earlier slot it sees), so a mask carries the slots of a tree's rows as well as a chain's."""
+    slots = torch.arange(mask.shape[1], device=mask.device)
+    return torch.where(mask, slots, -1).amax(1)
 
 
 def mask_bias(mask: torch.Tensor, group: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
-from .block_attention import BLOCK, MIN_BLOCKS, feed_rows
+from .block_attention import BLOCK, MIN_BLOCKS, feed_rows, padded_mask
 from .static_pass import K_MAX, StaticPass
 
 MAX_LEN = 2048  # cache slots: prompt and answer together; longer decodes go on eager
@@ -67,6 +67,14 @@ class CompiledPass:
     def fits(self, length: int, k: int) -> bool:
         return 1 <= k <= K_MAX and length + k < self.module.max_len
 
+    def keep_slots(self, length: int, kept: torch.Tensor) -> None:
+        """Move the entries at slots `kept` [m] (a draft tree's path, in order) to slots length, length + 1,
+        …, so that the cache holds the kept path only, as a chain's would."""
+        target = torch.arange(length, length + len(kept), device=kept.device)
+        for keys, values in self._static_layers():
+            keys.index_copy_(1, target, keys.index_select(1, kept))
+            values.index_copy_(1, target, values.index_select(1, kept))
+
     def load(self, layers, length: int) -> None:
         """Copy a one-row KV cache ([(keys [1, H, T, D], values, …), …] per layer) into the static one."""
         for (keys, values, *_), static in zip(layers, self._static_layers(), strict=True):
@@ -80,12 +88,17 @@ class CompiledPass:
     def _static_layers(self):
         return [tuple(self.module.buffers_of_layer(i)) for i in range(self.module.n_layers)]
 
-    def forward(self, tokens: torch.Tensor, length: int, *inputs):
-        """Feed tokens [k] (and the module's further `inputs`) after `length` cached ones: the module's
-        outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). Feeds of more than K_MAX
-        rows, outside the runner's range, run the module eagerly, on the same cache."""
+    def forward(self, tokens: torch.Tensor, length: int, *inputs, rows=None):
+        """Feed tokens [k] (and the module's further `inputs`) into the slots after `length` cached ones:
+        the module's outputs (the target's: logits [k, V], last hidden [k, H], aux [k, ·]). A chain's rows
+        by default; a draft tree's as `rows` = (positions [k], visible [k, length + k]: the slots each row
+        sees). Feeds of more than K_MAX rows, outside the runner's range, run the module eagerly, on the
+        same cache."""
         k = tokens.numel()
-        positions, mask = feed_rows(length, length + k, tokens.device)
+        if rows is None:
+            positions, mask = feed_rows(length, length + k, tokens.device)
+        else:
+            positions, mask = rows[0], padded_mask(rows[1])
         runner = self.runner if k <= K_MAX else self.module  # the graph's range
         return tuple(runner(tokens.view(-1), positions, mask, *inputs))
 

@@ -4,10 +4,11 @@ it into one graph (runtime/compiled_pass.py builds and lends it as it does the t
 Eager, a drafted token is mostly overhead: one decoder layer and the LM head are a few small products,
 and the norms, rotary embedding, attention and the cache's growth are each a Python call and a
 dispatch. As one graph they fuse (docs/measurements/speed.md). A step feeds p ≤ K_MAX rows (features,
-the token after each, positions), writes their keys and values at those positions, and returns the
-draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits over the draft vocabulary
-for the last row [Vd] (`Eagle3Draft.draft_logits`). The features are fused (`Eagle3Draft.fuse`) or the
-draft's own output, as in `core.draft.FeatureDraft`.
+the token after each, positions, a mask), writes their keys and values at the slots the mask gives them,
+and returns the draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits over the
+draft vocabulary for every row [p, Vd] (`Eagle3Draft.draft_logits`: a draft tree expands several nodes
+at once). The features are fused (`Eagle3Draft.fuse`) or the draft's own output, as in
+`core.draft.FeatureDraft`.
 
 Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .block_attention import attend_in_blocks, mask_bias, padded_width
+from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .int8_draft import int8_product
 from .lean_layer import rms_norm
 from .static_pass import K_MAX, rotate
@@ -72,8 +73,9 @@ class StaticDraftStep(nn.Module):
         return self.keys, self.values
 
     def forward(self, tokens, positions, mask, features):
-        """tokens, positions [p]; mask [p, S] (S = the used length after this step); features [p, H] ->
-        (hidden [p, H], logits [Vd] of the last row)."""
+        """tokens, positions [p] (the rotary embedding's); mask [p, S] (S = the used length after this step;
+        each row writes the last slot it sees: `own_slots`); features [p, H] -> (hidden [p, H], logits
+        [p, Vd]: a draft tree expands several rows at once)."""
         residual = features
         features = rms_norm(features, self.hidden_norm, self.eps)
         if self.norm_before_residual:
@@ -83,15 +85,16 @@ class StaticDraftStep(nn.Module):
         p, n_q, n_kv, dim = x.shape[0], self.n_query, self.n_kv, self.head_dim
         qkv = self._product("qkv", x).view(p, n_q + 2 * n_kv, dim)
         qk = rotate(qkv[:, : n_q + n_kv], self.cos[positions][:, None], self.sin[positions][:, None])
-        self.keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
-        self.values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
+        slots = own_slots(mask)
+        self.keys.index_copy_(1, slots, qk[:, n_q:].transpose(0, 1))
+        self.values.index_copy_(1, slots, qkv[:, n_q + n_kv :].transpose(0, 1))
         out = self._attend(qk[:, :n_q], mask)
         hidden = residual + self._product("o", out)
         gate, up = self._product("gate_up", rms_norm(hidden, self.post_attention_layernorm, self.eps)).chunk(
             2, -1
         )
         hidden = hidden + self._product("down", F.silu(gate) * up)
-        return hidden, self._product("lm_head", rms_norm(hidden[-1:], self.final_norm, self.eps))[0]
+        return hidden, self._product("lm_head", rms_norm(hidden, self.final_norm, self.eps))
 
     def _attend(self, query: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """query [p, n_q, D] over the used slots: float32 products for a step (the graph's), PyTorch's

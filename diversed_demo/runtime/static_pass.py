@@ -21,7 +21,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from ..core.cache import MAX_FEED
-from .block_attention import attend_in_blocks, mask_bias, padded_width
+from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .gguf_int4 import int4_product
 from .lean_layer import LeanLlamaLayer, rms_norm
 
@@ -90,17 +90,18 @@ class StaticPass(nn.Module):
         return (getattr(self, f"l{i}_{name}") for name in ("keys", "values"))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
-        """tokens, positions [k]; mask [k, S] (S = the used length after this pass) -> (logits [k, V],
-        last hidden [k, H], aux [k, n_aux·H])."""
+        """tokens, positions [k] (the rotary embedding's); mask [k, S] (S = the used length after this pass;
+        each row writes the last slot it sees: `own_slots`) -> (logits [k, V], last hidden [k, H], aux
+        [k, n_aux·H])."""
         k = mask.shape[0]
         hidden = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [k, 1, D]
-        bias = mask_bias(mask, self.n_query // self.n_kv)
+        bias, slots = mask_bias(mask, self.n_query // self.n_kv), own_slots(mask)
         aux = []
         for i in range(self.n_layers):
             if i in self.aux_layer_ids:
                 aux.append(hidden)
-            hidden = hidden + self._attention(i, hidden, positions, cos, sin, bias)
+            hidden = hidden + self._attention(i, hidden, slots, cos, sin, bias)
             hidden = hidden + self._mlp(i, hidden)
         last = rms_norm(hidden, self.final_norm, self.eps)
         aux_states = torch.cat(aux, -1) if aux else hidden.new_zeros(k, 0)
@@ -120,7 +121,7 @@ class StaticPass(nn.Module):
         ).chunk(2, -1)
         return self._product(i, "down", F.silu(gate) * up)
 
-    def _attention(self, i, hidden, positions, cos, sin, bias):
+    def _attention(self, i, hidden, slots, cos, sin, bias):
         """Layer i's attention: q, k, v in one 4-bit product, the rotary embedding, the new keys and values
         written into the cache, then attention over the used slots."""
         k, n_q, n_kv, dim = hidden.shape[0], self.n_query, self.n_kv, self.head_dim
@@ -128,8 +129,8 @@ class StaticPass(nn.Module):
         qkv = self._product(i, "qkv", normed).view(k, n_q + 2 * n_kv, dim)
         qk = rotate(qkv[:, : n_q + n_kv], cos, sin)
         keys, values = self.buffers_of_layer(i)
-        keys.index_copy_(1, positions, qk[:, n_q:].transpose(0, 1))
-        values.index_copy_(1, positions, qkv[:, n_q + n_kv :].transpose(0, 1))
+        keys.index_copy_(1, slots, qk[:, n_q:].transpose(0, 1))
+        values.index_copy_(1, slots, qkv[:, n_q + n_kv :].transpose(0, 1))
         return self._product(i, "o", attend_in_blocks(qk[:, :n_q], keys, values, bias))
 
 

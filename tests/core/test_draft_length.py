@@ -21,7 +21,7 @@ DEAR = {"c": 2.0, "v": {j: 1.0 + j for j in range(1, 8)}}  # a drafted token cos
 def verdict(n_accepted: int, accept_probs, w=None):
     accept_probs = torch.tensor(accept_probs, dtype=torch.float32)
     w = torch.ones_like(accept_probs) if w is None else torch.tensor(w)
-    return types.SimpleNamespace(n_accepted=n_accepted, accept_probs=accept_probs, w=w)
+    return types.SimpleNamespace(n_accepted=n_accepted, accept_probs=accept_probs, w=w, tree=None)
 
 
 def test_the_config_takes_auto_and_the_rule_follows_it():

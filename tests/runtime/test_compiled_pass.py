@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 from references import AUX, decode_like, random_feeds
-from tiny import tiny_q4_model
+from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.runtime import compiled_pass, gguf_int4
@@ -146,3 +146,53 @@ def test_a_package_that_disagrees_is_not_attached(lean_model):
     assert not agrees_with_eager(lean_model, broken, AUX)
     good = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
     assert agrees_with_eager(lean_model, good, AUX)
+
+
+TREE_PARENTS = [-1, -1, 0, 0, 2, 4]  # two at depth 1, two under the first, then a chain of two below
+
+
+def path_to(node: int, parents: list[int]) -> list[int]:
+    path = []
+    while node >= 0:
+        path.insert(0, node)
+        node = parents[node]
+    return path
+
+
+@pytest.mark.parametrize("kind", ["eager", "static", "eager-float32"])
+def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_model, kind):
+    """One pass over a draft tree scores every node as a chain over its own path would; keeping a path
+    leaves the cache a chain's, so the next pass agrees too."""
+    from diversed_demo.core.cache import tree_feed
+    from diversed_demo.core.tree import feed_layout
+
+    model = lean_model if kind != "eager-float32" else tiny_model(0, num_layers=3)
+    vocab, prompt = model.config.vocab_size, torch.arange(4, 24)
+    tokens = torch.tensor([7, 9, 11, 13, 15, 17])
+    runner = (
+        (lambda: CompiledPass(StaticPass(model, AUX, max_len=128))) if kind == "static" else (lambda: None)
+    )
+    with torch.inference_mode():
+        tree_lm = CachedLM(model, vocab, AUX, runner=runner())
+        tree_lm.forward(prompt[:-1], keep=1)
+        length = tree_lm.length
+        offsets, sees = feed_layout(1, TREE_PARENTS)
+        feed = torch.cat([prompt[-1:], tokens])
+        logits, _, aux = tree_lm.forward(feed, keep=len(feed), rows=tree_feed(length, offsets, sees))
+        for node in range(len(tokens)):
+            chain = CachedLM(model, vocab, AUX, runner=runner())
+            chain.forward(prompt[:-1], keep=1)
+            path = tokens[path_to(node, TREE_PARENTS)]
+            expected, _, expected_aux = chain.forward(torch.cat([prompt[-1:], path]), keep=len(path) + 1)
+            assert torch.equal(logits[node + 1], expected[-1]) or kind == "eager-float32"
+            torch.testing.assert_close(logits[node + 1], expected[-1], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(aux[node + 1], expected_aux[-1], rtol=1e-4, atol=1e-4)
+            chain.close()
+        kept = path_to(4, TREE_PARENTS)  # nodes 0, 2, 4: slots after the prefix's one
+        tree_lm.keep_path(length + 1, torch.tensor(kept) + length + 1)
+        after_tree, _, _ = tree_lm.forward(torch.tensor([19]), keep=1)
+        chain = CachedLM(model, vocab, AUX, runner=runner())
+        chain.forward(prompt[:-1], keep=1)
+        chain.forward(torch.cat([prompt[-1:], tokens[kept]]), keep=1)
+        after_chain, _, _ = chain.forward(torch.tensor([19]), keep=1)
+        torch.testing.assert_close(after_tree, after_chain, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,7 @@
 """Where a decoding step's time goes, each piece timed in place (docs/measurements/speed.md, "What is left
 outside the passes"): 13 Spec-Bench first turns, greedy, 64 tokens, after one warm round.
 
-    python docs/measurements/probes/step_pieces.py exact 2     # or: ar 0, static auto 0.5
+    python docs/measurements/probes/step_pieces.py exact 2     # or: ar 0, static auto 0.5, exact auto 1 auto
 """
 
 import collections
@@ -11,7 +11,7 @@ import time
 from types import SimpleNamespace
 
 from diversed_demo.cli import pair_from_args
-from diversed_demo.core import decode, draft, generate, sampling
+from diversed_demo.core import decode, draft, draft_tree, events, generate, sampling
 from diversed_demo.core.prompt import encode_prompt
 from diversed_demo.eval.tasks import load_spec_bench
 from diversed_demo.runtime import compiled_pass
@@ -40,18 +40,24 @@ def timed(owner, name: str) -> None:
 pair = pair_from_args(SimpleNamespace(target=None, draft=None, device="cpu", dtype="auto"), compiled="wait")
 mode, n_draft = sys.argv[1], sys.argv[2] if sys.argv[2] == "auto" else int(sys.argv[2])
 w = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
+tree = sys.argv[4] if len(sys.argv) > 4 else "off"
 pieces = [(compiled_pass.CompiledPass, "forward"), (decode.CachedLM, "forward_rows"), (decode, "verify_step")]
 pieces += [(draft.FeatureDraft, "propose"), (draft.FeatureDraft, "_step"), (type(pair.draft), "fuse")]
 pieces += [(type(pair.draft), "full_probs"), (sampling.Sampler, "__call__"), (generate, "step_events")]
 pieces += [(sampling.Sampler, "probs"), (decode, "verify_block_greedy"), (decode, "advance")]
 pieces += [(decode, "propose"), (decode.CachedLM, "rollback"), (draft.FeatureDraft, "observe")]
+pieces += [(decode, "propose_tree"), (decode, "verify_tree_step"), (draft.FeatureDraft, "_tree_step")]
+pieces += [(draft, "tree_visible"), (draft_tree.Grower, "to_expand"), (draft_tree.Grower, "tree")]
+pieces += [(events, "tree_figure"), (decode.CachedLM, "keep_path"), (draft_tree.Grower, "_draw")]
 for owner, name in pieces:
     timed(owner, name)
 prompts = [encode_prompt(pair.tokenizer, example.prompt) for example in load_spec_bench(per_category=1)]
 
 
 def run() -> int:
-    options = dict(mode=mode, n_draft=n_draft, max_new_tokens=64, temperature=0.0, ensemble_weight=w)
+    options = dict(
+        mode=mode, n_draft=n_draft, max_new_tokens=64, temperature=0.0, ensemble_weight=w, tree=tree
+    )
     options["prompt_lookup"] = mode != "ar"  # as the bench decodes
     return sum(generate.generate(pair, ids, **options)[0].new_tokens for ids in prompts)
 
