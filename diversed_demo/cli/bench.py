@@ -28,7 +28,8 @@ def add_bench_question_arguments(parser) -> None:
         help="comma-separated: ar, exact, static:<w>, cost:<λ> (the per-token rule), dynamic:<head> (a cost "
         "head at its default λ, or dynamic:<head>@<λ>); options after a /: no-lookup drafts without prompt "
         "lookup (greedy decoding's copies from the text), tree drafts trees sized step by step, "
-        "tree=W,E,D,N trees of that shape (separate the modes by ; then), e.g. exact/no-lookup, exact/tree",
+        "tree=W,E,D,N trees of that shape (separate the modes by ; then), chain chains (without tree or "
+        "chain, what the runtime chose for this machine), e.g. exact/no-lookup, exact/tree",
     )
     parser.add_argument(
         "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"
@@ -64,8 +65,9 @@ def add_bench_decoding_arguments(parser) -> None:
         "--tree",
         dest="tree_twins",  # not the modes' own setting: each mode runs as a chain and as a tree
         default="off",
-        help="also run each drafting mode with draft trees (as <mode>/tree): auto (sized step by step) "
-        "or a shape W,E,D,N (children a node, nodes expanded a depth, depth, nodes); off (default): chains",
+        help="also run each drafting mode with draft trees (as <mode>/tree): on (sized step by step) or a "
+        "shape W,E,D,N (children a node, nodes expanded a depth, depth, nodes); off (default): only the "
+        "modes as given, which draft what the runtime chose for this machine",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (Spec-Bench's setting)")
@@ -139,13 +141,14 @@ def run_bench_command(args) -> int:
 
 def with_trees(spec: str, tree: str) -> str:
     """--modes with, for --tree other than off, each drafting mode's twin drafting trees (<mode>/tree)."""
-    from ..core.config import TREE_OFF, tree_shape
+    from ..core.config import TREE_OFF, TREE_ON, tree_shape
 
-    tree_shape(tree)  # a bad --tree fails here, before the models load
+    if tree != TREE_ON:
+        tree_shape(tree)  # a bad --tree fails here, before the models load
     if tree == TREE_OFF:
         return spec
     names = [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]
-    option = "tree" if tree == "auto" else f"tree={tree}"
+    option = "tree" if tree == TREE_ON else f"tree={tree}"
     twins = [f"{name}/{option}" for name in names if not name.startswith("ar")]
     return ";".join(names + twins)
 

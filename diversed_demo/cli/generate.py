@@ -31,9 +31,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tree",
-        default="off",
-        help="draft trees, several candidates a position: auto (sized step by step) or a shape W,E,D,N "
-        "(children a node, nodes expanded a depth, depth, nodes); off (default): a chain",
+        default="auto",
+        help="draft trees, several candidates a position: on (sized step by step), a shape W,E,D,N "
+        "(children a node, nodes expanded a depth, depth, nodes), off (a chain), or auto (the default: "
+        "trees where the runtime found that they pay on this machine, chains elsewhere)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")

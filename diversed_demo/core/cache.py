@@ -197,10 +197,17 @@ class CachedLM:
     def keep_path(self, length: int, kept: torch.Tensor) -> None:
         """One row's cache keeps its first `length` slots and then the slots `kept` [m] (a draft tree's kept
         path, in order), moved up behind them: as a chain's cache would hold the same tokens."""
-        if self.compiled is not None:
-            self.compiled.keep_slots(length, kept)
+        in_place = 0  # a leading run of the path already where it belongs (first children) stays
+        for slot in kept.tolist():
+            if slot != length + in_place:
+                break
+            in_place += 1
+        length, kept = length + in_place, kept[in_place:]
+        if self.compiled is not None:  # slots past the length are overwritten by the next pass
+            if len(kept):
+                self.compiled.keep_slots(length, kept)
         else:
-            for layer in self.cache.layers:
+            for layer in self.cache.layers if len(kept) else ():
                 for name in ("keys", "values"):
                     entries = getattr(layer, name)
                     entries[:, :, length : length + len(kept)] = entries[:, :, kept]

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 MODES = ("ar", "exact", "static", "cost", "dynamic")
 MAX_N_DRAFT = 32
 AUTO = "auto"  # n_draft: the draft length chosen step by step (core/draft_length.py)
-TREE_OFF = "off"  # tree: a chain of drafts; "auto": a tree sized step by step; "W,E,D,N": a fixed shape
+# tree: "off", a chain of drafts; "on", trees sized step by step (draft_tree.py); "auto", trees where the
+# runtime found that they pay (`pair.runtime.drafts`), chains elsewhere; "W,E,D,N", trees of that shape.
+TREE_OFF, TREE_ON = "off", "on"
 MAX_SEED = 2**32 - 1  # past 64 bits torch's generator overflows; a browser's number box holds 32 exactly
 
 
@@ -35,7 +37,7 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     prompt_lookup: bool = False  # greedy decoding: copies from the text may stand in for drafts (lookup.py)
-    tree: str = TREE_OFF  # several candidates a position (draft_tree.py): "off", "auto" or "W,E,D,N"
+    tree: str = AUTO  # several candidates a position: "off", "on", "auto" or "W,E,D,N" (above)
     chat: bool = True  # wrap a text prompt in the tokenizer's chat template
 
     def __post_init__(self):
@@ -79,9 +81,9 @@ TREE_LIMITS = (8, 8, 7, 7)  # width, expansion, depth, nodes at most: one compil
 
 
 def tree_shape(tree: str) -> tuple[int, int, int, int] | None:
-    """A tree setting's fixed shape (width, expansion, depth, nodes), None for "off" and "auto"; a
+    """A tree setting's fixed shape (width, expansion, depth, nodes), None for "off", "on" and "auto"; a
     ValueError that says what is accepted otherwise."""
-    if tree in (TREE_OFF, AUTO):
+    if tree in (TREE_OFF, TREE_ON, AUTO):
         return None
     try:
         shape = tuple(int(part) for part in str(tree).split(","))
@@ -90,7 +92,7 @@ def tree_shape(tree: str) -> tuple[int, int, int, int] | None:
     if len(shape) != 4 or not all(1 <= a <= b for a, b in zip(shape, TREE_LIMITS)):
         limits = ", ".join(str(b) for b in TREE_LIMITS)
         raise ValueError(
-            f"tree must be 'off', 'auto' or 'W,E,D,N' (children a node, nodes expanded a depth, depth, "
+            f"tree must be 'off', 'on', 'auto' or 'W,E,D,N' (children a node, nodes expanded a depth, depth, "
             f"nodes; each from 1 up to {limits}), not {tree!r}"
         )
     return shape

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import MAX_FEED, CachedLM, tree_feed
-from .config import TREE_OFF, DecodeConfig, tree_shape
+from .config import AUTO, TREE_OFF, DecodeConfig, tree_shape
 from .draft import make_draft
 from .draft_length import AdaptiveLength, FixedLength, draft_length
 from .draft_tree import DraftTree, Grower, TreeShape
@@ -217,12 +217,21 @@ def start_row(pair, prompt_ids: list[int], config: DecodeConfig, rows: int = 1) 
     draft = make_draft(pair, config.mode)
     weigh = weight_rule(config, sampler.greedy)
     length = draft_length(config, getattr(pair, "costs", None))
-    # Trees for one sequence: a batch's rows share one pass a step, and its rows' feeds a chain's layout.
-    if draft is None or config.tree == TREE_OFF or rows > 1:
-        lookup, tree = make_lookup(config, sampler, draft), None
-    else:
+    if draws_trees(pair, config, draft, rows):
         lookup, tree = None, TreeShape(*(tree_shape(config.tree) or ()))
+    else:
+        lookup, tree = make_lookup(config, sampler, draft), None
     return Row(torch.tensor(prompt_ids, device=device), draft, weigh, sampler, lookup, length, tree)
+
+
+def draws_trees(pair, config: DecodeConfig, draft, rows: int) -> bool:
+    """Whether a decode drafts trees: where its config asks for them ("auto": where the runtime found that
+    they pay), for one sequence (a batch's rows share one pass a step, laid out as chains)."""
+    if draft is None or rows > 1 or config.tree == TREE_OFF:
+        return False
+    if config.tree == AUTO:
+        return getattr(getattr(pair, "runtime", None), "drafts", "chains") == "trees"
+    return True
 
 
 def propose_tree(row: Row, room: int, vocab_size: int):
@@ -234,7 +243,10 @@ def propose_tree(row: Row, room: int, vocab_size: int):
         return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
     shape = dataclasses.replace(row.tree, depth=min(row.tree.depth, limit))
     grower = Grower(shape, row.length, row.sampler.greedy, row.sampler.generator)
-    return row.draft.propose_tree(row.sequence, grower, row.sampler)
+    tree = row.draft.propose_tree(row.sequence, grower, row.sampler)
+    if not len(tree.tokens):  # no node paid its way: the step is the target's own
+        return tree.tokens, tree.draft_probs[:0], None
+    return tree
 
 
 def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clock=time.perf_counter):

@@ -24,8 +24,6 @@ decode.
 
 from __future__ import annotations
 
-import torch
-
 from .cache import MAX_FEED
 from .config import AUTO
 
@@ -77,8 +75,9 @@ class AdaptiveLength:
         self.c = float(costs.get("c", DEFAULT_C))
         measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
         self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]
-        # per rank (0: a first child, 1: a later one) and bin of confidence
-        self.kept, self.seen = (torch.zeros(2, BINS, dtype=torch.float64) for _ in range(2))
+        # per rank (0: a first child, 1: a later one) and bin of confidence; plain floats: a tree's nodes
+        # each read their chance, and a tensor's element costs microseconds
+        self.kept, self.seen = [[0.0] * BINS for _ in range(2)], [[0.0] * BINS for _ in range(2)]
         self.w_total, self.w_count = w_prior * PRIOR_WEIGHT, PRIOR_WEIGHT
         self.confidences: list[float] = []  # of this step's drafts
         self.path, self.tokens, self.limit = 1.0, 1.0, 0
@@ -95,12 +94,12 @@ class AdaptiveLength:
         """α of a draft the draft gave probability `confidence` (a tree's later child where `later`)."""
         b, rank = min(int(confidence * BINS), BINS - 1), int(later)
         prior = prior_chance(self._w(), confidence, later)
-        return float((self.kept[rank, b] + PRIOR_WEIGHT * prior) / (self.seen[rank, b] + PRIOR_WEIGHT))
+        return (self.kept[rank][b] + PRIOR_WEIGHT * prior) / (self.seen[rank][b] + PRIOR_WEIGHT)
 
     def mean_chance(self) -> float:
         """ᾱ: a first draft's chance before its confidence is known (a confidence of one half a priori)."""
         prior = 1.0 - self._w() * 0.5
-        return float((self.kept[0].sum() + PRIOR_WEIGHT * prior) / (self.seen[0].sum() + PRIOR_WEIGHT))
+        return (sum(self.kept[0]) + PRIOR_WEIGHT * prior) / (sum(self.seen[0]) + PRIOR_WEIGHT)
 
     def _pays(self, drafted: int) -> bool:
         if drafted >= self.limit:
@@ -116,8 +115,8 @@ class AdaptiveLength:
             return 0
         if self._pays(0):
             return self.limit
-        self.kept *= FORGET
-        self.seen *= FORGET
+        for counts in (*self.kept, *self.seen):
+            counts[:] = [c * FORGET for c in counts]
         return 0
 
     def go_on(self, drafted: int, confidence: float) -> bool:
@@ -134,18 +133,18 @@ class AdaptiveLength:
             tree, decided = verdict.tree.tree, verdict.tree.decided
             confidences = [tree.confidences[node] for node, _ in decided.tried]
             ranks = [int(tree.later[node]) for node, _ in decided.tried]
-            kept = torch.tensor([chance for _, chance in decided.tried], dtype=torch.float64)
+            kept = [chance for _, chance in decided.tried]
             verified = len(verdict.w)
         else:
             verified = min(verdict.n_accepted + 1, len(self.confidences))
             confidences, ranks = self.confidences[:verified], [0] * verified
-            kept = verdict.accept_probs[:verified].double().cpu()
-        if not len(kept):
+            kept = verdict.accept_probs[:verified].tolist()
+        for confidence, rank, chance in zip(confidences, ranks, kept):
+            b = min(max(int(confidence * BINS), 0), BINS - 1)
+            self.kept[rank][b] += chance
+            self.seen[rank][b] += 1.0
+        if not verified:
             return
-        bins = (torch.tensor(confidences, dtype=torch.float64) * BINS).long().clamp_(0, BINS - 1)
-        cells = torch.tensor(ranks) * BINS + bins
-        self.kept.view(-1).index_add_(0, cells, kept)
-        self.seen.view(-1).index_add_(0, cells, torch.ones_like(kept))
         self.w_total += float(verdict.w[:verified].sum())
         self.w_count += verified
 

@@ -74,12 +74,12 @@ class Grower:
         self.rows[parent + 1] = (q, hidden)
         if depth >= self.shape.depth:
             return
-        width = min(self.shape.width, self.shape.nodes)
+        top = q.topk(min(self.shape.width, self.shape.nodes))
+        ranked = [s for s in top.values.tolist() if s > 0]  # no child of probability 0
         if self.greedy:
-            children = q.topk(min(width, int((q > 0).sum()))).indices
+            children = top.indices[: len(ranked)]
         else:
-            children = sample_distinct(q, width, self.generator)
-        ranked = q.sort(descending=True).values[: len(children)].tolist()
+            children = sample_distinct(q, len(ranked), self.generator)
         for rank, (child, s) in enumerate(zip(children.tolist(), ranked)):
             self.tokens.append(child)
             self.parents.append(parent)

@@ -70,15 +70,18 @@ def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
     tree, decided, p, w = (getattr(step.verdict.tree, f) for f in ("tree", "decided", "target_probs", "w"))
     q, parents, tokens = tree.draft_probs, tree.parents, tree.tokens.tolist()
     chance, path = dict(decided.tried), set(decided.path)
-    cost, tv, entropy = position_costs(p, q)
+    expanded = [row for row, drawn in enumerate(tree.expanded) if drawn]
+    terms = torch.stack([*position_costs(p[expanded], q[expanded]), w[expanded].float()], 1).tolist()
+    at = torch.tensor(parents, dtype=torch.long) + 1, tree.tokens
+    p_of, q_of = p[at].tolist(), q[at].tolist()  # each node's token at its parent's row
     nodes = [
         {
             "token_id": token,
             "text": tokenizer.decode([token], skip_special_tokens=False),
             "parent": parent,
             "depth": depth,
-            "p": float(p[parent + 1, token]),
-            "q": float(q[parent + 1, token]),
+            "p": p_of[node],
+            "q": q_of[node],
             "accept_prob": chance.get(node),
             "kept": node in path,
         }
@@ -87,14 +90,13 @@ def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
     rows = [
         {
             "row": row,
-            "w": float(w[row]),
-            "entropy": float(entropy[row]),
-            "tv": float(tv[row]),
-            "cost": float(cost[row]),
-            "lam_tv": None if lam is None else lam * float(tv[row]),
+            "w": w_row,
+            "entropy": entropy,
+            "tv": tv,
+            "cost": cost,
+            "lam_tv": None if lam is None else lam * tv,
         }
-        for row, expanded in enumerate(tree.expanded)
-        if expanded
+        for row, (cost, tv, entropy, w_row) in zip(expanded, terms)
     ]
     return {"nodes": nodes, "rows": rows, "rejected_at": decided.rejected_at}
 

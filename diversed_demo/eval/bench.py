@@ -38,7 +38,8 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
     temperature and seed) in that mode}. Without a pair it only checks the spec (weights in [0, 1], heads
     that exist), which needs no model, and leaves each head as its path. Options after a / (several
     allowed): no-lookup drafts without prompt lookup (core/lookup.py), to measure what it adds; tree drafts
-    trees sized step by step, tree=W,E,D,N trees of that shape (core/draft_tree.py)."""
+    trees sized step by step, tree=W,E,D,N trees of that shape (core/draft_tree.py), chain chains; without
+    either, what the runtime chose for this machine (`pair.runtime.drafts`)."""
     modes = {}
     for name in [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]:
         spec_mode, *options = name.split("/")
@@ -81,9 +82,11 @@ def with_options(name: str, config: DecodeConfig, options: list[str]) -> DecodeC
         if option == "no-lookup":
             changes["prompt_lookup"] = False
         elif kind == "tree":
-            changes["tree"] = value if equals else "auto"
+            changes["tree"] = value if equals else "on"
+        elif option == "chain":
+            changes["tree"] = "off"
         else:
-            raise ValueError(f"mode {name!r}: an option after / is no-lookup, tree or tree=W,E,D,N")
+            raise ValueError(f"mode {name!r}: an option after / is no-lookup, chain, tree or tree=W,E,D,N")
     try:
         return config.replace(**changes)
     except ValueError as error:

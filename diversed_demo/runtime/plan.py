@@ -32,12 +32,14 @@ from . import amx_gguf
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count
+from .costs import pass_ms
 from .cuda_graphs import attach_graphs
 from .dtype_choice import choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
 from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
+from .static_pass import K_MAX, StaticPass
 
 # When the compiled passes are built: in the background (the app's way), before load_pair returns (the
 # bench's), never.
@@ -55,12 +57,44 @@ class Runtime:
     draft: str  # the draft's products
     attention: str
     passes: str = "eager"  # updated when compiled passes are attached
+    drafts: str = (
+        "chains"  # "trees" where a pass over a tree's tokens costs little more than one (`choose_drafts`)
+    )
+    tree_pass: float | None = None  # a compiled pass over TREE_ROWS tokens, in single passes
 
     def __str__(self) -> str:
+        drafts = self.drafts
+        if self.tree_pass is not None:
+            drafts += f" (a pass over {TREE_ROWS} tokens costs {self.tree_pass:.2f} of one)"
         return (
             f"{self.device}, {self.dtype} ({self.dtype_why}) · target: {self.target} · draft: {self.draft} · "
-            f"attention: {self.attention} · passes: {self.passes}"
+            f"attention: {self.attention} · passes: {self.passes} · drafts: {drafts}"
         )
+
+
+TREE_ROWS = K_MAX  # a tree's nodes and the token before them, scored in one compiled pass
+# Draft trees where that pass costs at most this many single passes (issue 53's line): on the Xeon with AMX
+# it cost 1.48, and trees sized step by step ran 0.96–0.97 of the chain (docs/measurements/speed.md).
+TREE_PASS_LIMIT = 1.2
+
+
+def choose_drafts(pair: ModelPair, log) -> None:
+    """Between decodes, time the compiled target pass over one token and over TREE_ROWS, and draft trees
+    (where a decode's tree setting is "auto") if the longer costs at most TREE_PASS_LIMIT of the shorter;
+    chains otherwise, and where the pass cannot take a tree's rows (transformers' own static cache)."""
+    runner = pair.target_pass
+    if runner is None or not isinstance(runner.module, StaticPass):
+        return
+
+    def measure() -> None:
+        prompt = [1 + i % 1000 for i in range(256)]
+        times = pass_ms(pair.target, prompt, [1, TREE_ROWS], calls=12, runner=runner)
+        pair.runtime.tree_pass = times[TREE_ROWS] / times[1]
+        pair.runtime.drafts = "trees" if pair.runtime.tree_pass <= TREE_PASS_LIMIT else "chains"
+        ratio = pair.runtime.tree_pass
+        log(f"drafts: {pair.runtime.drafts} (a pass over {TREE_ROWS} tokens costs {ratio:.2f} of one)")
+
+    pair.offer_upgrade(measure)
 
 
 def say(line: str) -> None:
@@ -191,7 +225,13 @@ def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> 
         lowest_priority()
     if amx_gguf.pending() and amx_gguf.upgrade():
         upgrade_target(pair, log)
-    attach_or_build(pair, wait, log, done=lambda: pair.offer_upgrade(lambda: note_passes(pair, "compiled")))
+    attach_or_build(pair, wait, log, done=lambda: passes_attached(pair, log))
+
+
+def passes_attached(pair: ModelPair, log) -> None:
+    """Once nothing more will be attached: say so in `pair.runtime`, then choose chains or trees."""
+    pair.offer_upgrade(lambda: note_passes(pair, "compiled")).wait()
+    choose_drafts(pair, log)
 
 
 def upgrade_target(pair: ModelPair, log) -> None:

@@ -57,6 +57,36 @@ def test_greedy_exact_feature_draft_equals_greedy_target(feature_pair):
             assert summary.token_ids == reference.token_ids, n_draft
 
 
+@pytest.mark.parametrize("tree", ["on", "3,3,4,7", "2,1,5,6"])
+def test_greedy_exact_sd_on_trees_equals_greedy_target(any_pair, tree):
+    """Trees of any shape, drafted by either kind of draft: greedy exact SD is still the target's text, and a
+    tree of width 1 decodes as the chain of its depth."""
+    for prompt in PROMPTS:
+        reference, _ = generate(any_pair, prompt, mode="ar", max_new_tokens=24, temperature=0)
+        for n_draft in (4, "auto"):
+            summary, events = generate(
+                any_pair, prompt, mode="exact", n_draft=n_draft, max_new_tokens=24, temperature=0, tree=tree
+            )
+            assert summary.token_ids == reference.token_ids, (tree, n_draft)
+        chain, _ = generate(any_pair, prompt, mode="static", n_draft=3, max_new_tokens=24, temperature=0)
+        as_tree, _ = generate(
+            any_pair, prompt, mode="static", n_draft=3, max_new_tokens=24, temperature=0, tree="1,1,3,3"
+        )
+        assert as_tree.token_ids == chain.token_ids
+
+
+def test_auto_drafts_trees_where_the_runtime_chose_them(feature_pair, monkeypatch):
+    prompt, settings = PROMPTS[1], dict(mode="exact", max_new_tokens=16, temperature=0, n_draft=3)
+    for drafts, trees in (("chains", False), ("trees", True)):
+        monkeypatch.setattr(feature_pair.runtime, "drafts", drafts)
+        _, events = generate(feature_pair, prompt, tree="auto", **settings)
+        assert any(event.tree for event in events) == trees
+    _, events = generate(
+        feature_pair, prompt, tree="off", **settings
+    )  # off: chains whatever the runtime says
+    assert not any(event.tree for event in events)
+
+
 @pytest.mark.parametrize("w", [0.3, 0.7])
 @pytest.mark.parametrize("n_draft", [1, 3, 5])
 def test_greedy_static_equals_transformers_ensemble(pair, w, n_draft):

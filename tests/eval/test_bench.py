@@ -62,7 +62,7 @@ def test_modes_draft_with_prompt_lookup_unless_told_not_to(pair):
     assert modes["static:0.5/no-lookup"] == BENCH_DECODING.replace(
         mode="static", ensemble_weight=0.5, prompt_lookup=False
     )
-    with pytest.raises(ValueError, match="an option after / is no-lookup, tree"):
+    with pytest.raises(ValueError, match="an option after / is no-lookup, chain, tree"):
         parse_modes("ar,exact/turbo", pair)
     with pytest.raises(ValueError, match="drafts nothing"):
         parse_modes("ar,ar/no-lookup", pair)
@@ -72,14 +72,14 @@ def test_modes_draft_trees_where_told_to_and_the_bench_adds_tree_twins(pair):
     from diversed_demo.cli.bench import with_trees
 
     modes = parse_modes("ar;exact/tree;static:0.5/tree=3,3,4,7/no-lookup", pair)
-    assert modes["exact/tree"].tree == "auto" and modes["exact/tree"].prompt_lookup
+    assert modes["exact/tree"].tree == "on" and modes["exact/tree"].prompt_lookup
     assert modes["static:0.5/tree=3,3,4,7/no-lookup"] == BENCH_DECODING.replace(
         mode="static", ensemble_weight=0.5, tree="3,3,4,7", prompt_lookup=False
     )
     with pytest.raises(ValueError, match="exact/tree=9,9,9,9.*W,E,D,N"):
         parse_modes("ar;exact/tree=9,9,9,9", pair)
     assert with_trees("ar,exact,static:0.5", "off") == "ar,exact,static:0.5"
-    assert with_trees("ar,exact,static:0.5", "auto") == "ar;exact;static:0.5;exact/tree;static:0.5/tree"
+    assert with_trees("ar,exact,static:0.5", "on") == "ar;exact;static:0.5;exact/tree;static:0.5/tree"
     assert set(parse_modes(with_trees("ar,exact", "2,2,3,5"), pair)) == {"ar", "exact", "exact/tree=2,2,3,5"}
     with pytest.raises(ValueError, match="tree must be"):
         with_trees("ar,exact", "big")

@@ -83,6 +83,25 @@ def test_trace_cleanup_survives_a_folder_removed_by_a_concurrent_request(monkeyp
     assert len(files) == 1 and not os.path.isdir(gone)
 
 
+def test_a_tree_decodes_trace_keeps_its_trees_and_a_bad_tree_is_refused(feature_pair):
+    import json
+
+    settings = decode_settings().replace(mode="static", tree="on", n_draft=4, max_new_tokens=16)
+    *_, run = runs.stream_decode(feature_pair, UI_PROMPT, settings)
+    trees = [event.tree for event in run.events if event.tree]
+    assert trees and all(node["text"] for tree in trees for node in tree["nodes"])
+    data = trace.trace_of({"DIVERSED": run}, trace.pair_info(feature_pair), "decode")
+    replayed = trace.load_trace(trace.trace_json(data))
+    assert [e.tree for e in replayed.events] == [e.tree for e in run.events]
+    event = next(e for e in data["runs"][0]["events"] if e["tree"])
+    event["tree"]["nodes"][0]["parent"] = 5  # a node whose parent comes after it
+    with pytest.raises(ValueError, match="node 1's parent must be an earlier node"):
+        trace.load_trace(json.dumps(data))
+    event["tree"] = {"nodes": "<script>"}
+    with pytest.raises(ValueError, match="tree must hold lists of nodes and rows"):
+        trace.load_trace(json.dumps(data))
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
