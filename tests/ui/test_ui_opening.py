@@ -215,9 +215,12 @@ def test_the_settings_fold_says_how_the_pair_runs_at_this_moment(pair):
     opened = pair.runtime
     try:
         pair.runtime = replace(opened, passes="eager while the compiled ones are built")
-        assert opening.settings_why(pair, start).endswith("passes: eager while the compiled ones are built.")
-        pair.runtime = replace(opened, passes="compiled: target and draft")
+        assert "passes: eager while the compiled ones are built · drafts: chains." in opening.settings_why(
+            pair, start
+        )
+        pair.runtime = replace(opened, passes="compiled: target and draft", drafts="trees", tree_pass=1.1)
         why = opening.settings_why(pair, start)
-        assert why.startswith("The card's settings.") and why.endswith("passes: compiled: target and draft.")
+        assert why.startswith("The card's settings.") and "passes: compiled: target and draft" in why
+        assert why.endswith("drafts: trees (a pass over 8 tokens costs 1.10 of one).")
     finally:
         pair.runtime = opened
