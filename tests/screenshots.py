@@ -1,6 +1,7 @@
 """The README's screenshots, of the app on the embedded pair as a visitor first sees it: the arrival and each
-tab at 1400 px after a first Compare, and the arrival and a Compare at 390 px. `make screenshots` runs it
-(it is not a test: the browser test takes its own, of a tiny pair, to a temporary folder)."""
+tab at 1400 px after a first Compare, and the arrival and a Compare at 390 px; then a Decode that drafted
+trees, at both widths. `make screenshots` runs it (it is not a test: the browser test takes its own, of a
+tiny pair, to a temporary folder); `python tests/screenshots.py trees` takes the trees' alone."""
 
 from __future__ import annotations
 
@@ -76,6 +77,25 @@ def narrow(page) -> None:
     compare(page, "narrow-compare.png")
 
 
+def trees(page) -> None:
+    """A Decode that drafted trees ("drafts: trees" in the sidebar), its last trees under the tokens: at
+    1400 px, then at 390 px (the choice made at 1400, where the sidebar is open)."""
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(f"http://127.0.0.1:{PORT}/")
+    page.wait_for_selector("#generate")
+    page.locator("#drafts").get_by_text("trees", exact=True).click()
+    for width, height, name in ((1400, 1000, "decode-trees.png"), (390, 844, "narrow-decode-trees.png")):
+        page.set_viewport_size({"width": width, "height": height})
+        if width < 1000 and page.locator("#sidebar.open").count():  # it covers the page on a phone
+            page.locator("#sidebar .toggle-button").click()
+            page.wait_for_function("!document.querySelector('#sidebar.open')")
+        page.get_by_role("tab", name="Decode").click()
+        page.locator("#generate").click()
+        page.wait_for_selector("#stats .dd-stats[data-state=done]", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#tokens .dd-tree")
+        shoot(page, name)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     app = serve()
@@ -86,8 +106,10 @@ def main() -> None:
             )
             page = browser.new_page()
             page.set_default_timeout(TIMEOUT_MS)
-            wide(page)
-            narrow(page)
+            if sys.argv[1:] != ["trees"]:
+                wide(page)
+                narrow(page)
+            trees(page)
             browser.close()
     finally:
         app.terminate()

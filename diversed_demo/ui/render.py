@@ -89,6 +89,65 @@ def render_tokens(
     return f'<div class="dd-tokens">{"".join(parts)}</div>'
 
 
+TREE_STEPS = 3  # the draft trees shown under a decode: its last steps', newest first
+
+
+def tree_steps_html(events) -> str:
+    """The last TREE_STEPS draft trees of a decode (events of tree steps carry them), newest first: each
+    node coloured by fate (kept, tried and rejected, not tried), with p, q, its chance and the rule's terms
+    at its position on hover. Empty where the decode drafted chains."""
+    trees = [(event.step, event.tree) for event in events if event.tree][-TREE_STEPS:]
+    if not trees:
+        return ""
+    blocks = "".join(tree_html(step, tree) for step, tree in reversed(trees))
+    note = "the draft's trees, newest first: hover a candidate for p, q, its chance and why w_t is what it is"
+    return f'<div class="dd-trees"><div class="dd-trees-note">{html.escape(note)}</div>{blocks}</div>'
+
+
+def tree_html(step: int, tree: dict) -> str:
+    """One step's tree as nested lists, the root first."""
+    nodes, rows = tree["nodes"], {row["row"]: row for row in tree["rows"]}
+    children = {}
+    for i, node in enumerate(nodes):
+        children.setdefault(node["parent"] + 1, []).append(i)
+
+    def branch(row: int) -> str:
+        items = []
+        for i in children.get(row, []):
+            node = nodes[i]
+            fate = "kept" if node["kept"] else "tried" if node["accept_prob"] is not None else "untried"
+            title = html.escape(tree_node_title(node, fate, rows.get(row)), quote=True)
+            label = html.escape(node["text"]) or "∅"
+            items.append(
+                f'<li><span class="dd-node dd-{fate}" title="{title}">{label}</span>{branch(i + 1)}</li>'
+            )
+        if row == tree.get("rejected_at"):
+            items.append('<li><span class="dd-node dd-redrawn">every candidate rejected: redrawn</span></li>')
+        return f"<ul>{''.join(items)}</ul>" if items else ""
+
+    return f'<div class="dd-tree"><span class="dd-tree-step">step {step}</span>{branch(0)}</div>'
+
+
+def tree_node_title(node: dict, fate: str, row: dict | None) -> str:
+    """A tree node's hover: its fate and numbers, then the rule's terms at the position it was drafted for."""
+    fates = {
+        "kept": "kept",
+        "tried": "tried and rejected",
+        "untried": "not tried: a candidate before it was kept",
+    }
+    lines = [fates[fate], f"p(x) = {fmt(node['p'])}  (target)", f"q(x) = {fmt(node['q'])}  (draft)"]
+    if node["accept_prob"] is not None:
+        lines.append(f"chance of acceptance = {fmt(node['accept_prob'])}")
+    if row is not None:
+        lines += [
+            f"w_t = {fmt(row['w'])} at this position",
+            f"H(p) = {fmt(row['entropy'])}, TV(p, q) = {fmt(row['tv'])}",
+            f"CE(q, p) − H(p) = {fmt(row['cost'])}"
+            + ("" if row.get("lam_tv") is None else f" against λ·TV = {fmt(row['lam_tv'])}"),
+        ]
+    return "\n".join(lines)
+
+
 def legend_html(kinds=KIND_LABELS) -> str:
     items = "".join(
         f'<span class="dd-legend-item"><span class="dd-tok dd-{kind}">token</span> '

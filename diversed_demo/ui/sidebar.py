@@ -31,6 +31,7 @@ class Sidebar:
     temperature: gr.Slider
     seed: gr.Number
     auto_n: gr.Checkbox  # N chosen step by step (core/draft_length.py); the slider's N where unticked
+    tree: gr.Radio  # chains, trees, or the runtime's choice (core/config.py's tree)
 
     @property
     def inputs(self) -> list:
@@ -45,14 +46,31 @@ class Sidebar:
             self.seed,
             self.lam,
             self.auto_n,
+            self.tree,
         ]
 
 
+# The sidebar's choice of drafts, as the decoder's tree setting.
+DRAFTS = {"as the runtime chose": "auto", "chains": "off", "trees": "on"}
+
+
 def settings_from(
-    mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam=APP_CONFIG.lam, auto_n=False
+    mode,
+    w,
+    head_name,
+    n_draft,
+    max_new_tokens,
+    temperature,
+    seed,
+    lam=APP_CONFIG.lam,
+    auto_n=False,
+    drafts="as the runtime chose",
 ) -> DecodeConfig:
     """The app's config of a decode in `mode` (a code of core.config.MODES) from the sidebar's values: N
-    chosen step by step where `auto_n` (the page's default), else the slider's (an API caller's N)."""
+    chosen step by step where `auto_n` (the page's default), else the slider's (an API caller's N); chains,
+    trees or what the runtime chose for this machine (`drafts`: a key of DRAFTS)."""
+    if drafts not in DRAFTS:
+        raise ValueError(f"drafts must be one of {', '.join(DRAFTS)}, not {drafts!r}")
     if seed is None or not 0 <= float(seed) <= MAX_SEED or float(seed) != int(seed):
         raise ValueError(f"the seed must be an integer from 0 to {MAX_SEED}, not {seed!r}")
     if mode == "dynamic" and not head_name:
@@ -66,6 +84,7 @@ def settings_from(
         max_new_tokens=int(max_new_tokens),
         temperature=float(temperature),
         seed=int(seed),
+        tree=DRAFTS[drafts],
     )
 
 
@@ -157,6 +176,14 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
             "untick for the slider's N",
             elem_id="auto-n",
         )
+        tree = gr.Radio(
+            list(DRAFTS),
+            value="as the runtime chose",
+            label="drafts",
+            info="a chain of guesses a step, or a tree of them (several candidates a position, in one "
+            "target pass); the runtime drafts trees where they pay on this machine",
+            elem_id="drafts",
+        )
         seed = gr.Number(
             start.settings.seed, precision=0, minimum=0, maximum=MAX_SEED, label="seed", elem_id="seed"
         )
@@ -168,4 +195,4 @@ def build_sidebar(app: gr.Blocks, pair, heads: dict[str, Path], start: Defaults)
     head.input(cost_head_lam, head, lam, api_visibility="private")  # the visitor's pick, not a switch
     app.load(bind(refresh_heads, pair), head, head, api_visibility="private")
     app.load(bind(settings_why, pair, start), None, why, api_visibility="private")  # the runtime now
-    return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed, auto_n)
+    return Sidebar(w, lam, head, n_draft, max_new_tokens, temperature, seed, auto_n, tree)

@@ -39,7 +39,7 @@ def test_app_exposes_the_api_endpoints(built):
 
 def test_handlers_are_gradio_functions_with_their_own_inputs(built):
     generate_fn = next(f for f in built.fns.values() if f.api_name == "generate")
-    assert generate_fn.name == "on_generate" and len(generate_fn.inputs) == 10  # prompt, mode, 8 settings
+    assert generate_fn.name == "on_generate" and len(generate_fn.inputs) == 11  # prompt, mode, 9 settings
     train_fn = next(f for f in built.fns.values() if f.api_name == "train")
     assert len(train_fn.inputs) == 7  # the gr.Request is found through the bound signature
 

@@ -64,3 +64,36 @@ def test_w_chart_has_a_point_per_verified_draft(pair):
     figure = render.w_chart(run)
     plotted = sum(len(trace.x) for trace in figure.data)
     assert plotted == sum(e.kind in ("accepted", "rejected") for e in run.events)
+
+
+def test_a_tree_decode_shows_its_last_trees_with_each_candidates_fate_and_numbers(feature_pair):
+    from diversed_demo.ui.render import TREE_STEPS, tree_steps_html
+    from diversed_demo.ui.runs import APP_CONFIG, stream_decode
+
+    settings = APP_CONFIG.replace(mode="static", tree="on", n_draft=4, max_new_tokens=24, temperature=0.0)
+    *_, run = stream_decode(feature_pair, "the cat sat on the", settings)
+    shown = tree_steps_html(run.events)
+    trees = [event for event in run.events if event.tree]
+    assert shown.count('class="dd-tree"') == min(TREE_STEPS, len(trees)) > 0
+    assert f"step {trees[-1].step}" in shown  # the newest first
+    assert "dd-kept" in shown and "w_t = " in shown and "CE(q, p) − H(p)" in shown
+    chain = stream_decode(feature_pair, "the cat sat on the", settings.replace(tree="off"))
+    assert tree_steps_html(list(chain)[-1].events) == ""
+    hostile = {
+        "nodes": [
+            {
+                "token_id": 1,
+                "text": "<b>",
+                "parent": -1,
+                "depth": 1,
+                "p": 0.5,
+                "q": 0.5,
+                "accept_prob": None,
+                "kept": False,
+            }
+        ],
+        "rows": [],
+        "rejected_at": 0,
+    }
+    html_out = tree_steps_html([type("E", (), {"tree": hostile, "step": 1})()])
+    assert "<b>" not in html_out and "&lt;b&gt;" in html_out and "redrawn" in html_out

@@ -127,6 +127,7 @@ def on_compare(
     seed,
     lam=APP_CONFIG.lam,
     auto_n=False,
+    drafts="as the runtime chose",
     request: gr.Request = None,
 ):
     """Stream the comparison: (a panel per mode, two charts, table, verdict, trace files)."""
@@ -134,7 +135,7 @@ def on_compare(
     last_chart = time.perf_counter()  # the first chart a chart interval in, as in Decode
     with user_errors():
         settings = settings_from(
-            "static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n
+            "static", w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n, drafts
         )
         comparison = Comparison()
         with DECODE_SLOTS.hold(request):

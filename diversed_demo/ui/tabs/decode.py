@@ -14,7 +14,7 @@ from ...runtime.model_thread import MODEL_THREAD
 from ..examples import example_choices, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
-from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, w_chart
+from ..render import MODE_LABELS, legend_html, render_tokens, stats_html, tree_steps_html, w_chart
 from ..runs import APP_CONFIG, DecodeRun, resolve_head, stream_decode, throttled
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
@@ -41,13 +41,17 @@ def on_generate(
     seed,
     lam=APP_CONFIG.lam,
     auto_n=False,
+    drafts="as the runtime chose",
     request: gr.Request = None,
 ):
-    """Stream one decode: (tokens HTML, stats HTML, w_t chart, trace files) after each batch of events."""
+    """Stream one decode: (tokens HTML with the last draft trees under them, stats HTML, w_t chart, trace
+    files) after each batch of events."""
     # The first chart a chart interval in: a chart costs tens of ms here, and one at the start shows nothing.
     last_chart, run = time.perf_counter(), None
     with user_errors():
-        settings = settings_from(mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n)
+        settings = settings_from(
+            mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n, drafts
+        )
         head = MODEL_THREAD.call(resolve_head, pair, settings)
         with DECODE_SLOTS.hold(request):
             decoding = MODEL_THREAD.iterate(lambda: stream_decode(pair, prompt, settings, head))
@@ -57,11 +61,16 @@ def on_generate(
                 chart = gr.skip()
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
                     chart, last_chart = w_chart(run), time.perf_counter()
-                yield render_tokens(run.events), stats_html(run), chart, gr.skip()
+                yield decoded_html(run), stats_html(run), chart, gr.skip()
         # The visitor's slot is free before the page shows the run as done: they may go again at once.
         if run is not None:
             files = trace_files({MODE_LABELS[settings.mode]: run}, pair, "decode") if run.done else gr.skip()
-            yield render_tokens(run.events), stats_html(run), w_chart(run), files
+            yield decoded_html(run), stats_html(run), w_chart(run), files
+
+
+def decoded_html(run: DecodeRun) -> str:
+    """A decode's tokens, and under them its last draft trees where it drafted trees."""
+    return render_tokens(run.events) + tree_steps_html(run.events)
 
 
 def read_trace_file(trace_path) -> str:
@@ -105,8 +114,8 @@ def on_replay(trace_path, label=None):
         shown.add(event, elapsed_s=at)
         if time.perf_counter() - last_sent >= CHART_INTERVAL_S:
             last_sent = time.perf_counter()
-            yield render_tokens(shown.events), stats_html(shown, replayed=True), w_chart(shown)
-    yield render_tokens(recorded.events), stats_html(recorded, replayed=True), w_chart(recorded)
+            yield decoded_html(shown), stats_html(shown, replayed=True), w_chart(shown)
+    yield decoded_html(recorded), stats_html(recorded, replayed=True), w_chart(recorded)
 
 
 def build_trace_box(tokens, stats, w_plot) -> gr.File:
