@@ -23,7 +23,8 @@ drawn before them, never on their own draws.
 
 Greedy verification follows the children that equal argmax ν, and emits argmax ν at the first row where none
 does (past a leaf, argmax of the bonus's law): greedy exact decoding on a tree is target-only's, token for
-token.
+token, where the pass gives each node the logits a chain over its path would. In float32 it does; in bf16
+a near-tie may round apart, as a node's ancestors sit with masked slots between them (docs/results.md).
 """
 
 from __future__ import annotations
