@@ -142,12 +142,13 @@ def run_bench_command(args) -> int:
 def with_trees(spec: str, tree: str) -> str:
     """--modes with, for --tree other than off, each drafting mode's twin drafting trees (<mode>/tree)."""
     from ..core.config import TREE_OFF, TREE_ON, tree_shape
+    from ..eval.bench import mode_names
 
     if tree != TREE_ON:
         tree_shape(tree)  # a bad --tree fails here, before the models load
     if tree == TREE_OFF:
         return spec
-    names = [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]
+    names = mode_names(spec)
     option = "tree" if tree == TREE_ON else f"tree={tree}"
     twins = [f"{name}/{option}" for name in names if not name.startswith("ar")]
     return ";".join(names + twins)

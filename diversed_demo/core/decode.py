@@ -152,9 +152,9 @@ class Step:
     def drafted(self) -> int:
         """The drafts this step put to the target: all, unless an accepted EOS ended the decode before the
         rest were looked at."""
-        n, n_accepted = len(self.verdict.draft_tokens), self.verdict.n_accepted
         if self.verdict.tree is not None:  # a tree put all its nodes to the target
             return len(self.verdict.tree.tree.tokens)
+        n, n_accepted = len(self.verdict.draft_tokens), self.verdict.n_accepted
         return n if len(self.new_ids) > n_accepted else len(self.new_ids)
 
 

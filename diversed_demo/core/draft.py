@@ -142,44 +142,40 @@ class FeatureDraft:
             tokens = self.token_ids[torch.tensor([grower.tokens[i] for i in nodes])]
             positions = sequence.new_tensor([end + grower.depth_of[i] - 1 for i in nodes])
             visible = tree_visible(grower, nodes, entries, used)
-            hidden, logits = self._tree_step(features, tokens, positions, visible)
+            hidden, logits = self._layer(features, tokens, used, rows=(positions, visible))
             used += len(nodes)
             grower.expanded(nodes, sampler.probs(logits), hidden)
         return grower.tree(lambda ids: self.token_ids[ids], self.model.full_probs)
 
-    def _tree_step(self, features, tokens, positions, visible):
-        """The draft's layer over rows that see `visible` [m, used + m] of its cache's slots: (hidden states
-        [m, H], logits over the draft vocabulary [m, Vd])."""
-        used = visible.shape[1] - len(tokens)
-        if self.compiled is not None and visible.shape[1] >= self.compiled.module.max_len:
-            self._leave_compiled(used)
-        if self.compiled is not None:
-            try:
-                return self.compiled.forward(tokens, used, features, rows=(positions, visible))
-            except RuntimeError as error:
-                self.compiled.fail(error)
-                self._leave_compiled(used)
-        attend = lambda q, k, v: cached_attention(self.cache, q, k, v, visible)  # noqa: E731
-        hidden = self.model.layer(features[None], tokens[None], positions[None], attend)[0]
-        return hidden, self.model.draft_logits(hidden)
-
     def _step(self, features, token_ids, start: int):
         """The draft's layer over rows at positions start, start + 1, …: (its last hidden state [1, H], its
         logits over the draft vocabulary [Vd])."""
+        hidden, logits = self._layer(features, token_ids, start)
+        return hidden[-1:], logits[-1]
+
+    def _layer(self, features, token_ids, start: int, rows=None):
+        """The draft's layer over rows fed into its cache's slots from `start`: a chain's, at positions start,
+        start + 1, …, or a tree's, `rows` = (positions [m], visible [m, start + m]: the slots each sees):
+        (hidden states [m, H], logits over the draft vocabulary [m, Vd])."""
         if start == 0 and self.compiled is None:
             self._enter_compiled()
         if self.compiled is not None and start + len(token_ids) >= self.compiled.module.max_len:
             self._leave_compiled(start)  # too long for its cache
         if self.compiled is not None:
             try:
-                hidden, logits = self.compiled.forward(token_ids, start, features)
-                return hidden[-1:], logits[-1]
+                return self.compiled.forward(token_ids, start, features, rows=rows)
             except RuntimeError as error:
                 self.compiled.fail(error)
                 self._leave_compiled(start)
-        positions = torch.arange(start, start + len(token_ids), device=token_ids.device)
-        hidden = self.model.layer(features[None], token_ids[None], positions[None], self._attend)[0, -1:]
-        return hidden, self.model.draft_logits(hidden)[0]
+        if rows is None:
+            positions, attend = (
+                torch.arange(start, start + len(token_ids), device=token_ids.device),
+                self._attend,
+            )
+        else:
+            positions, attend = rows[0], lambda q, k, v: cached_attention(self.cache, q, k, v, rows[1])
+        hidden = self.model.layer(features[None], token_ids[None], positions[None], attend)[0]
+        return hidden, self.model.draft_logits(hidden)
 
     def _enter_compiled(self) -> None:
         compiled, self.step = self.step, None  # asked for once, at a decode's first proposal

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .draft_length import AdaptiveLength, FixedLength
 from .sampling import sample_distinct
 
 
@@ -53,7 +54,7 @@ class Grower:
     """One step's growth: every drawn node with its value, then the kept ones."""
 
     shape: TreeShape
-    length: object  # draft_length.FixedLength or AdaptiveLength: its chances and costs
+    length: FixedLength | AdaptiveLength  # its chances (and, adaptive, its costs)
     greedy: bool
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)  # per drawn node, its index in q's vocabulary
@@ -111,7 +112,7 @@ class Grower:
         return sorted(range(len(self.tokens)), key=lambda i: (-self.values[i], self.depth_of[i], i))
 
     def _adaptive(self) -> bool:
-        return hasattr(self.length, "mean_chance")
+        return isinstance(self.length, AdaptiveLength)
 
     def _rate(self, kept: list[int]) -> float:
         """Tokens a step is expected to emit per unit of its cost, with these nodes kept."""

@@ -67,8 +67,10 @@ def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
     p and q of its token at its parent's row, its chance of being kept where it was tried, and whether it
     was kept; per row the draft expanded, w_t and the rule's terms H(p), TV(p, q) and CE(q, p) − H(p)
     (with λ·TV where a λ is given); the row where every child was rejected."""
-    tree, decided, p, w = (getattr(step.verdict.tree, f) for f in ("tree", "decided", "target_probs", "w"))
+    verified = step.verdict.tree
+    tree, decided, p, w = verified.tree, verified.decided, verified.target_probs, verified.w
     q, parents, tokens = tree.draft_probs, tree.parents, tree.tokens.tolist()
+    context = step.sequence[-4:].tolist()
     chance, path = dict(decided.tried), set(decided.path)
     expanded = [row for row, drawn in enumerate(tree.expanded) if drawn]
     terms = torch.stack([*position_costs(p[expanded], q[expanded]), w[expanded].float()], 1).tolist()
@@ -77,7 +79,7 @@ def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
     nodes = [
         {
             "token_id": token,
-            "text": tokenizer.decode([token], skip_special_tokens=False),
+            "text": token_text(tokenizer, context, token),
             "parent": parent,
             "depth": depth,
             "p": p_of[node],

@@ -41,7 +41,7 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
     trees sized step by step, tree=W,E,D,N trees of that shape (core/draft_tree.py), chain chains; without
     either, what the runtime chose for this machine (`pair.runtime.drafts`)."""
     modes = {}
-    for name in [m.strip() for m in spec.split(";" if ";" in spec else ",") if m.strip()]:
+    for name in mode_names(spec):
         spec_mode, *options = name.split("/")
         kind, _, arg = spec_mode.partition(":")
         if options and kind == "ar":
@@ -72,6 +72,11 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
     if "ar" not in modes:
         raise ValueError("the modes must include ar: speedups are measured against it")
     return modes
+
+
+def mode_names(spec: str) -> list[str]:
+    """The names of a --modes spec: comma-separated, or by ; where a tree's shape holds commas."""
+    return [name.strip() for name in spec.split(";" if ";" in spec else ",") if name.strip()]
 
 
 def with_options(name: str, config: DecodeConfig, options: list[str]) -> DecodeConfig:

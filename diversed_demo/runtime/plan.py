@@ -57,9 +57,8 @@ class Runtime:
     draft: str  # the draft's products
     attention: str
     passes: str = "eager"  # updated when compiled passes are attached
-    drafts: str = (
-        "chains"  # "trees" where a pass over a tree's tokens costs little more than one (`choose_drafts`)
-    )
+    # "trees" where a pass over a tree's tokens costs little more than one (`choose_drafts`)
+    drafts: str = "chains"
     tree_pass: float | None = None  # a compiled pass over TREE_ROWS tokens, in single passes
 
     def __str__(self) -> str:
@@ -74,7 +73,7 @@ class Runtime:
 
 TREE_ROWS = K_MAX  # a tree's nodes and the token before them, scored in one compiled pass
 # Draft trees where that pass costs at most this many single passes (issue 53's line): on the Xeon with AMX
-# it cost 1.48, and trees sized step by step ran 0.96–0.97 of the chain (docs/measurements/speed.md).
+# it cost 1.40–1.48, and trees ran 0.95–0.99 of the chain's speed (docs/measurements/speed.md).
 TREE_PASS_LIMIT = 1.2
 
 

@@ -111,52 +111,46 @@ NODE_NUMBERS = ("p", "q", "accept_prob")
 ROW_NUMBERS = ("w", "entropy", "tv", "cost", "lam_tv")
 
 
-def tree_figure(raw, where: str) -> dict:
+def checked_tree(raw, where: str) -> dict:
     """A trace's tree (core/events.tree_figure) checked field by field and rebuilt from those fields alone:
     a ValueError naming what is wrong otherwise."""
-    if (
-        not isinstance(raw, dict)
-        or not isinstance(raw.get("nodes"), list)
-        or not isinstance(raw.get("rows"), list)
+    if not (
+        isinstance(raw, dict) and isinstance(raw.get("nodes"), list) and isinstance(raw.get("rows"), list)
     ):
         raise ValueError(f"{where} must hold lists of nodes and rows")
     if len(raw["nodes"]) > MAX_TREE_NODES or len(raw["rows"]) > MAX_TREE_NODES + 1:
         raise ValueError(f"{where} has more than {MAX_TREE_NODES} nodes")
-    nodes = []
-    for i, node in enumerate(raw["nodes"]):
-        if not isinstance(node, dict) or not isinstance(node.get("text"), str):
-            raise ValueError(f"{where}: node {i + 1} needs its text")
-        parent, depth, token = (node.get(k) for k in ("parent", "depth", "token_id"))
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (parent, depth, token)):
-            raise ValueError(f"{where}: node {i + 1}'s parent, depth and token_id must be integers")
-        if not -1 <= parent < i:
-            raise ValueError(f"{where}: node {i + 1}'s parent must be an earlier node or −1")
-        numbers = {k: _number(node.get(k), f"{where}: node {i + 1}: {k}") for k in NODE_NUMBERS}
-        nodes.append(
-            {
-                "token_id": token,
-                "text": node["text"][:100],
-                "parent": parent,
-                "depth": depth,
-                **numbers,
-                "kept": node.get("kept") is True,
-            }
-        )
+    nodes = [checked_node(node, i, f"{where}: node {i + 1}") for i, node in enumerate(raw["nodes"])]
     rows = []
     for j, row in enumerate(raw["rows"]):
-        if (
-            not isinstance(row, dict)
-            or not isinstance(row.get("row"), int)
-            or not 0 <= row["row"] <= len(nodes)
-        ):
+        if not (isinstance(row, dict) and isinstance(row.get("row"), int) and 0 <= row["row"] <= len(nodes)):
             raise ValueError(f"{where}: row {j + 1} must name a row of the tree")
-        rows.append(
-            {"row": row["row"], **{k: _number(row.get(k), f"{where}: row {j + 1}: {k}") for k in ROW_NUMBERS}}
-        )
+        numbers = {k: _number(row.get(k), f"{where}: row {j + 1}: {k}") for k in ROW_NUMBERS}
+        rows.append({"row": row["row"], **numbers})
     rejected = raw.get("rejected_at")
     if rejected is not None and not (isinstance(rejected, int) and 0 <= rejected <= len(nodes)):
         raise ValueError(f"{where}: rejected_at must name a row of the tree")
     return {"nodes": nodes, "rows": rows, "rejected_at": rejected}
+
+
+def checked_node(node, i: int, where: str) -> dict:
+    """The i-th node of a trace's tree, checked and rebuilt (its text cut to 100 characters)."""
+    if not isinstance(node, dict) or not isinstance(node.get("text"), str):
+        raise ValueError(f"{where} needs its text")
+    parent, depth, token = (node.get(k) for k in ("parent", "depth", "token_id"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (parent, depth, token)):
+        raise ValueError(f"{where}'s parent, depth and token_id must be integers")
+    if not -1 <= parent < i:
+        raise ValueError(f"{where}'s parent must be an earlier node or −1")
+    numbers = {k: _number(node.get(k), f"{where}: {k}") for k in NODE_NUMBERS}
+    return {
+        "token_id": token,
+        "text": node["text"][:100],
+        "parent": parent,
+        "depth": depth,
+        **numbers,
+        "kept": node.get("kept") is True,
+    }
 
 
 def _number(value, where: str, optional: bool = True):
@@ -222,7 +216,7 @@ def load_trace(text: str, label: str | None = None) -> DecodeRun:
             for key in ("w", "p", "q", "accept_prob", "draft_ms", "verify_ms"):
                 _number(values.get(key), f"{where}: {key}")
             if values.get("tree") is not None:
-                values["tree"] = tree_figure(values["tree"], f"{where}: tree")
+                values["tree"] = checked_tree(values["tree"], f"{where}: tree")
             event = TokenEvent(
                 **{"text": "", "step": 0, **values, "token_id": int(values.get("token_id", -1))}
             )

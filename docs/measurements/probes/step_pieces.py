@@ -46,7 +46,7 @@ pieces += [(draft.FeatureDraft, "propose"), (draft.FeatureDraft, "_step"), (type
 pieces += [(type(pair.draft), "full_probs"), (sampling.Sampler, "__call__"), (generate, "step_events")]
 pieces += [(sampling.Sampler, "probs"), (decode, "verify_block_greedy"), (decode, "advance")]
 pieces += [(decode, "propose"), (decode.CachedLM, "rollback"), (draft.FeatureDraft, "observe")]
-pieces += [(decode, "propose_tree"), (decode, "verify_tree_step"), (draft.FeatureDraft, "_tree_step")]
+pieces += [(decode, "propose_tree"), (decode, "verify_tree_step"), (draft.FeatureDraft, "_layer")]
 pieces += [(draft, "tree_visible"), (draft_tree.Grower, "to_expand"), (draft_tree.Grower, "tree")]
 pieces += [(events, "tree_figure"), (decode.CachedLM, "keep_path"), (draft_tree.Grower, "_draw")]
 for owner, name in pieces:
