@@ -3,7 +3,7 @@ included), built from each step's verdict."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -30,7 +30,8 @@ class TokenEvent:
     tree: dict | None = None  # a tree step's first event: the tree it verified (`tree_figure`)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Shallow: dataclasses.asdict deep-copies every value, the larger part of writing a trace.
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 def output_events(events: list, n_output: int) -> list:

@@ -44,15 +44,22 @@ class ModelThread:
 
     def iterate(self, make: Callable[[], Iterator], slice_s: float | None = None) -> Iterator:
         """The items of the iterator `make()` returns, computed on the model thread `slice_s` seconds' worth
-        at a time (at least one item; SLICE_S by default); closing this generator (a visitor's Stop) closes
-        that iterator there, so its decode gives back what it holds. Several iterations interleave slice by
-        slice, as two decodes share the cores."""
+        at a time (at least one item; SLICE_S by default), the next slice computing while the caller handles
+        this one; closing this generator (a visitor's Stop) closes that iterator there, so its decode gives
+        back what it holds. Several iterations interleave slice by slice, as two decodes share the cores."""
         slice_s = SLICE_S if slice_s is None else slice_s
         items = self.call(lambda: iter(make()))
         try:
-            ended = False
-            while not ended:
-                batch, ended = self.call(take, items, slice_s)
+            # Two slices queued: the next one runs while the caller shows this one, and the model thread
+            # never idles between them waiting for the caller's thread to wake.
+            queue_slice = lambda: self.executor.submit(self._run, take, items, slice_s)  # noqa: E731
+            pending = collections.deque([queue_slice(), queue_slice()])
+            while pending:
+                batch, ended = pending.popleft().result()
+                if not ended:
+                    pending.append(queue_slice())
+                else:
+                    pending.clear()  # the one still queued finds the iterator ended: nothing to wait for
                 yield from batch
         finally:
             if hasattr(items, "close"):

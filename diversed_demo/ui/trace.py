@@ -57,7 +57,7 @@ def trace_of(runs: dict[str, DecodeRun], pair_info: dict, view: str) -> dict:
 
 
 def trace_json(data: dict) -> str:
-    return json.dumps(data, ensure_ascii=False, indent=1)
+    return json.dumps(data, ensure_ascii=False)  # no indent: one takes json's Python encoder, not its C one
 
 
 def trace_csv(data: dict) -> str:

@@ -46,8 +46,9 @@ def on_generate(
 ):
     """Stream one decode: (tokens HTML with the last draft trees under them, stats HTML, w_t chart, trace
     files) after each batch of events."""
-    # The first chart a chart interval in: a chart costs tens of ms here, and one at the start shows nothing.
-    last_chart, run = time.perf_counter(), None
+    # The first chart a chart interval in: one at the start shows nothing. A chart is sent only where it has
+    # new points (target-only's has none): building one costs milliseconds the decode shares.
+    last_chart, charted, run = time.perf_counter(), None, None
     with user_errors():
         settings = settings_from(
             mode, w, head_name, n_draft, max_new_tokens, temperature, seed, lam, auto_n, drafts
@@ -59,13 +60,19 @@ def on_generate(
                 if run.done:
                     break
                 chart = gr.skip()
-                if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
-                    chart, last_chart = w_chart(run), time.perf_counter()
+                if time.perf_counter() - last_chart >= CHART_INTERVAL_S and charted != w_points(run):
+                    chart, charted, last_chart = w_chart(run), w_points(run), time.perf_counter()
                 yield decoded_html(run), stats_html(run), chart, gr.skip()
         # The visitor's slot is free before the page shows the run as done: they may go again at once.
         if run is not None:
             files = trace_files({MODE_LABELS[settings.mode]: run}, pair, "decode") if run.done else gr.skip()
-            yield decoded_html(run), stats_html(run), w_chart(run), files
+            chart = w_chart(run) if charted != w_points(run) else gr.skip()
+            yield decoded_html(run), stats_html(run), chart, files
+
+
+def w_points(run: DecodeRun) -> int:
+    """How many points the run's w_t chart has."""
+    return sum(event.w is not None for event in run.events)
 
 
 def decoded_html(run: DecodeRun) -> str:
