@@ -31,12 +31,6 @@ MBPP_TEST_IDS = range(11, 511)
 SPEC_BENCH_TASKS = {"summarization": "summarization", "math_reasoning": "math"}
 SUMMARIZE = "Summarize the following article:\n"
 HUMANEVAL_INSTRUCTION = "Complete this Python function. Reply with the whole function in a ```python block.\n"
-HUB_DATASETS = {  # name -> (hub repository, configuration)
-    "gsm8k": ("openai/gsm8k", "main"),
-    "mbpp": ("google-research-datasets/mbpp", "full"),
-    "humaneval": ("openai/openai_humaneval", None),
-    "cnn_dailymail": ("abisee/cnn_dailymail", "3.0.0"),
-}
 
 
 @dataclass(frozen=True)
@@ -369,38 +363,3 @@ def app_examples() -> dict[str, list[Example]]:
         ]
         for task, records in by_task.items()
     }
-
-
-def load_from_hub(name: str, split: str = "test", limit: int | None = None) -> list[Example]:
-    """The same data sets from the Hugging Face hub (needs `datasets` and network access).
-
-    name: gsm8k, mbpp, humaneval or cnn_dailymail (summarization); split as on the hub.
-    """
-    if name not in HUB_DATASETS:
-        raise ValueError(f"unknown hub data set {name!r}; choose from {', '.join(HUB_DATASETS)}")
-    repository, config = HUB_DATASETS[name]
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise RuntimeError(
-            "loading from the hub needs the `datasets` package: pip install datasets"
-        ) from None
-    try:
-        rows = load_dataset(repository, config, split=f"{split}[:{limit}]" if limit else split)
-    except Exception as err:  # offline, gated, wrong split: the library's errors vary, the advice does not
-        raise RuntimeError(
-            f"cannot load {repository} ({split}) from the hub: {err}; "
-            f"without network use the files in {data_dir()} (DIVERSED_DATA)"
-        ) from err
-    if name == "gsm8k":
-        return [gsm8k_example(row, f"gsm8k/{split}/{i}") for i, row in enumerate(rows)]
-    if name == "mbpp":
-        return [mbpp_example(row) for row in rows]
-    if name == "humaneval":
-        return [humaneval_example(row) for row in rows]
-    return [
-        summarization_example(
-            row["article"], row["highlights"], f"cnn_dailymail/{row['id']}", "cnn_dailymail"
-        )
-        for row in rows
-    ]

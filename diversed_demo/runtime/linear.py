@@ -7,7 +7,6 @@ the switch is decided by a measurement on the machine itself (`fast_product_pays
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 
@@ -80,16 +79,3 @@ def use_fast_linear(model: torch.nn.Module) -> int:
     for module in linears:
         module.__class__ = FastLinear
     return len(linears)
-
-
-@contextlib.contextmanager
-def stock_linear(*models: torch.nn.Module):
-    """Run the models with plain nn.Linear layers, as transformers runs them (for comparisons)."""
-    switched = [m for model in models for m in model.modules() if type(m) is FastLinear]
-    for module in switched:
-        module.__class__ = torch.nn.Linear
-    try:
-        yield
-    finally:
-        for module in switched:
-            module.__class__ = FastLinear

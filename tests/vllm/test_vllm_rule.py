@@ -1,5 +1,5 @@
 """The vLLM plugin's rule as pure tensor math (diversed_demo/vllm/rule.py needs no vLLM): checked here against
-core/verify.py. The same rule inside vLLM's kernels is tested in tests/vllm (the vLLM environment)."""
+core/verify.py. The same rule inside vLLM's kernels: test_vllm_sampler.py."""
 
 import math
 
