@@ -4,8 +4,8 @@
     pair = load_pair("smollm2-135m")  # or any Hugging Face target and draft that share a tokenizer
     summary, events = generate(pair, "Why is the sky blue?", DecodeConfig(mode="static", ensemble_weight=0.5))
 
-The layers, bottom to top: common, core (the decoding algorithm), models (loading them), runtime (how they
-run fast here), eval, training, distill, ui, cli.
+Its folders are its layers; a module imports only from its own layer and those below. docs/architecture.md's
+table lists them bottom to top, the one place the order is written (tests/docs/test_layering.py reads it).
 """
 
 import importlib

@@ -237,9 +237,9 @@ def run_distill_measure(args) -> int:
 
 
 def run_distill_transfer(args) -> int:
-    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..distill.transfer import check_drafts, spec_bench_responses, transfer_report
     from ..models.embedded import EMBEDDED, EMBEDDED_DRAFT_DIR
+    from ..runtime.batch_generation import use_eager_attention_on_cpu
     from ..runtime.plan import load_pair
 
     drafts = [d.strip() for d in (args.drafts or str(EMBEDDED_DRAFT_DIR)).split(",") if d.strip()]
@@ -266,8 +266,8 @@ def run_distill_prompts(args) -> int:
     from tqdm import tqdm
 
     from ..distill import prompts
-    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..models.embedded import EMBEDDED
+    from ..runtime.batch_generation import use_eager_attention_on_cpu
     from ..runtime.plan import load_pair
 
     pair = load_pair(EMBEDDED, None, "auto", "bfloat16", compiled="off")
@@ -321,8 +321,8 @@ def run_distill_data(args) -> int:
     from tqdm import tqdm
 
     from ..distill import data
-    from ..distill.batch_generation import use_eager_attention_on_cpu
     from ..models.embedded import EMBEDDED
+    from ..runtime.batch_generation import use_eager_attention_on_cpu
     from ..runtime.plan import load_pair
 
     sources = source_list(args.sources)

@@ -28,7 +28,7 @@ from ..common.files import atomic_write, read_jsonl_gz, write_jsonl_gz, write_te
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
 from ..eval import tasks
-from .batch_generation import generate_batch, padding_id
+from ..runtime.batch_generation import generate_batch, padding_id
 from .passages import PASSAGE_PROMPTS_FILE, read_passage_prompts
 from .prompts import PROMPTS_FILE, prompts_digest, prompts_digests, read_prompts
 

@@ -31,7 +31,7 @@ import torch
 from ..common.files import read_jsonl_gz, write_text
 from ..common.paths import ASSETS
 from ..core.prompt import encode_prompt
-from .batch_generation import generate_batch, padding_id
+from ..runtime.batch_generation import generate_batch, padding_id
 
 TOPICS_FILE = ASSETS / "prompts" / "topics.txt"
 PROMPTS_FILE = ASSETS / "prompts" / "self_instruct.jsonl.gz"

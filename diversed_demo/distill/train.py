@@ -25,7 +25,7 @@ import torch
 
 from ..common.optim import adamw_with_schedule, load_checkpoint, save_checkpoint
 from ..models.eagle import Eagle3Draft, new_config
-from .batch_generation import padding_id
+from ..runtime.batch_generation import padding_id
 from .batches import batches, coverage, frequent_tokens, is_heldout, make_batch, select_sources
 from .config import DraftTrainConfig
 from .passages import heldout_groups, read_passage_prompts

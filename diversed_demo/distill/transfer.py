@@ -17,7 +17,7 @@ import torch
 from ..core.prompt import encode_prompt
 from ..eval.tasks import load_spec_bench
 from ..models.loading import is_eagle3_dir, load_eagle3
-from .batch_generation import generate_batch, padding_id
+from ..runtime.batch_generation import generate_batch, padding_id
 from .config import DraftTrainConfig
 from .train import evaluate, score
 

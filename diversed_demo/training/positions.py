@@ -25,10 +25,10 @@ import torch
 
 from ..common.files import atomic_write
 from ..core.prompt import encode_prompt
-from ..distill.batch_generation import batched_attention, generate_batch, padding_id
 from ..distill.batches import make_batch
 from ..distill.ttt import label_rows, target_pass, unroll
 from ..eval import tasks
+from ..runtime.batch_generation import batched_attention, generate_batch, padding_id
 from .rollouts import RECORDED, Rollouts, position_terms
 
 HELD_OUT_SHARE = 0.2  # of the prompts, by hash: a held-out figure is one on prompts the fit never saw

@@ -13,7 +13,7 @@ from tiny import tiny_model, tiny_tokenizer
 
 from diversed_demo.common.files import write_jsonl_gz
 from diversed_demo.distill import batches, data, prompts
-from diversed_demo.distill.batch_generation import generate_batch
+from diversed_demo.runtime.batch_generation import generate_batch
 
 
 @pytest.fixture(scope="module")

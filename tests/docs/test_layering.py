@@ -4,14 +4,22 @@ below (at the top of the file or inside a function). `python tests/docs/test_lay
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "diversed_demo"
-# Bottom to top: core is the decoding algorithm over any models; models loads and runs them; eval and
-# training measure and fit heads; distill makes the draft; ui and cli face the user.
-LAYERS = ["common", "core", "models", "runtime", "eval", "distill", "training", "ui", "cli", "vllm"]
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def documented_layers() -> list[str]:
+    """The layers, bottom to top, as docs/architecture.md's table lists them: the one place the order is
+    written (the package's docstring points there)."""
+    return re.findall(r"^\| `(\w+)/` \|", ARCHITECTURE.read_text(encoding="utf-8"), flags=re.MULTILINE)
+
+
+LAYERS = documented_layers()
 
 
 def module_name(path: Path) -> str:
@@ -52,6 +60,7 @@ def import_graph() -> dict[str, list[str]]:
 
 
 def test_every_module_lives_in_a_layer():
+    assert len(LAYERS) == len(set(LAYERS)) and "core" in LAYERS
     assert {layer(m) for m in import_graph()} <= set(LAYERS)
 
 

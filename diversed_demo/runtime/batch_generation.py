@@ -1,5 +1,6 @@
 """The target's responses to a batch of prompts at once: left-padded, each row greedy or sampled, finished
-rows dropped as they end. Draft data and self-instructed prompts are made with it."""
+rows dropped as they end. The draft's data, its self-instructed prompts and the heads' training positions are
+made with it (distill/ and training/ both)."""
 
 from __future__ import annotations
 
