@@ -100,6 +100,7 @@ def run_bench_command(args) -> int:
 
     from ..eval.bench import BENCH_DECODING, parse_modes, run_batch_bench, run_bench
     from ..eval.bench_report import bench_figure, bench_markdown
+    from ..eval.schemas import BenchReport, checked
 
     # Everything that can be checked without the models is checked before they load.
     examples = bench_examples(args)
@@ -133,6 +134,8 @@ def run_bench_command(args) -> int:
             vs_llama_cpp=llama_cpp_gguf,
         )
     bar.close()
+    if args.batch_rows is None:  # the batched bench's report is a table of its own
+        checked(BenchReport, report)
     shared.print_and_write(report, bench_markdown(report), args.json, args.markdown)
     if args.plot and args.batch_rows is None:
         bench_figure(report).write_html(args.plot)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..common.files import write_text
+from ..eval.schemas import RuleReport, checked
 from . import shared
 
 
@@ -94,7 +95,7 @@ def run_frontier(args) -> int:
     print_frontier(report)
     write_frontier_plot(report, points, args.task, args.temperature, args.plot)
     if args.json:
-        write_text(args.json, json.dumps(report, indent=2) + "\n")
+        write_text(args.json, json.dumps(checked(RuleReport, report), indent=2) + "\n")
     return 0
 
 

@@ -17,6 +17,7 @@ from ..common.files import atomic_write
 from ..core.generate import generate
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts
+from ..eval.schemas import DraftCard, checked
 from ..eval.tasks import load_spec_bench
 from ..models.embedded import EMBEDDED_DRAFT_DIR
 from ..runtime.costs import measure_costs
@@ -31,7 +32,8 @@ def read_card(directory=EMBEDDED_DRAFT_DIR) -> dict:
 
 
 def write_card(card: dict, directory=EMBEDDED_DRAFT_DIR) -> None:
-    atomic_write(Path(directory) / CARD, lambda tmp: tmp.write_text(json.dumps(card, indent=1) + "\n"))
+    text = json.dumps(checked(DraftCard, card), indent=1) + "\n"
+    atomic_write(Path(directory) / CARD, lambda tmp: tmp.write_text(text))
 
 
 def data_summary(records: list[dict], data_dir=data.SHARDS_DIR) -> dict:

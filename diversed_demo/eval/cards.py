@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..common.files import write_text
 from ..models.heads import save_head
+from .schemas import HeadCard, checked
 
 
 def evaluation_key(set_name: str, temperature: float) -> str:
@@ -38,7 +39,7 @@ def write_head_card(path: Path, head, evaluation: dict, key: str, primary: bool)
         "frontier": frontier,
         "evaluations": evaluations,
     }
-    write_text(card_path, json.dumps(card, indent=2) + "\n")
+    write_text(card_path, json.dumps(checked(HeadCard, card), indent=2) + "\n")
     head.meta["evaluation"], head.meta["evaluations"] = frontier, evaluations
     save_head(head, path)
     return card

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import torch
@@ -77,40 +78,60 @@ def build(path: Path, background: bool = False) -> None:
         Path(f"{partial}.o").unlink(missing_ok=True)
 
 
-_decision: bool | None = None  # once per process: one process never mixes the two kernels' operands
-_fake_registered = False
-_pending = False
+class AmxKernel:
+    """Whether one pair's 4-bit products run on this kernel, decided by the runtime as it plans the pair
+    (`plan.load_pair`) and recorded in `pair.runtime.amx`; one pair never mixes the two kernels' operands.
+    Not yet built at a first start, it is `pending` until `upgrade` builds it (the background thread,
+    between the pair's load and its compiled pass), so a lock keeps two threads from deciding at once."""
 
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.decision: bool | None = None
+        self.pending = False  # decided against only because it was not built yet
+        self.faster: bool | None = None  # than PyTorch's int4 kernel: timed once (`gguf_int4.int4_kernel`)
 
-def available(wait: bool = False) -> bool:
-    """Whether the AMX kernel serves in this process: the CPU has it, it is not switched off, it is built,
-    loads and computes a check product right. Not yet built, it is built now with `wait`; else it is
-    `pending` until `upgrade` builds it."""
-    global _decision
-    if _decision is None:
-        _decision = decide(wait)
-    return _decision
+    def available(self, wait: bool = False) -> bool:
+        """Whether the kernel serves: the CPU has it, it is not switched off, it is built, loads and
+        computes a check product right. Not yet built, it is built now with `wait`; else it is `pending`."""
+        with self.lock:
+            if self.decision is None:
+                self.decision = self.decide(wait)
+            return self.decision
 
-
-def decide(wait: bool) -> bool:
-    global _pending
-    if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
-        return False
-    path = library_path()
-    try:
-        if not loaded() and path.exists():
-            load_built(path)
-        if not loaded() and not wait:
-            _pending = True  # for `upgrade`, in the background
+    def decide(self, wait: bool) -> bool:
+        if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
             return False
-        if not loaded():
-            build(path)
-            torch.ops.load_library(str(path))
-        register_fake()
-        return computes_right()
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
-        say_why(err)
-        return False
+        path = library_path()
+        try:
+            if not loaded() and path.exists():
+                load_built(path)
+            if not loaded() and not wait:
+                self.pending = True
+                return False
+            if not loaded():
+                build(path)
+                torch.ops.load_library(str(path))
+            register_fake()
+            return computes_right()
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
+            say_why(err)
+            return False
+
+    def upgrade(self) -> bool:
+        """Build the pending kernel at low priority (background work, about 10 s) and decide again: whether
+        it serves from now on (the model's operands are then packed for it anew: `plan.upgrade_target`)."""
+        with self.lock:
+            if not self.pending:
+                return bool(self.decision)
+            self.pending = False  # one thread builds it
+        try:
+            build(library_path(), background=True)
+        except (OSError, subprocess.CalledProcessError) as err:
+            say_why(err)
+            return False
+        with self.lock:
+            self.decision = None
+        return self.available(wait=True)
 
 
 def load_built(path: Path) -> None:
@@ -153,38 +174,13 @@ def loaded() -> bool:
         return False
 
 
-def pending() -> bool:
-    """Whether this process decided against the kernel only because it was not built yet."""
-    return _pending
-
-
-def upgrade() -> bool:
-    """Build the pending kernel at low priority (background work, about 10 s) and decide again: whether it
-    serves from now on (the model's operands are then packed for it anew: `plan.upgrade_target`)."""
-    global _decision, _pending
-    if not _pending:
-        return bool(_decision)
-    _pending = False
-    try:
-        build(library_path(), background=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        say_why(err)
-        return False
-    _decision = None
-    return available(wait=True)
-
-
 def say_why(err: Exception) -> None:
     detail = getattr(err, "stderr", "") or err
     print(f"the AMX kernel for the GGUF weights is not used ({str(detail).strip()[-300:]})", file=sys.stderr)
 
 
 def register_fake() -> None:
-    """Shapes for tracing (torch.export of the compiled pass), once per process."""
-    global _fake_registered
-    if _fake_registered:
-        return
-    _fake_registered = True
+    """Shapes for tracing (torch.export of the compiled pass); registering again replaces the same."""
 
     @torch.library.register_fake("diversed::amx_mm")
     def _(rows, records):

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..models.loading import gguf_file, load_eagle3, load_target
+from .amx_gguf import AmxKernel
 from .compiled_draft import build_draft_package, draft_package_path
 from .compiled_pass import build_package, package_path
 from .int8_draft import use_int8_draft
@@ -23,7 +24,7 @@ def build_from_command_line(target: str, aux: str, draft_dir: str, int8: str, *p
     """Build the packages at `paths`: the target's pass and the draft's step, whichever each path names. A
     part that fails is reported and the others are still built; the exit status says whether all were."""
     model = load_target(target, torch.device("cpu"), torch.bfloat16)
-    fast_target(model, gguf_file(target))
+    fast_target(model, gguf_file(target), AmxKernel())  # as DIVERSED_AMX, set by the app, says
     aux_layer_ids = [int(i) for i in aux.split(",") if i]
     builds = {package_path(model, aux_layer_ids): functools.partial(build_package, model, aux_layer_ids)}
     wanted = [Path(path) for path in paths]

@@ -30,6 +30,7 @@ from ..common.timing import runs_faster
 from ..models.gguf_cache import gguf_key
 from ..models.gguf_reader import read_gguf
 from . import amx_gguf
+from .amx_gguf import AmxKernel
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass, within
@@ -157,16 +158,20 @@ def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dty
     return packed, scales_zeros
 
 
-def int4_kernel(dtype: torch.dtype) -> str:
-    """Which kernel the products take: "amx" where the AMX one serves activations of `dtype` and is the
-    faster here (or DIVERSED_AMX=1 says to take it untimed, as the compiled pass's build does to follow its
-    app), else "aten"."""
-    if dtype != torch.bfloat16 or not amx_gguf.available():
+def int4_kernel(dtype: torch.dtype, amx: AmxKernel) -> str:
+    """Which kernel the products take: "amx" where the pair's AMX kernel serves activations of `dtype` and
+    is the faster here (timed once per pair; DIVERSED_AMX=1 takes it untimed, as the compiled pass's build
+    does to follow its app), else "aten"."""
+    if dtype != torch.bfloat16 or not amx.available():
         return "aten"
-    return "amx" if os.environ.get(amx_gguf.SWITCH) == "1" or amx_pays() else "aten"
+    if os.environ.get(amx_gguf.SWITCH) == "1":
+        return "amx"
+    if amx.faster is None:
+        amx.faster = amx_pays()
+    return "amx" if amx.faster else "aten"
 
 
-def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] | None:
+def int4_operands(gguf_path: Path, model: torch.nn.Module, amx: AmxKernel) -> dict[str, tuple] | None:
     """{module name: the kernel's operands} for the model's projections stored as Q4 blocks in its GGUF (and,
     on the AMX kernel, its Q8_0 LM head), or None where the GGUF's blocks do not give exactly the model's
     weights. Built once (seconds) and kept in
@@ -175,7 +180,7 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple] |
     dtype = next(model.parameters()).dtype
     projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
     fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
-    kernel = int4_kernel(dtype) if fits_amx else "aten"
+    kernel = int4_kernel(dtype, amx) if fits_amx else "aten"
     tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}:{OPERANDS}"
     key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
     path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
@@ -225,14 +230,14 @@ def q8_head_operands(gguf_path: Path, model: torch.nn.Module) -> dict[str, tuple
     return {name: (amx_gguf.pack_q8(codes, d),)}
 
 
-def use_gguf_int4(model: torch.nn.Module, gguf_path: Path) -> int:
+def use_gguf_int4(model: torch.nn.Module, gguf_path: Path, amx: AmxKernel) -> int:
     """Switch the model's projections stored as Q4 blocks in its GGUF (and, on the AMX kernel, its Q8_0 LM
     head) to GgufLinear, where the model runs in bf16 or fp16 on the CPU and the int4 product is the faster
     here (`int4_pays`); returns how many were switched."""
-    return switch_to_operands(model, quantised_operands(model, gguf_path))
+    return switch_to_operands(model, quantised_operands(model, gguf_path, amx))
 
 
-def quantised_operands(model: torch.nn.Module, gguf_path: Path) -> dict[str, tuple]:
+def quantised_operands(model: torch.nn.Module, gguf_path: Path, amx: AmxKernel) -> dict[str, tuple]:
     """{module name: operands} for `use_gguf_int4`, on the kernel that serves now, built without touching
     the model; empty where its products stay dense."""
     weight = next(model.parameters())
@@ -240,7 +245,7 @@ def quantised_operands(model: torch.nn.Module, gguf_path: Path) -> dict[str, tup
         return {}
     if getattr(model.config, "model_type", None) != "llama" or not int4_pays(weight.dtype):
         return {}
-    return int4_operands(gguf_path, model) or {}
+    return int4_operands(gguf_path, model, amx) or {}
 
 
 def switch_to_operands(model: torch.nn.Module, operands: dict[str, tuple]) -> int:
@@ -270,10 +275,9 @@ def int4_pays(dtype: torch.dtype = torch.bfloat16) -> bool:
     return faster(1) and faster(4)
 
 
-@functools.cache
 def amx_pays() -> bool:
     """Whether the AMX kernel beats PyTorch's int4 one on a 3-row product (a verification pass at N = 2)
-    through a weight larger than the CPU's caches, timed once per process (a fraction of a second)."""
+    through a weight larger than the CPU's caches (a fraction of a second)."""
     generator = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (8192, 1536), dtype=torch.uint8, generator=generator).int()
     scales = (torch.rand(8192, 1536 // Q4_BLOCK, generator=generator) / 100).half().float()

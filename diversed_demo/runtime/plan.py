@@ -21,14 +21,14 @@ import functools
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
 from ..models.pair import ModelPair
-from . import amx_gguf
+from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count
@@ -60,6 +60,7 @@ class Runtime:
     # "trees" where a pass over a tree's tokens costs little more than one (`choose_drafts`)
     drafts: str = "chains"
     tree_pass: float | None = None  # a compiled pass over TREE_ROWS tokens, in single passes
+    amx: AmxKernel = field(default_factory=AmxKernel, repr=False)  # whether the 4-bit products run on AMX
 
     def __str__(self) -> str:
         drafts = self.drafts
@@ -100,7 +101,6 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-@functools.lru_cache(maxsize=4)
 def load_pair(
     target: str = EMBEDDED,
     draft: str | None = None,
@@ -110,8 +110,8 @@ def load_pair(
     compiled: str = "background",
     log=say,
 ) -> ModelPair:
-    """Load target, draft and their shared tokenizer, made fast here, once per process for the same
-    arguments. `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the
+    """Load target, draft and their shared tokenizer, made fast here: a new pair each call (whoever serves
+    one keeps it). `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the
     embedded pair (draft defaults to the shipped one). dtype "auto" is measured on a CPU. compiled:
     "background" (the app's way: eager until the compiled passes are built), "wait" (built before
     returning, as the bench times), "off". fast=False: as transformers runs them, nothing swapped.
@@ -123,16 +123,18 @@ def load_pair(
         stock = "as transformers runs it"
         pair.runtime = Runtime(str(pair.device), dtype_name(pair), stock, "stock", "stock", "stock")
         return pair
+    amx = AmxKernel()  # this pair's: decided here, upgraded by its own background build
     if compiled == "wait":
-        amx_gguf.available(wait=True)  # the kernel the products and the compiled pass are built on
+        amx.available(wait=True)  # the kernel the products and the compiled pass are built on
     if dtype == "auto" and pick_device(device).type == "cpu":
-        pair, choice = measured_dtype(lambda name: fast_pair(target, draft, device, name), target, draft)
+        making = lambda name: fast_pair(target, draft, device, name, amx)  # noqa: E731
+        pair, choice = measured_dtype(making, target, draft)
         pair.dtype_choice = choice
         pair.costs = chosen_costs(choice)
         pair.runtime.dtype_why = "measured" + (" at an earlier start" if choice.get("cached") else "")
         log(f"dtype {choice_note(choice)}")
     else:
-        pair = fast_pair(target, draft, device, dtype)
+        pair = fast_pair(target, draft, device, dtype, amx)
     start_passes(pair, compiled, log)
     return pair
 
@@ -149,33 +151,36 @@ def dtype_name(pair: ModelPair) -> str:
     return str(next(pair.target.parameters()).dtype).removeprefix("torch.")
 
 
-def fast_pair(target: str, draft: str | None, device: str, dtype: str) -> ModelPair:
+def fast_pair(target: str, draft: str | None, device: str, dtype: str, amx: AmxKernel) -> ModelPair:
     """The pair with every product and layer that is faster here swapped in, recorded in `pair.runtime`."""
     pair = load_models(target, draft, device, dtype)
-    speed_up(pair, gguf_file(target))
+    speed_up(pair, gguf_file(target), amx)
     if dtype != "auto":
         pair.runtime.dtype_why = "asked for"
     return pair
 
 
-def speed_up(pair: ModelPair, gguf: Path | None = None) -> Runtime:
+def speed_up(pair: ModelPair, gguf: Path | None = None, amx: AmxKernel | None = None) -> Runtime:
     """Swap in the products and attention that are faster here (the target's 4-bit ones from `gguf`, its
-    GGUF file, if any), in place, and record them as `pair.runtime`."""
+    GGUF file, if any, on `amx` where it serves: a kernel decided anew if none), in place, and record them
+    as `pair.runtime`."""
+    amx = amx if amx is not None else AmxKernel()
     attention = [use_grouped_attention(model) for model in (pair.target, pair.draft)]
     pair.runtime = Runtime(
         device=str(pair.device),
         dtype=dtype_name(pair),
         dtype_why=f"the default on {pair.device.type}",
-        target=fast_target(pair.target, gguf),
+        target=fast_target(pair.target, gguf, amx),
         draft=fast_draft(pair.draft),
         attention="grouped SDPA" if any(attention) else "transformers' SDPA",
+        amx=amx,
     )
     return pair.runtime
 
 
-def fast_target(model, gguf: Path | None) -> str:
+def fast_target(model, gguf: Path | None, amx: AmxKernel) -> str:
     """The target's products that are faster here swapped in: what it runs on, in words."""
-    if gguf is not None and use_gguf_int4(model, gguf):
+    if gguf is not None and use_gguf_int4(model, gguf, amx):
         model.gguf_path = gguf  # where its blocks are read again for another kernel (`upgrade_target`)
         return on_blocks(model, use_lean_layers(model))
     if use_fast_linear(model):
@@ -210,7 +215,7 @@ def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None
     wait = compiled == "wait"
     pair.runtime.passes = "eager while the compiled ones are built"
     work = functools.partial(build_passes, pair, wait, log)
-    if amx_gguf.pending() and not wait:  # first the AMX kernel (seconds), so that the pass compiles over it
+    if pair.runtime.amx.pending and not wait:  # first the AMX kernel (seconds): the pass compiles over it
         log("building the AMX kernel in the background (about 10 s), then the compiled pass")
         threading.Thread(
             target=work, kwargs={"background": True}, daemon=True, name="amx-kernel-build"
@@ -222,7 +227,7 @@ def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None
 def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> None:
     if background:  # a thread of its own: packing operands, checking packages, where a core is idle
         lowest_priority()
-    if amx_gguf.pending() and amx_gguf.upgrade():
+    if pair.runtime.amx.pending and pair.runtime.amx.upgrade():
         upgrade_target(pair, log)
     attach_or_build(pair, wait, log, done=lambda: passes_attached(pair, log))
 
@@ -238,7 +243,7 @@ def upgrade_target(pair: ModelPair, log) -> None:
     packed here, aside, then swapped in whole between decodes (`ModelPair.offer_upgrade`); returns once
     they are in, so that the compiled pass is built and checked over them."""
     model = pair.target
-    operands = quantised_operands(model, model.gguf_path)
+    operands = quantised_operands(model, model.gguf_path, pair.runtime.amx)
     if not operands:
         return
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..eval.schemas import DraftCard, read_model
 from ..models.embedded import EMBEDDED_DRAFT_DIR
-from .shipped_files import dig, read_json
 
 DRAFT_CARD = EMBEDDED_DRAFT_DIR / "card.json"
 
@@ -31,11 +31,12 @@ class CostPreset:
 def measured_cost_preset(card_path: Path = DRAFT_CARD) -> CostPreset | None:
     """The embedded draft's measured draft/target cost per token, from its card (None where it lacks
     it)."""
-    card, _ = read_json(card_path)
-    c = dig(card, "spec_bench", "cost_ratio")
-    if not isinstance(c, (int, float)) or not 0 < c <= 1:
+    card, _ = read_model(DraftCard, card_path)
+    figures = card.spec_bench if card is not None else None
+    c = figures.cost_ratio if figures is not None else None
+    if c is None or not 0 < c <= 1:
         return None
-    threads = dig(card, "spec_bench", "threads")
+    threads = figures.threads
     where = f"CPU, {threads} thread{'s' if threads != 1 else ''}" if threads else "CPU"
     return CostPreset(f"embedded pair, measured ({where}): c = {c:.2f}", round(float(c), 2), str(card_path))
 

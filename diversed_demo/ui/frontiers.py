@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..common.paths import RESULTS_DIR
+from ..eval.schemas import Evaluation, HeadCard, Point, RuleReport, Verdict, read_model
 from ..runtime.theory import alpha_from_acceptance
 from .cards import (
     FRONTIER_COMMAND,
@@ -20,7 +21,7 @@ from .cards import (
     is_greedy,
     trained_greedy,
 )
-from .shipped_files import dig, read_json, shown_path
+from .shipped_files import shown_path
 
 RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task (T=0: greedy)
 RULE_SETS = (
@@ -43,7 +44,7 @@ class Frontier:
     points: pd.DataFrame
     n_draft: int
     note: str  # where the figures come from
-    verdicts: dict[str, dict]  # head name -> its card's verdict on the static frontier ({kind, text})
+    verdicts: dict[str, Verdict | None]  # head name -> its card's verdict on the static frontier
 
 
 def points_frame(rows: list[dict], n_draft: int) -> pd.DataFrame:
@@ -92,7 +93,7 @@ def expected_tv(points: pd.DataFrame) -> float:
     return float(1 - exact["alpha"].iloc[0]) if not exact.empty else math.nan
 
 
-def cards_for_temperature(cards: dict[str, dict], temperature) -> dict[str, dict]:
+def cards_for_temperature(cards: dict[str, HeadCard], temperature) -> dict[str, HeadCard]:
     """The cards of the heads trained for the temperature's kind of decoding (greedy or sampled), and all
     the cards of a task that has none such: the app decodes with those."""
     greedy = is_greedy(temperature)
@@ -104,15 +105,23 @@ def cards_for_temperature(cards: dict[str, dict], temperature) -> dict[str, dict
     }
 
 
-def frontier_note(frontier: dict, card_path: Path, n_draft: int) -> str:
+def frontier_note(examples: int | None, settings, command: str | None, card_path: Path, n_draft: int) -> str:
     """Where a drawn frontier comes from: its prompts, settings, card and command."""
-    settings = frontier.get("settings", {})
     return (
-        f"{frontier.get('examples', '?')} held-out prompts ({settings.get('held_out', 'held-out set')}), "
-        f"N = {n_draft}, T = {settings.get('temperature', '?')}, ≤{settings.get('max_new_tokens', '?')} "
-        f"new tokens; from {shown_path(card_path)}, written by "
-        f"`{frontier.get('command', FRONTIER_COMMAND)}`"
+        f"{examples or '?'} held-out prompts ({settings.held_out or 'held-out set'}), "
+        f"N = {n_draft}, T = {or_unknown(settings.temperature)}, "
+        f"≤{or_unknown(settings.max_new_tokens)} new tokens; from {shown_path(card_path)}, written by "
+        f"`{command or FRONTIER_COMMAND}`"
     )
+
+
+def or_unknown(value) -> str:
+    return "?" if value is None else str(value)
+
+
+def point_rows(points: list[Point]) -> list[dict]:
+    """Points as the rows `points_frame` reads."""
+    return [point.model_dump() for point in points]
 
 
 def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS, command: str = f"bash {RULE_COMMAND}") -> dict:
@@ -121,16 +130,15 @@ def rule_frontiers(reports: dict[str, Path] = RULE_REPORTS, command: str = f"bas
     head as a curve), all on the same held-out prompts, with their verdicts: {task: Frontier}."""
     by_task = {}
     for task, path in reports.items():
-        report, _ = read_json(path)
-        if not report:
+        report, _ = read_model(RuleReport, path)
+        if report is None:
             continue
-        n_draft = int(dig(report, "settings", "n_draft") or 4)
-        rules = {
-            label.replace("cost:", "per-token rule λ = "): m for label, m in report.get("rules", {}).items()
-        }
-        verdicts = {name: m["verdict"] for name, m in {**rules, **report.get("heads", {})}.items()}
-        note = frontier_note({**report, "command": command}, path, n_draft)
-        by_task[task] = Frontier(task, points_frame(report["points"], n_draft), n_draft, note, verdicts)
+        n_draft = report.settings.n_draft
+        rules = {label.replace("cost:", "per-token rule λ = "): m for label, m in report.rules.items()}
+        verdicts = {name: m.verdict for name, m in {**rules, **report.heads}.items()}
+        note = frontier_note(report.examples, report.settings, command, path, n_draft)
+        points = points_frame(point_rows(report.points), n_draft)
+        by_task[task] = Frontier(task, points, n_draft, note, verdicts)
     return by_task
 
 
@@ -153,37 +161,36 @@ def shipped_frontiers(head_paths: dict[str, Path], temperature: float = 1.0) -> 
     by_task: dict[str, Frontier] = {}
     for name, card in cards.items():
         task = card_task(card)
-        frontier = chosen[name] or (None if task in tasks_drawn else card["frontier"])
+        frontier: Evaluation | None = chosen[name] or (None if task in tasks_drawn else card.frontier)
         if frontier is None:
             continue
-        head_row = {**frontier["head_point"], "point": name}
-        verdict = frontier.get("verdict") if isinstance(frontier.get("verdict"), dict) else {}
+        head_row = frontier.head_point.model_copy(update={"point": name})
         if task in by_task:
-            by_task[task].verdicts[name] = verdict
-            extra = points_frame([head_row], by_task[task].n_draft)
+            by_task[task].verdicts[name] = frontier.verdict
+            extra = points_frame(point_rows([head_row]), by_task[task].n_draft)
             by_task[task].points = pd.concat([by_task[task].points, extra], ignore_index=True)
             continue
-        n_draft = int(dig(frontier, "settings", "n_draft") or 4)
-        note = frontier_note(frontier, Path(head_paths[name]).with_suffix(".json"), n_draft)
-        points = points_frame(frontier["static_points"] + [head_row], n_draft)
-        by_task[task] = Frontier(task, points, n_draft, note, {name: verdict})
+        n_draft = frontier.settings.n_draft
+        card_path = Path(head_paths[name]).with_suffix(".json")
+        note = frontier_note(frontier.examples, frontier.settings, frontier.command, card_path, n_draft)
+        points = points_frame(point_rows([*frontier.static_points, head_row]), n_draft)
+        by_task[task] = Frontier(task, points, n_draft, note, {name: frontier.verdict})
     return by_task
 
 
-def frontier_position(verdict: dict) -> str:
+def frontier_position(verdict: Verdict | None) -> str:
     """Where a card's verdict puts its head: "beyond", "on" or "below" the static frontier, or "no claim"
-    (quality at the set's floor, or the head's acceptance outside the static curve's range)."""
-    kind = verdict.get("kind")
-    if kind == "unresolved" and "no claim" in verdict.get("text", ""):
+    (none; quality at the set's floor; or the head's acceptance outside the static curve's range)."""
+    if verdict is None or (verdict.kind == "unresolved" and "no claim" in verdict.text):
         return "no claim"
-    return {"beyond": "beyond", "below": "below", "unresolved": "on"}.get(kind, "no claim")
+    return {"beyond": "beyond", "below": "below", "unresolved": "on"}.get(verdict.kind, "no claim")
 
 
-def verdict_markdown(verdicts: dict[str, dict]) -> str:
+def verdict_markdown(verdicts: dict[str, Verdict | None]) -> str:
     """In words, for each head: beyond, on or below the static frontier, with the card's CI and n."""
     lines = []
     for name, verdict in verdicts.items():
-        position, detail = frontier_position(verdict), verdict.get("text", "")
+        position, detail = frontier_position(verdict), verdict.text if verdict else ""
         words = (
             "makes no claim against the static frontier"
             if position == "no claim"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
+from ..eval.schemas import HeadCard, RuleReport, read_model
 from ..eval.tasks import Example
 from ..models.embedded import EMBEDDED
 from ..models.heads import HeadError, list_heads, load_head
@@ -17,7 +18,7 @@ from .cards import head_cards, trained_greedy
 from .frontiers import RULE_REPORTS, RULE_REPORTS_GREEDY
 from .render import MODE_LABELS
 from .runs import APP_CONFIG
-from .shipped_files import dig, read_json, shown_path
+from .shipped_files import shown_path
 from .space import zero_gpu_space
 
 
@@ -31,11 +32,11 @@ class Defaults:
     why: str = ""  # where the settings come from, in full, under the note
 
 
-def opening_head(cards: dict[str, dict], task: str | None) -> str | None:
+def opening_head(cards: dict[str, HeadCard], task: str | None) -> str | None:
     """The carded head to open with: the task's, trained for greedy decoding first (the app opens greedy,
     where the small target's own text is readable), else any carded head."""
     ranked = sorted(cards, key=lambda n: not trained_greedy(cards[n]))
-    return next((n for n in ranked if cards[n].get("task") == task), next(iter(ranked), None))
+    return next((n for n in ranked if cards[n].task == task), next(iter(ranked), None))
 
 
 def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> Defaults:
@@ -54,20 +55,19 @@ def arrival_defaults(examples: list[Example], head_paths: dict[str, Path]) -> De
         settings = APP_CONFIG.replace(mode="static", head=next(iter(head_paths), None))
         why = "No head of this pair has a frontier card, so nothing was measured to open at."
         return Defaults(settings, example_index, "Opened at the decoder's defaults.", why)
-    frontier = cards[name]["frontier"]
-    measured = frontier.get("settings", {})
-    mean_w = dig(frontier, "head_point", "mean_w")
+    frontier = cards[name].frontier
+    measured, mean_w = frontier.settings, frontier.head_point.mean_w
     settings = APP_CONFIG.replace(
         mode="dynamic",
         head=name,
-        ensemble_weight=round(mean_w * 20) / 20 if isinstance(mean_w, (int, float)) else 0.5,
-        n_draft=int(measured.get("n_draft", 4)),
-        max_new_tokens=int(measured.get("max_new_tokens", 64)),
-        temperature=float(measured.get("temperature", 1.0)),
+        ensemble_weight=round(mean_w * 20) / 20 if mean_w is not None else 0.5,
+        n_draft=measured.n_draft,
+        max_new_tokens=measured.max_new_tokens or 64,
+        temperature=1.0 if measured.temperature is None else measured.temperature,
     )
     verdict = (
         "where the head beat the static frontier"
-        if frontier.get("beyond_frontier")
+        if frontier.beyond_frontier
         else "where the head was not beyond the static frontier"
     )
     card_path = shown_path(Path(head_paths[name]).with_suffix(".json"))
@@ -139,22 +139,21 @@ def rule_opening(
     acceptance among those (the head kept for Compare), and where its text scores no lower there than
     greedy exact SD's on the same prompts: a first screen's text must read well. Else `start`, its why
     saying what was found."""
-    report, _ = read_json(reports[task]) if task in reports else (None, "")
-    if not report:
+    report, _ = read_model(RuleReport, reports[task]) if task in reports else (None, "")
+    if report is None:
         return start
     beyond = [
-        (row["acceptance"], row["quality"], label)
-        for label, m in report["rules"].items()
-        for row in report["points"]
-        if row["point"] == label and m["verdict"]["kind"] == "beyond"
+        (row.acceptance, row.quality, label)
+        for label, m in report.rules.items()
+        for row in report.points
+        if row.point == label and m.verdict is not None and m.verdict.kind == "beyond"
     ]
-    measured = f"{report['examples']} held-out {task} prompts at T = 1 ({shown_path(reports[task])})"
+    measured = f"{report.examples} held-out {task} prompts at T = 1 ({shown_path(reports[task])})"
     if not beyond:
         return replace(start, why=f"{start.why} {not_beyond(report, measured)}")
     acceptance, quality, label = max(beyond)
     lam = float(label.removeprefix("cost:"))
-    verdict = report["rules"][label]["verdict"]["text"]
-    why = f"The per-token rule at λ = {lam:g}, measured on {measured}: {verdict}."
+    why = f"The per-token rule at λ = {lam:g}, measured on {measured}: {report.rules[label].verdict.text}."
     greedy_quality = exact_quality(greedy_reports.get(task))
     if greedy_quality is not None and quality < greedy_quality:
         return replace(start, why=f"{start.why} {why} {reads_worse(quality, greedy_quality)}")
@@ -165,8 +164,8 @@ def rule_opening(
 
 def exact_quality(path: Path | None) -> float | None:
     """Exact SD's (w = 1) task score in a shipped evaluation of the rule, or None without one."""
-    report, _ = read_json(path) if path else (None, "")
-    return next((row["quality"] for row in (report or {}).get("points", []) if row["w"] == 1.0), None)
+    report, _ = read_model(RuleReport, path) if path else (None, "")
+    return next((row.quality for row in (report.points if report else []) if row.w == 1.0), None)
 
 
 def reads_worse(quality: float, greedy_quality: float) -> str:
@@ -177,13 +176,13 @@ def reads_worse(quality: float, greedy_quality: float) -> str:
     )
 
 
-def not_beyond(report: dict, measured: str) -> str:
+def not_beyond(report: RuleReport, measured: str) -> str:
     """Why the app does not open on the rule: not beyond in the task's score; and where it was beyond in
     the target's likelihood of the text, at which λ."""
     in_fidelity = [
         label.removeprefix("cost:")
-        for label, m in report["rules"].items()
-        if m.get("fidelity", {}).get("verdict", {}).get("kind") == "beyond"
+        for label, m in report.rules.items()
+        if m.fidelity is not None and m.fidelity.verdict is not None and m.fidelity.verdict.kind == "beyond"
     ]
     likelihood = f" (it was at λ = {', '.join(in_fidelity)} in the target's likelihood of the text)"
     return (

@@ -12,8 +12,9 @@ from ..common.formatting import fmt
 from ..common.paths import RESULTS_DIR
 from ..eval.bench_report import markdown_table
 from ..eval.rewards import QUALITY_LABEL
+from ..eval.schemas import Evaluation, HeadCard, Judged, RuleReport, Versus, read_model
 from .cards import card_task, frontier_at, head_cards, is_greedy
-from .shipped_files import dig, read_json, shown_path
+from .shipped_files import read_json, shown_path
 
 # The bench reports the Results tab draws, and the commands that write them.
 BENCH_REPORTS = {
@@ -53,38 +54,38 @@ def quality_metric(task: str) -> str:
     return QUALITY_LABEL.get(task, QUALITY_LABEL["general"])
 
 
-def head_margin_text(evaluation: dict) -> str:
+def head_margin_text(evaluation: Evaluation) -> str:
     """'+1.44 ± 0.45 (P > 0: 0.997): beyond' from an evaluation's bootstrap margins and verdict, or n/a."""
-    margin = dig(evaluation, "quality_margin")
-    if not isinstance(margin, dict) or margin.get("estimate") is None:
+    margin = evaluation.quality_margin
+    if margin is None or margin.estimate is None:
         return "n/a"
-    kind = dig(evaluation, "verdict", "kind")
+    kind = evaluation.verdict.kind if evaluation.verdict else None
     return (
-        f"{fmt(margin['estimate'], '+.4g')} ± {fmt(margin.get('stderr'), '.2g')} "
-        f"(P > 0: {fmt(margin.get('p_positive'), '.3g')})" + (f": {kind}" if isinstance(kind, str) else "")
+        f"{fmt(margin.estimate, '+.4g')} ± {fmt(margin.stderr, '.2g')} "
+        f"(P > 0: {fmt(margin.p_positive, '.3g')})" + (f": {kind}" if kind else "")
     )
 
 
-def frontier_rows(name: str, card: dict) -> list[dict]:
+def frontier_rows(name: str, card: HeadCard) -> list[dict]:
     """The table's rows of one head's card: per temperature kind it was evaluated at on its primary set,
     each static w and the head."""
     task = card_task(card)
     rows = []
     for frontier in filter(None, (frontier_at(card, 1.0), frontier_at(card, 0.0))):
-        temperature = dig(frontier, "settings", "temperature")
-        for row in frontier["static_points"] + [frontier["head_point"]]:
-            is_head = row.get("w") is None
+        temperature = frontier.settings.temperature
+        for row in [*frontier.static_points, frontier.head_point]:
+            is_head = row.w is None
             rows.append(
                 {
                     "task": task,
                     "T": "greedy" if is_greedy(temperature) else temperature,
                     "quality metric": quality_metric(task),
-                    "setting": f"DIVERSED head {name}" if is_head else f"static w = {row['w']:g}",
-                    "acceptance": fmt(row.get("acceptance")),
-                    "quality": fmt(row.get("quality"), ".4g"),
-                    "mean w_t": fmt(row.get("mean_w"), ".2f"),
+                    "setting": f"DIVERSED head {name}" if is_head else f"static w = {row.w:g}",
+                    "acceptance": fmt(row.acceptance),
+                    "quality": fmt(row.quality, ".4g"),
+                    "mean w_t": fmt(row.mean_w, ".2f"),
                     "margin over the static frontier": head_margin_text(frontier) if is_head else "",
-                    "prompts": row.get("examples"),
+                    "prompts": row.examples,
                 }
             )
     return rows
@@ -130,50 +131,52 @@ VERIFIER_COLUMNS = [
 ]
 
 
-def margin_ci_text(judged: dict | None) -> str:
+def margin_ci_text(judged: Judged | None) -> str:
     """'beyond: +0.396 [+0.220, +0.574]' from a verdict block (its margin and 95% interval), or ''."""
-    margin = dig(judged, "quality_margin")
-    if not isinstance(margin, dict) or margin.get("estimate") is None:
+    margin = judged.quality_margin if judged else None
+    if margin is None or margin.estimate is None:
         return "no claim" if judged else ""
-    low, high = margin.get("ci95") or (None, None)
+    low, high = margin.ci95 or (None, None)
     interval = f"[{fmt(low, '+.3f')}, {fmt(high, '+.3f')}]"
-    return f"{dig(judged, 'verdict', 'kind')}: {fmt(margin['estimate'], '+.3f')} {interval}"
+    kind = judged.verdict.kind if judged.verdict else None
+    return f"{kind}: {fmt(margin.estimate, '+.3f')} {interval}"
 
 
-def versus_rule_text(versus: dict | None, measure: str = "fidelity") -> str:
+def versus_rule_text(versus: Versus | None, measure: str = "fidelity") -> str:
     """'+0.012 ± 0.030' (the head's quality or fidelity minus the rule's, paired), or ''."""
-    if not isinstance(versus, dict) or versus.get(f"{measure}_difference") is None:
+    difference = getattr(versus, f"{measure}_difference", None)
+    if difference is None:
         return ""
-    return f"{fmt(versus[f'{measure}_difference'], '+.3f')} ± {fmt(versus.get(f'{measure}_stderr'), '.3f')}"
+    return f"{fmt(difference, '+.3f')} ± {fmt(getattr(versus, f'{measure}_stderr'), '.3f')}"
 
 
-def verifier_rows(report: dict, decoding: str) -> list[dict]:
+def verifier_rows(report: RuleReport, decoding: str) -> list[dict]:
     """One rule report's rows: each static w, the rule at each λ and each head (a cost head at each λ)."""
-    judged = {f"cost:{k.removeprefix('cost:')}": v for k, v in report.get("rules", {}).items()}
-    judged |= {f"dynamic:{name}": v for name, v in report.get("heads", {}).items()}
+    judged = {f"cost:{k.removeprefix('cost:')}": v for k, v in report.rules.items()}
+    judged |= {f"dynamic:{name}": v for name, v in report.heads.items()}
     rows = []
-    for row in report.get("points", []):
-        name, verdict = str(row.get("point")), judged.get(str(row.get("point")))
+    for row in report.points:
+        name, verdict = row.point, judged.get(row.point)
         setting = (
-            f"static w = {row['w']:g}"
-            if row.get("w") is not None
+            f"static w = {row.w:g}"
+            if row.w is not None
             else name.replace("cost:", "per-token rule λ = ")
             if name.startswith("cost:")
             else "head " + name.removeprefix("dynamic:").replace("@", " λ = ")
         )
         rows.append(
             {
-                "task": report.get("task"),
+                "task": report.task,
                 "decoding": decoding,
                 "setting": setting,
-                "acceptance": fmt(row.get("acceptance")),
-                "quality": fmt(row.get("quality"), ".4g"),
-                "fidelity": fmt(row.get("fidelity"), ".3f"),
+                "acceptance": fmt(row.acceptance),
+                "quality": fmt(row.quality, ".4g"),
+                "fidelity": fmt(row.fidelity, ".3f"),
                 "vs static w: quality": margin_ci_text(verdict),
-                "vs static w: fidelity": margin_ci_text(dig(verdict, "fidelity")),
-                "vs the rule at its λ: quality": versus_rule_text(dig(verdict, "versus_rule"), "quality"),
-                "vs the rule at its λ: fidelity": versus_rule_text(dig(verdict, "versus_rule")),
-                "prompts": row.get("examples"),
+                "vs static w: fidelity": margin_ci_text(verdict.fidelity if verdict else None),
+                "vs the rule at its λ: quality": versus_rule_text(verdict and verdict.versus_rule, "quality"),
+                "vs the rule at its λ: fidelity": versus_rule_text(verdict and verdict.versus_rule),
+                "prompts": row.examples,
             }
         )
     return rows
@@ -185,7 +188,7 @@ def verifier_table(reports: dict[str, dict[str, Path]]) -> pd.DataFrame:
     rows = []
     for decoding, paths in reports.items():
         for path in paths.values():
-            report, _ = read_json(path)
+            report, _ = read_model(RuleReport, path)
             rows += verifier_rows(report, decoding) if report else []
     return pd.DataFrame(rows, columns=VERIFIER_COLUMNS)
 

@@ -12,11 +12,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
+from ..eval.schemas import BenchReport, read_model
 from .cards import card_task, frontier_at, head_cards
 from .frontiers import cards_for_temperature, frontier_position
 from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
 from .result_tables import BENCH_REPORTS, quality_metric
-from .shipped_files import dig, read_json, shown_path
+from .shipped_files import shown_path
 
 BENCH_PATH, BENCH_COMMAND = BENCH_REPORTS["Spec-Bench, every category"]
 HEADLINE_COLUMNS = [
@@ -35,28 +36,29 @@ HEADLINE_COLUMNS = [
 def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
     """One line of HTML: the bench's measured speed-ups of exact SD, a static w and the best head over the
     target alone, with their source; or which command measures them."""
-    report, _ = read_json(path)
-    overall, settings = dig(report, "overall"), dig(report, "settings") or {}
-    if not isinstance(overall, dict) or "exact" not in overall:
+    report, _ = read_model(BenchReport, path)
+    if report is None or "exact" not in report.overall:
         return f"Measured speed-ups appear here once <code>{html.escape(BENCH_COMMAND)}</code> has run."
+    overall, settings = report.overall, report.settings
     static = next((m for m in overall if m.startswith("static:")), None)
-    heads = [m for m in overall if m.startswith("dynamic:")]
-    best = max(heads, key=lambda m: overall[m]["speedup"], default=None)
-    parts = [f"exact speculative decoding {overall['exact']['speedup']:.2f}×"]
+    heads = [m for m in overall if m.startswith("dynamic:") and overall[m].speedup is not None]
+    best = max(heads, key=lambda m: overall[m].speedup, default=None)
+    parts = [f"exact speculative decoding {overall['exact'].speedup:.2f}×"]
     if static:
-        parts.append(f"a static w = {static.removeprefix('static:')} {overall[static]['speedup']:.2f}×")
+        parts.append(f"a static w = {static.removeprefix('static:')} {overall[static].speedup:.2f}×")
     if best:
-        parts.append(f"a DIVERSED head ({best.removeprefix('dynamic:')}) {overall[best]['speedup']:.2f}×")
-    pair = "this pair" if settings.get("target") == target_name else "the embedded pair"
-    alone, versus = dig(overall, "ar", "tokens_per_second"), dig(report, "vs_transformers", "ar")
+        parts.append(f"a DIVERSED head ({best.removeprefix('dynamic:')}) {overall[best].speedup:.2f}×")
+    pair = "this pair" if settings.target == target_name else "the embedded pair"
+    alone = overall["ar"].tokens_per_second if "ar" in overall else None
+    versus = (report.vs_transformers or {}).get("ar")
     baseline = "the target alone"
-    if isinstance(alone, (int, float)):  # how fast the baseline itself is, so a ratio means something
+    if alone is not None:  # how fast the baseline itself is, so a ratio means something
         baseline = f"the target alone, itself {alone:.0f} tokens/s" + (
-            f", {versus:.1f}× transformers' <code>generate</code>" if isinstance(versus, (int, float)) else ""
+            f", {versus:.1f}× transformers' <code>generate</code>" if versus is not None else ""
         )
     return (
-        f"<b>Measured</b> on {settings.get('examples', '?')} Spec-Bench prompts with {pair} (greedy, "
-        f"{settings.get('dtype', '?')}, {settings.get('threads', '?')} CPU threads): "
+        f"<b>Measured</b> on {settings.examples or '?'} Spec-Bench prompts with {pair} (greedy, "
+        f"{settings.dtype or '?'}, {settings.threads or '?'} CPU threads): "
         + ", ".join(parts[:-1])
         + f" and {parts[-1]} the speed of {baseline} "
         f"(<code>{shown_path(path)}</code>)."
@@ -67,31 +69,32 @@ def headline_data(head_paths: dict[str, Path], path: Path = BENCH_PATH) -> list[
     """Per task and kind of decoding (greedy, sampled), the head trained for it on its card's primary set:
     acceptance and quality of exact SD and of the head, the paired difference, the verdict against the
     static frontier, and the bench's speed-up where the head was benched at that temperature."""
-    report, _ = read_json(path)
-    bench_greedy = dig(report, "settings", "temperature") == 0
+    report, _ = read_model(BenchReport, path)
+    bench_greedy = report is not None and report.settings.temperature == 0
     cards, rows = head_cards(head_paths), []
     for greedy in (True, False):
         for name, card in cards_for_temperature(cards, 0.0 if greedy else 1.0).items():
             frontier = frontier_at(card, 0.0 if greedy else 1.0)
-            versus = dig(frontier, "versus_exact")
-            if not isinstance(versus, dict):
+            versus = frontier.versus_exact if frontier else None
+            if versus is None:
                 continue
-            exact = next((p for p in frontier["static_points"] if p.get("w") == 1), {})
-            speedup = dig(report, "overall", f"dynamic:{name}", "speedup") if bench_greedy == greedy else None
+            exact = next((p.quality for p in frontier.static_points if p.w == 1), None)
+            benched = report.overall.get(f"dynamic:{name}") if report and bench_greedy == greedy else None
+            acceptance = versus.acceptance or {}
             rows.append(
                 {
                     "task": card_task(card),
                     "greedy": greedy,
                     "head": name,
-                    "acceptance_exact": dig(versus, "acceptance", "exact"),
-                    "acceptance_head": dig(versus, "acceptance", "head"),
-                    "quality_exact": exact.get("quality"),
-                    "quality_difference": versus.get("quality_difference"),
-                    "quality_difference_se": versus.get("stderr"),
-                    "position": frontier_position(dig(frontier, "verdict") or {}),
-                    "margin": dig(frontier, "quality_margin"),
-                    "speedup": speedup,
-                    "examples": versus.get("examples"),
+                    "acceptance_exact": acceptance.get("exact"),
+                    "acceptance_head": acceptance.get("head"),
+                    "quality_exact": exact,
+                    "quality_difference": versus.quality_difference,
+                    "quality_difference_se": versus.stderr,
+                    "position": frontier_position(frontier.verdict),
+                    "margin": frontier.quality_margin,
+                    "speedup": benched.speedup if benched else None,
+                    "examples": versus.examples,
                 }
             )
     return rows
@@ -101,8 +104,9 @@ def headline_table(data: list[dict]) -> pd.DataFrame:
     """The headline as the page shows it: one row per task and kind of decoding."""
     rows = []
     for row in data:
-        margin = row["margin"] or {}
-        estimate, stderr = fmt(margin.get("estimate"), "+.3f"), fmt(margin.get("stderr"), ".3f")
+        margin = row["margin"]
+        estimate = fmt(margin.estimate if margin else None, "+.3f")
+        stderr = fmt(margin.stderr if margin else None, ".3f")
         rows.append(
             [
                 f"{row['task']} ({quality_metric(row['task']).split(' (')[0]})",  # its name, not its unit

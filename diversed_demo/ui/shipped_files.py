@@ -1,5 +1,5 @@
-"""Reading the files the project ships (cards, bench reports): a JSON object or why not, a path as the page
-names it, a nested key that may be missing."""
+"""Reading the files the project ships: a JSON object or why not (where a file is passed on whole, as a bench
+report to its markdown; eval/schemas.py reads typed ones), and a path as the page names it."""
 
 from __future__ import annotations
 
@@ -23,12 +23,3 @@ def read_json(path: Path) -> tuple[dict | None, str]:
 def shown_path(path: Path) -> Path:
     """A file as the page names it: relative to the repository when it is in it."""
     return path.relative_to(RESULTS_DIR.parent) if path.is_relative_to(RESULTS_DIR.parent) else path
-
-
-def dig(data, *keys):
-    """data[k0][k1]…, or None where any level is missing or of the wrong type."""
-    for key in keys:
-        if not isinstance(data, dict) or key not in data:
-            return None
-        data = data[key]
-    return data

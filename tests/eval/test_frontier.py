@@ -182,7 +182,10 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"steps": 3}, warm_start={"lam": 2.0})
     path = save_head(head, tmp_path / "math.safetensors")
-    figures = lambda t: {"beyond_frontier": False, "settings": {"temperature": t}}  # noqa: E731
+    def figures(temperature: float) -> dict:  # an evaluation as the card's schema takes it
+        points = {"static_points": [{"w": 1.0, "acceptance": 0.3}], "head_point": {"acceptance": 0.4}}
+        return {"beyond_frontier": False, "settings": {"temperature": temperature}, **points}
+
     write_head_card(path, head, figures(0.0), evaluation_key("arithmetic", 0.0), primary=False)
     write_head_card(path, head, figures(1.0), evaluation_key("gsm8k", 1.0), primary=True)
     card = write_head_card(path, head, figures(0.5), evaluation_key("gsm8k", 0.5), primary=False)

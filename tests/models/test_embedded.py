@@ -214,7 +214,7 @@ def test_embedded_target_in_bf16_decodes_on_its_gguf_4bit_weights(monkeypatch):
     from diversed_demo.runtime.stock import stock_layers
 
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # what is tested is the computation
-    pair = load_pair.__wrapped__(dtype="bfloat16")
+    pair = load_pair(dtype="bfloat16")
     target = pair.target
     assert sum(isinstance(m, GgufLinear) for name, m in target.named_modules() if name != "lm_head") == 210
     on_amx = len(target.model.layers[0].qkv) == 1

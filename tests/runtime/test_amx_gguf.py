@@ -12,7 +12,7 @@ from diversed_demo.runtime import amx_gguf, gguf_int4
 from diversed_demo.runtime.gguf_int4 import dequantised, int4_kernel
 
 needs_amx = pytest.mark.skipif(
-    not amx_gguf.available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
+    not amx_gguf.AmxKernel().available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
 )
 
 
@@ -65,10 +65,10 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
 
 @pytest.fixture
 def fresh_choice(monkeypatch, tmp_path):
-    """The process's decision taken anew (and put back after)."""
+    """A new pair's kernel, deciding on a machine whose process has not loaded the library."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
-    monkeypatch.setattr(amx_gguf, "_decision", None)
     monkeypatch.setattr(amx_gguf, "loaded", lambda: False)
+    return amx_gguf.AmxKernel()
 
 
 def test_packing_refuses_scales_that_are_not_a_ggufs_fp16():
@@ -79,14 +79,14 @@ def test_packing_refuses_scales_that_are_not_a_ggufs_fp16():
 
 def test_switched_off_the_pytorch_kernel_serves(fresh_choice, monkeypatch):
     monkeypatch.setenv(amx_gguf.SWITCH, "0")
-    assert not amx_gguf.available()
-    assert int4_kernel(torch.bfloat16) == "aten"
+    assert not fresh_choice.available()
+    assert int4_kernel(torch.bfloat16, fresh_choice) == "aten"
 
 
 def test_a_cpu_without_amx_gets_the_pytorch_kernel(fresh_choice, monkeypatch):
     monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: {"avx512f", "avx512bw"})
-    assert not amx_gguf.available()
-    assert int4_kernel(torch.bfloat16) == "aten"
+    assert not fresh_choice.available()
+    assert int4_kernel(torch.bfloat16, fresh_choice) == "aten"
 
 
 def test_a_failed_build_says_why_and_the_pytorch_kernel_serves(fresh_choice, monkeypatch, capsys):
@@ -95,7 +95,7 @@ def test_a_failed_build_says_why_and_the_pytorch_kernel_serves(fresh_choice, mon
 
     monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: amx_gguf.CPU_FLAGS)
     monkeypatch.setattr(amx_gguf, "build", no_compiler)
-    assert not amx_gguf.available(wait=True)
+    assert not fresh_choice.available(wait=True)
     assert "no input files" in capsys.readouterr().err
 
 
@@ -103,12 +103,15 @@ def test_a_first_start_goes_on_without_it_and_builds_it_in_the_background(fresh_
     builds = []
     monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: amx_gguf.CPU_FLAGS)
     monkeypatch.setattr(amx_gguf, "build", lambda path, background=False: builds.append(background))
-    assert not amx_gguf.available() and amx_gguf.pending() and not builds  # nothing built at the start
-    assert not amx_gguf.upgrade()  # this fake build made no library: it says so and stays without
-    assert builds[0] is True and not amx_gguf.pending()
+    kernel = fresh_choice
+    assert not kernel.available() and kernel.pending and not builds  # nothing built at the start
+    assert not kernel.upgrade()  # this fake build made no library: it says so and stays without
+    assert builds[0] is True and not kernel.pending
+    assert not amx_gguf.AmxKernel().pending  # another pair's kernel decides for itself
 
 
 def test_float32_models_never_take_it(monkeypatch):
-    monkeypatch.setattr(amx_gguf, "available", lambda: True)
+    kernel = amx_gguf.AmxKernel()
+    monkeypatch.setattr(kernel, "available", lambda: True)
     monkeypatch.setattr(gguf_int4, "amx_pays", lambda: True)
-    assert int4_kernel(torch.float32) == "aten" and int4_kernel(torch.bfloat16) == "amx"
+    assert int4_kernel(torch.float32, kernel) == "aten" and int4_kernel(torch.bfloat16, kernel) == "amx"

@@ -19,6 +19,7 @@ from diversed_demo.models.gguf_cache import _converted_gguf_dir, conversion_dama
 from diversed_demo.models.loading import load_target
 from diversed_demo.models.pair import ModelPair
 from diversed_demo.runtime import amx_gguf, compiled_build, gguf_int4
+from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import use_grouped_attention
 from diversed_demo.runtime.compiled_pass import attach, package_path
 from diversed_demo.runtime.gguf_int4 import int4_operands, use_gguf_int4
@@ -155,13 +156,13 @@ INT4_DAMAGES = {
 
 @pytest.mark.parametrize("damage", INT4_DAMAGES)
 def test_damaged_4bit_operands_are_packed_again(tmp_path, monkeypatch, capsys, damage):
-    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "aten")  # the CPU's kernel, AMX or not
+    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype, amx: "aten")  # the CPU's kernel, AMX or not
     model, path = tiny_int4_model(tmp_path)
-    first = int4_operands(path, model)
+    first = int4_operands(path, model, AmxKernel())
     (cached,) = (tmp_path / "cache").glob("*-int4-*.safetensors")
     INT4_DAMAGES[damage](cached)
     capsys.readouterr()
-    again = int4_operands(path, model)
+    again = int4_operands(path, model, AmxKernel())
     lines = damage_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "4-bit operands of tiny-q4.gguf" in lines[0] and str(cached) in lines[0]
     assert lines[0].endswith("packing them again")
@@ -169,7 +170,7 @@ def test_damaged_4bit_operands_are_packed_again(tmp_path, monkeypatch, capsys, d
     assert all(torch.equal(a, b) for name in first for a, b in zip(first[name], again[name], strict=True))
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)
     fresh, _ = tiny_int4_model(tmp_path)
-    assert use_gguf_int4(fresh, path) == 14  # the rebuilt file serves the next load
+    assert use_gguf_int4(fresh, path, AmxKernel()) == 14  # the rebuilt file serves the next load
     assert not damage_lines(capsys.readouterr().err)
 
 
@@ -194,8 +195,6 @@ def amx_machine(monkeypatch, tmp_path):
         real_load(path)
         libraries.append(path)
 
-    monkeypatch.setattr(amx_gguf, "_decision", None)
-    monkeypatch.setattr(amx_gguf, "_pending", False)
     monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: amx_gguf.CPU_FLAGS)
     monkeypatch.setattr(amx_gguf, "build", build)
     monkeypatch.setattr(torch.ops, "load_library", load_library)
@@ -215,11 +214,12 @@ def test_a_damaged_amx_kernel_is_compiled_again(amx_machine, capsys, wait):
     builds.clear()
     capsys.readouterr()
     if wait:
-        assert amx_gguf.available(wait=True)
+        assert amx_gguf.AmxKernel().available(wait=True)
         assert builds == [False]
     else:  # a start goes on without it, and builds it in the background
-        assert not amx_gguf.available() and amx_gguf.pending() and not path.exists()
-        assert amx_gguf.upgrade() and builds == [True]
+        kernel = amx_gguf.AmxKernel()
+        assert not kernel.available() and kernel.pending and not path.exists()
+        assert kernel.upgrade() and builds == [True]
     lines = damage_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "AMX kernel" in lines[0] and str(path) in lines[0]
     assert lines[0].endswith("compiling it again")
@@ -231,7 +231,7 @@ def lean_pair(tmp_path, monkeypatch):
     """The tiny 4-bit target, lean as a pair runs it (compilable), with a standalone draft."""
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)
     model, path = tiny_int4_model(tmp_path)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     use_lean_layers(model)
     return ModelPair(
         model, tiny_model(1, 1), tiny_tokenizer(), "tiny.gguf", "tiny-draft", torch.device("cpu")
@@ -290,15 +290,15 @@ def test_damaged_dtype_choices_are_measured_again(tmp_path, monkeypatch, capsys)
     choices = tmp_path / "cache" / "dtype-choices.json"
     monkeypatch.delenv(dtype_choice.CHOICES_ENV, raising=False)  # the user cache's file
     monkeypatch.setattr(dtype_choice, "measure_costs", costs)
-    load_pair.__wrapped__(target, draft, "cpu")
+    load_pair(target, draft, "cpu")
     truncate(choices)
     capsys.readouterr()
-    pair = load_pair.__wrapped__(target, draft, "cpu")
+    pair = load_pair(target, draft, "cpu")
     assert pair.dtype_choice["dtype"] == "bfloat16" and not pair.dtype_choice.get("cached")
     damaged = [line for line in capsys.readouterr().err.splitlines() if "was damaged" in line]
     assert len(damaged) == 1 and "dtype choices" in damaged[0]
     assert len(json.loads(choices.read_text())) == 1
-    again = load_pair.__wrapped__(target, draft, "cpu")
+    again = load_pair(target, draft, "cpu")
     assert again.dtype_choice.get("cached")
 
 
@@ -306,7 +306,6 @@ def test_generate_on_a_gguf_whose_conversion_was_cut_short(tmp_path, capsys):
     """The issue's case: `diversed-demo generate` on a .gguf target whose cached conversion a full disk cut
     short converts it again, says so in one line and decodes."""
     from diversed_demo import cli
-    from diversed_demo.runtime.plan import load_pair
 
     gguf_path = tmp_path / "tiny.gguf"
     model = tiny_gguf(gguf_path)
@@ -317,11 +316,7 @@ def test_generate_on_a_gguf_whose_conversion_was_cut_short(tmp_path, capsys):
     args = ["generate", "--prompt", "the cat", "--no-chat", "--max-new-tokens", "8", "--seed", "0"]
     args += ["--target", str(gguf_path), "--draft", str(draft_dir), "--device", "cpu", "--dtype", "float32"]
     capsys.readouterr()
-    load_pair.cache_clear()  # a new start
-    try:
-        assert cli.main(args) == 0
-    finally:
-        load_pair.cache_clear()
+    assert cli.main(args) == 0
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "new tokens" in out
     lines = damage_lines(err)

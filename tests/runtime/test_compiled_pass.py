@@ -13,6 +13,7 @@ from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.runtime import compiled_pass, gguf_int4
+from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import use_grouped_attention
 from diversed_demo.runtime.compiled_build import prune
 from diversed_demo.runtime.compiled_pass import CompiledPass, agrees_with_eager, attach, build_package
@@ -28,7 +29,7 @@ def lean_model(tmp_path, monkeypatch):
     path = tmp_path / "tiny.gguf"
     model = tiny_q4_model(path).to(torch.bfloat16)
     use_grouped_attention(model)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     use_lean_layers(model)
     assert compilable(model)
     return model

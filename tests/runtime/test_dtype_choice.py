@@ -50,14 +50,14 @@ def test_auto_measures_once_then_reuses_the_choice(saved_pair, monkeypatch, tmp_
     target, draft = saved_pair
     monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
     monkeypatch.setattr(dtype_choice, "measure_costs", fake_costs("bfloat16"))
-    first = load_pair.__wrapped__(target, draft, "cpu")
+    first = load_pair(target, draft, "cpu")
     assert first.dtype_choice["dtype"] == "bfloat16" and not first.dtype_choice.get("cached")
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(dtype_choice, "choose_dtype", no_measuring)
-    again = load_pair.__wrapped__(target, draft, "cpu")
+    again = load_pair(target, draft, "cpu")
     assert str(again.target.dtype) == "torch.bfloat16" and again.dtype_choice["cached"]
     assert "earlier start" in choice_note(again.dtype_choice)
 
@@ -65,7 +65,7 @@ def test_auto_measures_once_then_reuses_the_choice(saved_pair, monkeypatch, tmp_
 def test_an_explicit_dtype_is_never_measured(saved_pair, monkeypatch):
     target, draft = saved_pair
     monkeypatch.setattr(dtype_choice, "choose_dtype", lambda *a, **k: pytest.fail("measured"))
-    pair = load_pair.__wrapped__(target, draft, "cpu", "float32")
+    pair = load_pair(target, draft, "cpu", "float32")
     assert str(pair.target.dtype) == "torch.float32" and pair.dtype_choice is None
 
 

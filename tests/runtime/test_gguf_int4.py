@@ -11,6 +11,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.models.pair import ModelPair
 from diversed_demo.runtime import amx_gguf, gguf_int4
+from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import GROUPED_SDPA, use_grouped_attention
 from diversed_demo.runtime.costs import weight_bytes
 from diversed_demo.runtime.gguf_int4 import GgufLinear, dequantised, int4_product, pack, use_gguf_int4
@@ -22,12 +23,12 @@ from diversed_demo.runtime.stock import stock_layers
 @pytest.fixture(autouse=True, params=["aten", "amx"])
 def kernel(tmp_path, monkeypatch, request):
     """Each test on PyTorch's int4 kernel and, where the CPU has AMX, on the project's AMX one."""
-    if request.param == "amx" and not amx_gguf.available(wait=True):
+    if request.param == "amx" and not amx_gguf.AmxKernel().available(wait=True):
         pytest.skip("this CPU has no AMX (or the kernel did not build)")
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: True)  # the kernel's logic, whatever the CPU
     monkeypatch.setattr(
-        gguf_int4, "int4_kernel", lambda dtype: request.param if dtype == torch.bfloat16 else "aten"
+        gguf_int4, "int4_kernel", lambda dtype, amx: request.param if dtype == torch.bfloat16 else "aten"
     )
     return request.param
 
@@ -62,12 +63,12 @@ def tiny_int4_model(tmp_path, qtype="Q4_1"):
 def test_the_gguf_blocks_replace_exactly_the_models_projections(tmp_path, qtype):
     model, path = tiny_int4_model(tmp_path, qtype)
     keys = model.state_dict().keys()
-    assert use_gguf_int4(model, path) == 14  # 7 projections in each of 2 layers
+    assert use_gguf_int4(model, path, AmxKernel()) == 14  # 7 projections in each of 2 layers
     assert all(type(m) is GgufLinear for name, m in model.named_modules() if name.endswith("_proj"))
     assert model.state_dict().keys() == keys
     assert len(list((tmp_path / "cache").glob("*-int4-*.safetensors"))) == 1  # built once, then read
     again, _ = tiny_int4_model(tmp_path, qtype)
-    assert use_gguf_int4(again, path) == 14
+    assert use_gguf_int4(again, path, AmxKernel()) == 14
     for name, module in model.named_modules():
         if isinstance(module, GgufLinear):
             assert all(torch.equal(a, b) for a, b in zip(module.operands, again.get_submodule(name).operands))
@@ -77,15 +78,15 @@ def test_a_gguf_that_is_not_the_models_is_refused(tmp_path):
     model, path = tiny_int4_model(tmp_path)
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[0, 0] += 0.5
-    assert use_gguf_int4(model, path) == 0
+    assert use_gguf_int4(model, path, AmxKernel()) == 0
     assert not any(isinstance(m, GgufLinear) for m in model.modules())
 
 
 def test_float32_models_and_machines_where_it_does_not_pay_keep_their_layers(tmp_path, monkeypatch):
     model, path = tiny_int4_model(tmp_path)
-    assert use_gguf_int4(model.float(), path) == 0  # float32 keeps transformers' exact numerics
+    assert use_gguf_int4(model.float(), path, AmxKernel()) == 0  # float32 keeps transformers' exact numerics
     monkeypatch.setattr(gguf_int4, "int4_pays", lambda dtype: False)
-    assert use_gguf_int4(model.bfloat16(), path) == 0
+    assert use_gguf_int4(model.bfloat16(), path, AmxKernel()) == 0
 
 
 def test_a_loaded_model_moves_to_a_kernel_that_became_available(tmp_path, monkeypatch, kernel):
@@ -93,14 +94,14 @@ def test_a_loaded_model_moves_to_a_kernel_that_became_available(tmp_path, monkey
     if kernel != "amx":
         pytest.skip("moves to the AMX kernel")
     model, path = tiny_int4_model(tmp_path)
-    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "aten")
-    fast_target(model, path)
+    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype, amx: "aten")
+    fast_target(model, path, AmxKernel())
     ids = torch.arange(4, 20)[None]
     with torch.inference_mode():
         before = model(ids[:, :-3], use_cache=True)
         on_aten = model(ids[:, -3:], past_key_values=before.past_key_values).logits.float()
-    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype: "amx")
-    fast_target(model, model.gguf_path)  # the GGUF it was loaded from
+    monkeypatch.setattr(gguf_int4, "int4_kernel", lambda dtype, amx: "amx")
+    fast_target(model, model.gguf_path, AmxKernel())  # the GGUF it was loaded from
     layer = model.model.layers[0]
     assert type(layer) is LeanLlamaLayer and len(layer.qkv) == 1 and len(layer.self_attn.o_proj.operands) == 1
     with torch.inference_mode():
@@ -113,7 +114,7 @@ def test_a_q8_lm_head_is_multiplied_as_stored_on_the_amx_kernel(tmp_path, kernel
     path = tmp_path / "tiny-q8-head.gguf"
     model = tiny_q4_model(path, q8_head=True).to(torch.bfloat16)
     dense_bytes = weight_bytes(model)
-    assert use_gguf_int4(model, path) == (15 if kernel == "amx" else 14)  # and the head, on AMX
+    assert use_gguf_int4(model, path, AmxKernel()) == (15 if kernel == "amx" else 14)  # and the head, on AMX
     head = model.get_output_embeddings()
     assert (type(head) is GgufLinear) == (kernel == "amx")
     assert head.weight is model.get_input_embeddings().weight  # still tied, for prompts and the draft
@@ -130,7 +131,7 @@ def test_a_prompts_products_take_the_blocks_on_amx_and_the_dense_weight_on_pytor
     """The AMX kernel converts a block once for any number of rows, so a prompt's products run on the 4-bit
     blocks too; PyTorch's kernel would pay again for every 4 rows, so there they take the dense weight."""
     model, path = tiny_int4_model(tmp_path)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     projection = model.model.layers[0].mlp.down_proj
     rows = torch.randn(40, projection.in_features, generator=torch.Generator().manual_seed(3)).bfloat16()
     with torch.inference_mode():
@@ -164,7 +165,7 @@ def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
     precision, and the lean layer the 4-bit projections' own results."""
     model, path = tiny_int4_model(tmp_path)
     assert model.config._attn_implementation == GROUPED_SDPA  # one-query passes take its float32 path
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     assert use_lean_layers(model) == 2
     ids = list(range(4, 40))
     sizes = [1, 2, 4, 5, 8, 12]
@@ -187,7 +188,7 @@ def test_lean_layers_read_the_cache_under_its_name_before_transformers_5_24(tmp_
     """transformers before 5.24 (the GPU image has 5.17) hands a layer its cache as past_key_values: the lean
     layers must decode over it as they do over `cache`, not as if the context were empty."""
     model, path = tiny_int4_model(tmp_path)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     use_lean_layers(model)
     ids, sizes = list(range(4, 40)), [1, 2, 4, 5]
     forward = LeanLlamaLayer.forward
@@ -209,7 +210,7 @@ def test_lean_layers_decode_a_batch_of_rows_with_holes(tmp_path):
     """Rows of a batch (a rolled-back row's holes masked out) decode through the lean layers as they do
     through transformers' layers."""
     model, path = tiny_int4_model(tmp_path)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     use_lean_layers(model)
     first, second = [[1, 5, 9, 7], [1, 6]], [[8, 4], [9, 10]]
     feeds = [[torch.tensor(f) for f in first], [torch.tensor(f) for f in second]]
@@ -231,7 +232,7 @@ def test_lean_layers_decode_a_batch_of_rows_with_holes(tmp_path):
 def test_weight_bytes_count_the_4bit_weights_a_pass_streams(tmp_path):
     model, path = tiny_int4_model(tmp_path)
     dense = weight_bytes(model)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     projections = sum(m.weight.numel() for m in model.modules() if isinstance(m, GgufLinear))
     # 16-bit weights become 4 bits plus a 16-bit scale and zero per 32
     assert weight_bytes(model) == dense - projections * 2 + projections // 2 + projections // 32 * 4
@@ -243,7 +244,7 @@ def test_the_pair_and_its_transformers_baseline(tmp_path):
     from diversed_demo.eval.hf_baseline import hf_generate
 
     model, path = tiny_int4_model(tmp_path)
-    use_gguf_int4(model, path)
+    use_gguf_int4(model, path, AmxKernel())
     use_lean_layers(model)
     pair = ModelPair(model, model, tiny_tokenizer(), "tiny-int4", "tiny-int4", torch.device("cpu"))
     seen = []

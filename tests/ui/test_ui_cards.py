@@ -110,7 +110,7 @@ def test_the_frontier_table_lists_both_twins_points_each_at_its_temperature(twin
 def test_each_temperature_kind_draws_the_heads_trained_for_it():
     heads = shipped_heads()
     carded = cards.head_cards(heads)
-    twins = {card["task"]: name for name, card in carded.items() if cards.trained_greedy(card)}
+    twins = {card.task: name for name, card in carded.items() if cards.trained_greedy(card)}
     assert twins  # greedy twins ship
 
     assert any(cards.is_cost_head(card) for card in carded.values())  # drawn as curves, not stars

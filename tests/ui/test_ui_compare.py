@@ -194,8 +194,14 @@ def test_without_a_trace_replay_offers_no_run():
     assert decode.on_trace_chosen(None)["choices"] == []
 
 
+def bench_json(settings: dict, share: float) -> str:
+    """A bench report with the share of greedy exact SD texts identical to target-only's."""
+    return json.dumps(
+        {"settings": settings, "overall": {}, "greedy_identical_to_target_only": {"exact": share}}
+    )
+
+
 def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_report(tmp_path):
-    import json
     from types import SimpleNamespace
 
     import torch
@@ -209,27 +215,17 @@ def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_re
     assert greedy_exactness(pair_in(torch.float32), (report,)) == "at temperature 0 exact SD never departs"
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), (report,))  # no report: no figure
     settings = {"dtype": "bfloat16", "device": "cpu", "examples": 26}
-    report.write_text(
-        json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 10 / 26}})
-    )
+    report.write_text(bench_json(settings, 10 / 26))
     claim = greedy_exactness(pair_in(torch.bfloat16), (report,))
     assert "10 of 26 Spec-Bench prompts" in claim and "never departs" in claim.split(";")[-1]
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16, "cuda"), (report,))  # the CPU's figure
-    report.write_text(json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 1.0}}))
+    report.write_text(bench_json(settings, 1.0))
     assert "on all 26 Spec-Bench prompts" in greedy_exactness(pair_in(torch.bfloat16), (report,))
-    report.write_text(
-        json.dumps({"settings": settings, "greedy_identical_to_target_only": {"exact": 10 / 26}})
-    )
+    report.write_text(bench_json(settings, 10 / 26))
     gpu_settings = {**settings, "device": "cuda:0"}
-    gpu_report.write_text(
-        json.dumps({"settings": gpu_settings, "greedy_identical_to_target_only": {"exact": 11 / 26}})
-    )
+    gpu_report.write_text(bench_json(gpu_settings, 11 / 26))
     on_gpu = greedy_exactness(pair_in(torch.bfloat16, "cuda"), (report, gpu_report))  # each device its own
     assert "11 of 26" in on_gpu and "bench_cuda.json" in on_gpu
     assert "10 of 26" in greedy_exactness(pair_in(torch.bfloat16), (report, gpu_report))
-    report.write_text(
-        json.dumps(
-            {"settings": {**settings, "dtype": "float32"}, "greedy_identical_to_target_only": {"exact": 1.0}}
-        )
-    )
+    report.write_text(bench_json({**settings, "dtype": "float32"}, 1.0))
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), (report,))  # another dtype's figure

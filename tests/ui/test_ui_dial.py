@@ -10,6 +10,7 @@ import gradio as gr
 import pytest
 from conftest import UI_PROMPT, shipped_heads
 
+from diversed_demo.eval.schemas import Verdict
 from diversed_demo.eval.tasks import TASKS, Example
 from diversed_demo.models.heads import HEADS_DIR
 from diversed_demo.ui import frontiers
@@ -96,13 +97,12 @@ def test_the_dials_verdict_quotes_the_tasks_card(drawn):
 def test_the_verdict_says_beyond_on_or_below_in_words():
     text = "on the static frontier within its 95% CI: quality margin +0.009 ± 0.006, n = 50"
     verdicts = {
-        "a": {"kind": "beyond", "text": "beyond: ..."},
-        "b": {"kind": "unresolved", "text": text},
-        "c": {"kind": "below", "text": "below: ..."},
-        "d": {
-            "kind": "unresolved",
-            "text": "the head's acceptance lies outside the static curve's range: no claim",
-        },
+        "a": Verdict(kind="beyond", text="beyond: ..."),
+        "b": Verdict(kind="unresolved", text=text),
+        "c": Verdict(kind="below", text="below: ..."),
+        "d": Verdict(
+            kind="unresolved", text="the head's acceptance lies outside the static curve's range: no claim"
+        ),
     }
     lines = frontiers.verdict_markdown(verdicts).split("\n\n")
     assert ["**beyond**" in lines[0], "**on**" in lines[1], "**below**" in lines[2]] == [True] * 3

@@ -174,7 +174,8 @@ def rule_report(tmp_path, kinds: dict[str, str], quality: float = 0.1, greedy_ex
     }
     path, greedy = tmp_path / "summarization-spec_bench-T1.json", tmp_path / "summarization-greedy.json"
     path.write_text(json.dumps(report))
-    greedy.write_text(json.dumps({"points": [{"point": "static:1", "w": 1.0, "quality": greedy_exact}]}))
+    exact = {"point": "static:1", "w": 1.0, "acceptance": 0.3, "quality": greedy_exact}
+    greedy.write_text(json.dumps({"points": [exact]}))
     return {"summarization": path}, {"summarization": greedy}
 
 

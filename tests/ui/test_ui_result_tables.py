@@ -8,6 +8,7 @@ import json
 from conftest import shipped_heads
 
 from diversed_demo.common.formatting import fmt
+from diversed_demo.eval.schemas import HeadCard
 from diversed_demo.eval.tasks import TASKS, Example
 from diversed_demo.models.heads import HEADS_DIR
 from diversed_demo.ui import cards, result_tables
@@ -45,11 +46,11 @@ def test_the_headline_states_each_task_from_exact_sd_to_diversed_with_its_source
     data = results_summary.headline_data(heads)
     assert {(row["task"], row["greedy"]) for row in data} == {(t, g) for t in TASKS for g in (True, False)}
     for row in data:
-        card = json.loads(HEADS_DIR.joinpath(f"{row['head']}.json").read_text())
+        card = HeadCard.model_validate_json(HEADS_DIR.joinpath(f"{row['head']}.json").read_text())
         frontier = cards.frontier_at(card, 0.0 if row["greedy"] else 1.0)
         assert cards.trained_greedy(card) == row["greedy"]  # each kind of decoding by the head made for it
-        assert row["acceptance_head"] == frontier["versus_exact"]["acceptance"]["head"]
-        assert row["quality_difference"] == frontier["versus_exact"]["quality_difference"]
+        assert row["acceptance_head"] == frontier.versus_exact.acceptance["head"]
+        assert row["quality_difference"] == frontier.versus_exact.quality_difference
     table = results_summary.headline_table(data)
     assert len(table) == len(data) and "goal" not in table.to_string() and "met" not in table.columns
     assert results_summary.headline_data({"x": tmp_path / "x.safetensors"}) == []

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ...common.formatting import fmt
 from ...core.config import MODES
+from ...eval.schemas import BenchReport, read_model
 from ...eval.tasks import Example
 from ...runtime.model_thread import MODEL_THREAD
 from ..examples import example_choices, find_example, opening_prompt
@@ -20,7 +21,7 @@ from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..result_tables import BENCH_REPORTS
 from ..runs import APP_CONFIG, Comparison, speed_sentence, speedup, stream_comparison, throttled
-from ..shipped_files import dig, read_json, shown_path
+from ..shipped_files import shown_path
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import trace_files
@@ -175,10 +176,12 @@ def greedy_exactness(pair, report_paths: tuple[Path, ...] = BENCH_PATHS) -> str:
     if dtype == "float32":
         return "at temperature 0 exact SD never departs"
     for path in report_paths:
-        report, _ = read_json(path)
-        share = dig(report, "greedy_identical_to_target_only", "exact")
-        examples = dig(report, "settings", "examples")
-        measured_in = (dig(report, "settings", "dtype"), str(dig(report, "settings", "device")).split(":")[0])
+        report, _ = read_model(BenchReport, path)
+        if report is None:
+            continue
+        share = (report.greedy_identical_to_target_only or {}).get("exact")
+        examples = report.settings.examples
+        measured_in = (report.settings.dtype, str(report.settings.device).split(":")[0])
         if measured_in == (dtype, pair.device.type) and share == 1 and examples:
             return (
                 f"at temperature 0 exact SD in {dtype} matched target-only token for token on all {examples} "
