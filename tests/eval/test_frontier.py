@@ -182,6 +182,7 @@ def test_a_card_keeps_one_evaluation_per_set_and_temperature(pair, tmp_path):
     head = new_head(pair, hidden_size=8)
     head.meta.update(task="math", training={"steps": 3}, warm_start={"lam": 2.0})
     path = save_head(head, tmp_path / "math.safetensors")
+
     def figures(temperature: float) -> dict:  # an evaluation as the card's schema takes it
         points = {"static_points": [{"w": 1.0, "acceptance": 0.3}], "head_point": {"acceptance": 0.4}}
         return {"beyond_frontier": False, "settings": {"temperature": temperature}, **points}
