@@ -3,8 +3,6 @@ in seconds."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -14,44 +12,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
-from .gguf_reader import read_gguf
-
-
-@contextlib.contextmanager
-def _gguf_read_once():
-    """transformers parses a GGUF's metadata three times (tokenizer, config, weights), converts its fields
-    to Python twice more, and rebuilds gguf's tensor-name map for each of ~400 submodules: most of a first
-    start. Within one conversion, memoise them: the reader is read-only, the map a pure table, and the
-    metadata is handed out as a copy."""
-    import copy
-
-    import gguf
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
-    metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
-
-    def load_checkpoint(
-        path, return_tensors=False, **kwargs
-    ):  # the tokenizer's and the config's reads share one
-        return (
-            checkpoint(path, return_tensors, **kwargs)
-            if return_tensors or kwargs
-            else copy.deepcopy(metadata(path))
-        )
-
-    # transformers imports these from their modules at call time, so replacing the attributes reaches it.
-    gguf.GGUFReader = read_gguf  # our reader, once per file
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
-    gguf_utils.load_gguf_checkpoint = load_checkpoint
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = (
-            reader,
-            name_map,
-            checkpoint,
-        )
+from .gguf_patches import read_once
 
 
 def gguf_key(gguf_path: Path) -> str:
@@ -130,7 +91,7 @@ def _converted_gguf_dir(gguf_path: Path) -> Path:
         discard_damaged(out, f"conversion of {gguf_path.name}", damage, "converting it again")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _gguf_read_once():
+    with read_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32

@@ -90,6 +90,12 @@ class AmxKernel:
         self.pending = False  # decided against only because it was not built yet
         self.faster: bool | None = None  # than PyTorch's int4 kernel: timed once (`gguf_int4.int4_kernel`)
 
+    def __getstate__(self) -> dict:  # a copied pair (a test's deepcopy) copies the decision, not the lock
+        return {key: value for key, value in vars(self).items() if key != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
+
     def available(self, wait: bool = False) -> bool:
         """Whether the kernel serves: the CPU has it, it is not switched off, it is built, loads and
         computes a check product right. Not yet built, it is built now with `wait`; else it is `pending`."""

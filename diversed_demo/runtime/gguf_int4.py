@@ -28,9 +28,10 @@ from safetensors.torch import load_file, save_file
 from ..common.files import atomic_write, cache_dir, discard_damaged
 from ..common.timing import runs_faster
 from ..models.gguf_cache import gguf_key
-from ..models.gguf_reader import read_gguf
+from ..models.gguf_patches import read_gguf
 from . import amx_gguf
 from .amx_gguf import AmxKernel
+from .class_swap import swap_class
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass, within
@@ -250,9 +251,7 @@ def quantised_operands(model: torch.nn.Module, gguf_path: Path, amx: AmxKernel) 
 
 def switch_to_operands(model: torch.nn.Module, operands: dict[str, tuple]) -> int:
     for name, ops in operands.items():
-        module = model.get_submodule(name)
-        module.operands = ops
-        module.__class__ = GgufLinear
+        swap_class(model.get_submodule(name), GgufLinear, operands=ops)
     return len(operands)
 
 

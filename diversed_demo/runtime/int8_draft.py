@@ -13,6 +13,7 @@ import functools
 import torch
 
 from ..common.timing import runs_faster
+from .class_swap import swap_class
 
 # At most this many rows use the 8-bit product (a drafting step's one, a restart's few): beyond, the dense
 # product is as fast or faster (docs/measurements/speed.md).
@@ -58,8 +59,7 @@ def use_int8_draft(draft: torch.nn.Module, when_faster: bool = True) -> int:
         return 0
     linears = [m for m in draft.modules() if type(m) is torch.nn.Linear and m.bias is None]
     for module in linears:
-        module.int8 = quantise_rows(module.weight.detach())
-        module.__class__ = Int8Linear
+        swap_class(module, Int8Linear, int8=quantise_rows(module.weight.detach()))
     return len(linears)
 
 

@@ -13,6 +13,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward, rotate_half
 
 from ..core.cache import cache_keyword
+from .class_swap import swap_class
 from .gguf_int4 import GgufLinear, int4_product, stack_operands, uses_quantised
 
 
@@ -98,8 +99,7 @@ def use_lean_layers(model: torch.nn.Module) -> int:
         projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
         projections.append(mlp.down_proj)
         if fusable(projections):
-            layer.qkv = fused_int4(attn.q_proj, attn.k_proj, attn.v_proj)
-            layer.gate_up = fused_int4(mlp.gate_proj, mlp.up_proj)
-            layer.__class__ = LeanLlamaLayer
+            qkv = fused_int4(attn.q_proj, attn.k_proj, attn.v_proj)
+            swap_class(layer, LeanLlamaLayer, qkv=qkv, gate_up=fused_int4(mlp.gate_proj, mlp.up_proj))
             switched += 1
     return switched

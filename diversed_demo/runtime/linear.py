@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from .class_swap import swap_class
+
 FEW_ROWS = 64  # decoding-sized products; prompts and training batches keep the usual product
 
 
@@ -77,5 +79,5 @@ def use_fast_linear(model: torch.nn.Module) -> int:
         return 0
     linears = [module for module in model.modules() if type(module) is torch.nn.Linear]
     for module in linears:
-        module.__class__ = FastLinear
+        swap_class(module, FastLinear)
     return len(linears)

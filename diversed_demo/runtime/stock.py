@@ -9,6 +9,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from .attention import stock_attention
+from .class_swap import swap_class
 from .gguf_int4 import GgufLinear
 from .lean_layer import LeanLlamaLayer
 from .linear import FastLinear
@@ -21,10 +22,10 @@ def stock_layers(*models: torch.nn.Module):
     """Run the models with transformers' own layers and attention; this package's are restored after."""
     switched = [(m, type(m)) for model in models for m in model.modules() if type(m) in STOCK_CLASS]
     for module, ours in switched:
-        module.__class__ = STOCK_CLASS[ours]
+        swap_class(module, STOCK_CLASS[ours])
     try:
         with stock_attention(*models):
             yield
     finally:
         for module, ours in switched:
-            module.__class__ = ours
+            swap_class(module, ours)

@@ -23,6 +23,7 @@ import torch
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from ..runtime.class_swap import swap_class
 from .head_clock import head_work
 from .heads import configured_heads
 
@@ -127,7 +128,7 @@ def record_calls(model) -> None:
             return output
 
         RECORDING_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": call})
-    model.__class__ = RECORDING_CLASSES[cls]
+    swap_class(model, RECORDING_CLASSES[cls])
 
 
 def step_hidden(runner, spec_decode_metadata) -> tuple[torch.Tensor, torch.Tensor] | None:

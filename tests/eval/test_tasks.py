@@ -142,6 +142,11 @@ def test_humaneval():
     assert first.code_prefix in first.prompt and first.test_code.endswith("check(has_close_elements)")
 
 
+# ---------------------------------------------------------------------------------------------------
+# Built-in prompts
+
+
+@pytest.mark.parametrize("task", ["summarization", "general"])
 def test_builtin_split_is_fixed_and_disjoint(task):
     train, eval_ = builtin_examples(task, "train"), builtin_examples(task, "eval")
     assert train and eval_ and not {e.prompt for e in train} & {e.prompt for e in eval_}

@@ -156,8 +156,8 @@ def test_cli_plain_output_and_bad_input():
 
 @pytest.mark.slow
 def test_the_memoised_gguf_conversion_equals_transformers_own(tmp_path, monkeypatch):
-    """The cached conversion reads the GGUF once (models._gguf_read_once); its weights, tokenizer and config
-    must be exactly what transformers' own, unmemoised path gives."""
+    """The cached conversion reads the GGUF once (models/gguf_patches.read_once); its weights, tokenizer and
+    config must be exactly what transformers' own, unmemoised path gives."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from diversed_demo.models.embedded import embedded_gguf_path
