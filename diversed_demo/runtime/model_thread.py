@@ -29,12 +29,22 @@ class ModelThread:
     def __init__(self):
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self.left = collections.deque()  # iterators their consumers left: closed on the model thread
+        self.thread_id: int | None = None  # the worker's, once it has run a call
+
+    def is_current(self) -> bool:
+        """Whether this code runs on the model thread."""
+        return threading.get_ident() == self.thread_id
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs) on the model thread; its result (or its exception) here."""
-        return self.executor.submit(self._run, fn, *args, **kwargs).result()
+        return self.submit(fn, *args, **kwargs).result()
+
+    def submit(self, fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
+        """fn(*args, **kwargs) queued on the model thread, not waited for."""
+        return self.executor.submit(self._run, fn, *args, **kwargs)
 
     def _run(self, fn: Callable, *args, **kwargs):
+        self.thread_id = threading.get_ident()
         while self.left:
             try:
                 self.left.popleft().close()

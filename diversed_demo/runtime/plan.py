@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common import priority
 from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
@@ -39,6 +40,7 @@ from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
 from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
+from .model_thread import MODEL_THREAD
 from .static_pass import K_MAX, StaticPass
 
 # When the compiled passes are built: in the background (the app's way), before load_pair returns (the
@@ -61,6 +63,7 @@ class Runtime:
     drafts: str = "chains"
     tree_pass: float | None = None  # a compiled pass over TREE_ROWS tokens, in single passes
     amx: AmxKernel = field(default_factory=AmxKernel, repr=False)  # whether the 4-bit products run on AMX
+    on_model_thread: bool = field(default=False, repr=False)  # loaded (and so decoded) on MODEL_THREAD
 
     def __str__(self) -> str:
         drafts = self.drafts
@@ -76,6 +79,7 @@ TREE_ROWS = K_MAX  # a tree's nodes and the token before them, scored in one com
 # Draft trees where that pass costs at most this many single passes (issue 53's line): on the Xeon with AMX
 # it cost 1.40–1.48, and trees ran 0.95–0.99 of the chain's speed (docs/measurements/speed.md).
 TREE_PASS_LIMIT = 1.2
+BUILDER_END_S = 5.0  # the most the model thread waits for the background thread to end before timing
 
 
 def choose_drafts(pair: ModelPair, log) -> None:
@@ -88,13 +92,24 @@ def choose_drafts(pair: ModelPair, log) -> None:
 
     def measure() -> None:
         prompt = [1 + i % 1000 for i in range(256)]
-        times = pass_ms(pair.target, prompt, [1, TREE_ROWS], calls=12, runner=runner)
+        with priority.decoding():  # as a decode runs: any background build stopped
+            times = pass_ms(pair.target, prompt, [1, TREE_ROWS], calls=12, runner=runner)
         pair.runtime.tree_pass = times[TREE_ROWS] / times[1]
         pair.runtime.drafts = "trees" if pair.runtime.tree_pass <= TREE_PASS_LIMIT else "chains"
-        ratio = pair.runtime.tree_pass
-        log(f"drafts: {pair.runtime.drafts} (a pass over {TREE_ROWS} tokens costs {ratio:.2f} of one)")
+        ratio, one, rows = pair.runtime.tree_pass, times[1], times[TREE_ROWS]
+        log(
+            f"drafts: {pair.runtime.drafts} (a pass over {TREE_ROWS} tokens costs {ratio:.2f} of one: "
+            f"{rows:.1f} against {one:.1f} ms)"
+        )
 
-    pair.offer_upgrade(measure)
+    if pair.runtime.on_model_thread and not MODEL_THREAD.is_current():
+        # Timed on the thread that decodes, once this (background) thread has ended: while it lives, its
+        # OpenMP team leaves more threads than cores and every small kernel waits (model_thread.py). Timed
+        # before it ended, a one-token pass took 50 ms instead of 10 and cold starts chose trees.
+        builder = threading.current_thread()
+        MODEL_THREAD.submit(lambda: (builder.join(BUILDER_END_S), pair.offer_upgrade(measure)))
+    else:
+        pair.offer_upgrade(measure)
 
 
 def say(line: str) -> None:
@@ -135,6 +150,7 @@ def load_pair(
         log(f"dtype {choice_note(choice)}")
     else:
         pair = fast_pair(target, draft, device, dtype, amx)
+    pair.runtime.on_model_thread = MODEL_THREAD.is_current()
     start_passes(pair, compiled, log)
     return pair
 

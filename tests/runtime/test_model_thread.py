@@ -90,3 +90,15 @@ def test_a_slice_hands_over_several_items_in_one_call_to_the_model_thread():
     model.executor.submit = lambda fn, *args: calls.append(fn) or submit(fn, *args)
     assert list(model.iterate(lambda: iter(range(100)), slice_s=10)) == list(range(100))
     assert len(calls) <= 3  # start, one slice of all, close
+
+
+def test_work_can_ask_whether_it_runs_on_the_model_thread_and_queue_more_without_waiting():
+    """The runtime times a pass only on the thread that decodes (runtime/plan.choose_drafts)."""
+    thread = ModelThread()
+    assert not thread.is_current()
+    assert thread.call(thread.is_current)
+    gate = threading.Event()
+    queued = thread.submit(lambda: gate.wait(5) and thread.is_current())
+    assert not queued.done()  # queued, not waited for
+    gate.set()
+    assert queued.result(timeout=5) is True
