@@ -403,6 +403,22 @@ def visible_file_name(page, elem_id: str, name: str):
     return page.locator(f"#{elem_id}").get_by_text(name).locator("visible=true").first
 
 
+def upload(page, elem_id: str, path) -> None:
+    """Choose `path` in a File component, as a visitor does, and wait until the component shows it. On a
+    loaded machine Gradio may redraw the component just after a file is set (its previous update arriving
+    late), which drops the file; a visitor would see an empty box and choose again, and so does this."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    for _ in range(3):
+        page.locator(f"#{elem_id} input[type=file]").set_input_files(str(path))
+        try:
+            visible_file_name(page, elem_id, path.name).wait_for(timeout=15_000)
+            return
+        except PlaywrightTimeoutError:
+            continue
+    visible_file_name(page, elem_id, path.name).wait_for()
+
+
 def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
     open_tab(page, "Decode")
     generate(page, 0.5, seed=7)
@@ -419,8 +435,7 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
 
     # Another decode replaces the view; the replay brings the traced one back.
     generate(page, 0.5, seed=8)
-    page.locator("#replay-file input[type=file]").set_input_files(str(trace_path))
-    visible_file_name(page, "replay-file", "trace.json").wait_for()
+    upload(page, "replay-file", trace_path)
     page.locator("#replay").click()
     page.wait_for_selector("#stats .dd-stats[data-state=done][data-replay][data-seed='7']")
     assert page.locator("#tokens").inner_html() == decoded
@@ -428,8 +443,8 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "nope"}')
     page.locator("#replay-file button[aria-label='Clear']").first.click()
-    page.locator("#replay-file input[type=file]").set_input_files(str(bad))
-    visible_file_name(page, "replay-file", "bad.json").wait_for()
+    visible_file_name(page, "replay-file", "trace.json").wait_for(state="hidden")  # the box redrawn empty
+    upload(page, "replay-file", bad)
     page.locator("#replay").click()
     page.get_by_text("not a DIVERSED trace").first.wait_for()
 
@@ -442,10 +457,11 @@ def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
 
     open_tab(page, "Train")
     page.get_by_role("radio", name="Uploaded JSONL").check()
-    upload = tmp_path / "prompts.jsonl"
-    upload.write_text('{"prompt": "the cat"}\n{"prompt": \n')
-    page.locator("#train-upload input[type=file]").set_input_files(str(upload))
-    page.locator("#train-upload").get_by_text("prompts.jsonl").first.wait_for()
+    # The box appears on the server's answer; a file set before that is lost when it is drawn.
+    page.locator("#train-upload").wait_for(state="visible")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the cat"}\n{"prompt": \n')
+    upload(page, "train-upload", prompts)
     page.locator("#train-start").click()
     page.get_by_text(re.compile("line 2: not valid JSON")).first.wait_for()
 
