@@ -404,14 +404,20 @@ def visible_file_name(page, elem_id: str, name: str):
 
 
 def upload(page, elem_id: str, path) -> None:
-    """Choose `path` in a File component, as a visitor does, and wait until the component shows it. On a
-    loaded machine Gradio may redraw the component just after a file is set (its previous update arriving
-    late), which drops the file; a visitor would see an empty box and choose again, and so does this."""
+    """Choose `path` in a File component, as a visitor does, and wait until the component shows it. A file
+    left there (by an earlier test on this page: their order varies between workers) is cleared first, as
+    the box takes a new one only once emptied. On a loaded machine Gradio may redraw the box just after a
+    file is set (a previous update arriving late), which drops the file; a visitor would see an empty box
+    and choose again, and so does this."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
+    box = page.locator(f"#{elem_id}")
     for _ in range(3):
-        page.locator(f"#{elem_id} input[type=file]").set_input_files(str(path))
+        clear = box.locator("button[aria-label='Clear']").locator("visible=true")
+        if clear.count():
+            clear.first.click()
         try:
+            box.locator("input[type=file]").set_input_files(str(path), timeout=15_000)
             visible_file_name(page, elem_id, path.name).wait_for(timeout=15_000)
             return
         except PlaywrightTimeoutError:
@@ -435,6 +441,8 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
 
     # Another decode replaces the view; the replay brings the traced one back.
     generate(page, 0.5, seed=8)
+    if not page.locator("#replay-file").is_visible():  # the fold, if a redraw closed it: open it again
+        page.get_by_text("Trace: download this run").click()
     upload(page, "replay-file", trace_path)
     page.locator("#replay").click()
     page.wait_for_selector("#stats .dd-stats[data-state=done][data-replay][data-seed='7']")
@@ -442,9 +450,7 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "nope"}')
-    page.locator("#replay-file button[aria-label='Clear']").first.click()
-    visible_file_name(page, "replay-file", "trace.json").wait_for(state="hidden")  # the box redrawn empty
-    upload(page, "replay-file", bad)
+    upload(page, "replay-file", bad)  # the traced file cleared first
     page.locator("#replay").click()
     page.get_by_text("not a DIVERSED trace").first.wait_for()
 
