@@ -34,7 +34,16 @@ def served(tmp_path_factory):
         try:
             yield f"http://127.0.0.1:{port}/", job
         finally:
-            app.close()
+            close(app)
+
+
+def close(app) -> None:
+    """Stop a served app. Gradio sets its loop's asyncio event from this thread, a race it can lose (the
+    event's waiters change under it): then the event is set, and closing again closes the server."""
+    try:
+        app.close()
+    except RuntimeError:
+        app.close()
 
 
 def test_concurrent_decodes_during_training(served):
@@ -96,7 +105,7 @@ def storm_app(tmp_path_factory):
         try:
             yield app, f"http://127.0.0.1:{port}/", trace_json
         finally:
-            app.close()
+            close(app)
 
 
 def storm_request(url, trace_json, i):
