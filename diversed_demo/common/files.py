@@ -43,6 +43,18 @@ def discard_damaged(
         log(line)
 
 
+def read_json_object(path) -> tuple[dict | None, str]:
+    """(the file's JSON object, "") or (None, why not, in one line naming the file)."""
+    name = Path(path).name
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{name} is not there"
+    except (OSError, ValueError) as err:
+        return None, f"{name} cannot be read ({err})"
+    return (data, "") if isinstance(data, dict) else (None, f"{name} does not hold a JSON object")
+
+
 def atomic_write(path, write) -> None:
     """Call write(tmp_path), then rename onto `path`: an interrupt leaves the old file or the new one,
     never half of one."""

@@ -9,11 +9,12 @@ they are (`extra="allow"`): an evaluation carries more figures than the page sho
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..common.files import read_json_object
 
 
 class Record(BaseModel):
@@ -169,14 +170,10 @@ def checked(model: type[BaseModel], data: dict) -> dict:
 
 def read_model(model: type[Model], path: Path) -> tuple[Model | None, str]:
     """(the file as `model`, "") or (None, why not, in one line naming the file and the field)."""
-    name = Path(path).name
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, f"{name} is not there"
-    except (OSError, ValueError) as err:
-        return None, f"{name} cannot be read ({err})"
+    data, why = read_json_object(path)
+    if data is None:
+        return None, why
     try:
         return model.model_validate(data), ""
     except ValidationError as error:
-        return None, f"{name} is not a {model.__name__} ({first_problem(error)})"
+        return None, f"{Path(path).name} is not a {model.__name__} ({first_problem(error)})"

@@ -13,69 +13,33 @@ kernel and the dense LM head do.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import struct
 import subprocess
 import sys
-import sysconfig
 import threading
 from pathlib import Path
 
 import torch
 
-from ..common import priority
-from ..common.files import cache_dir, discard_damaged
+from . import native_build
+from .native_build import cpu_flags
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
-FLAGS = ["-O3", "-fPIC", "-std=c++20", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+FLAGS = [*native_build.BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 FLAGS += ["-mf16c", "-mamx-tile", "-mamx-bf16"]
 # bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
 # 8-bit, 512 of codes and 16 fp16 scales
 Q4_RECORD, Q8_RECORD = 320, 544
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((set(line.split(":")[1].split()) for line in info if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
 def library_path() -> Path:
-    tag = SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()
-    return cache_dir() / "kernels" / f"amx_gguf-{hashlib.sha256(tag).hexdigest()[:16]}.so"
+    return native_build.library_path(SOURCE, FLAGS)
 
 
 def build(path: Path, background: bool = False) -> None:
-    """Compile the kernel into `path` (compiled with OpenMP, linked without it: PyTorch's own runtime
-    serves its threads); in the background at the lowest priority, as the compiled pass is built."""
-    torch_dir = Path(torch.__file__).parent
-    includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}"]
-    includes.append(f"-I{sysconfig.get_paths()['include']}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.stem}.tmp{os.getpid()}")
-    try:
-        compile_ = ["g++", *FLAGS, *includes, "-c", str(SOURCE), "-o", f"{partial}.o"]
-        libraries = [f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
-        link = ["g++", "-shared", f"{partial}.o", *libraries, "-o", str(partial)]
-        for command in (compile_, link):
-            if background:  # out of a visitor's way: idle priority, stopped while a decode runs
-                process = priority.background(
-                    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-                )
-                output, _ = process.communicate()
-                if priority.finished(process):
-                    raise subprocess.CalledProcessError(process.returncode, command, output, output)
-            else:
-                subprocess.run(command, check=True, capture_output=True, text=True)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-        Path(f"{partial}.o").unlink(missing_ok=True)
+    native_build.compile_library(SOURCE, FLAGS, path, background)
 
 
 class AmxKernel:
@@ -141,36 +105,7 @@ class AmxKernel:
 
 
 def load_built(path: Path) -> None:
-    """Load the kernel built at an earlier start (a namespace registers once per process: never a second
-    copy). One that is damaged or does not load (cut short by a full disk, a copy or a crash, or not a
-    library) is removed, with one line saying so, to be built again."""
-    damage = library_damage(path)
-    if damage is None:
-        try:
-            torch.ops.load_library(str(path))
-            return
-        except OSError as err:
-            damage = str(err)
-    discard_damaged(path, "AMX kernel", damage, "compiling it again")
-
-
-def library_damage(path: Path) -> str | None:
-    """Whether a built library is cut short, checked before the loader maps it: the loader maps a short
-    file's missing pages all the same, and touching them kills the process (SIGBUS) instead of failing.
-    Its ELF headers say where its segments and section table end; the file must reach there."""
-    data = path.read_bytes()
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
-        return f"not a 64-bit little-endian ELF library ({len(data)} bytes)"
-    ph_offset, sh_offset = struct.unpack_from("<QQ", data, 32)
-    ph_size, ph_count, sh_size, sh_count = struct.unpack_from("<HHHH", data, 54)
-    ends = [ph_offset + ph_size * ph_count, sh_offset + sh_size * sh_count]
-    if max(ends) <= len(data):
-        for i in range(ph_count):  # p_offset and p_filesz of each segment
-            offset, _, _, size = struct.unpack_from("<QQQQ", data, ph_offset + i * ph_size + 8)
-            ends.append(offset + size)
-    if max(ends) > len(data):
-        return f"{len(data)} bytes where its headers need {max(ends)}"
-    return None
+    native_build.load_built(path, "AMX kernel")
 
 
 def loaded() -> bool:

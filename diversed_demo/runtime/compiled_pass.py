@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..common.files import cache_dir, discard_damaged
+from . import fused_attention
 from .block_attention import BLOCK, MIN_BLOCKS, feed_rows, padded_mask
 from .static_pass import K_MAX, StaticPass
 
@@ -110,6 +111,8 @@ PASS_SOURCES = (
     "runtime/gguf_int4.py",
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
+    "runtime/fused_attention.py",
+    "runtime/fused_attention.cpp",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
 )
@@ -140,6 +143,7 @@ def package_key(model, aux_layer_ids) -> str:
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),  # autotuned GEMM templates are generated for a thread count
         "int4_operands": int4_operand_count(model),  # which 4-bit kernel
+        "fused_attention": fused_attention.serves_model(model),  # which attention
         "source": source_digests(PASS_SOURCES),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -157,7 +161,8 @@ AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | None = None) -> Path:
     """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute or
     two), with AUTOTUNE unless other inductor settings are given."""
-    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    fused = fused_attention.serves_model(model) and fused_attention.ensure()
+    module = StaticPass(model, aux_layer_ids, MAX_LEN, fused)
     return compile_module(module, (), path, inductor_configs)
 
 
@@ -220,7 +225,9 @@ def agrees_with_eager(model, compiled: CompiledPass, aux_layer_ids, sizes=(1, 3)
 def attach(model, aux_layer_ids, path: Path, log=print) -> CompiledPass | None:
     """The package loaded over the model, for its cached decodes to run (`ModelPair.target_pass`), if it
     agrees with the eager pass; None (and the eager pass goes on) if it cannot load or does not agree."""
-    module = StaticPass(model, aux_layer_ids, MAX_LEN)
+    # The package calls the kernel where its build could load it (built in the build's process, found here)
+    fused = fused_attention.serves_model(model) and fused_attention.ensure()
+    module = StaticPass(model, aux_layer_ids, MAX_LEN, fused)
     return load_checked(module, path, lambda c: agrees_with_eager(model, c, aux_layer_ids), "pass", log)
 
 

@@ -92,8 +92,12 @@ def choose_drafts(pair: ModelPair, log) -> None:
 
     def measure() -> None:
         prompt = [1 + i % 1000 for i in range(256)]
-        with priority.decoding():  # as a decode runs: any background build stopped
-            times = pass_ms(pair.target, prompt, [1, TREE_ROWS], calls=12, runner=runner)
+        try:
+            with priority.decoding():  # as a decode runs: any background build stopped
+                times = pass_ms(pair.target, prompt, [1, TREE_ROWS], calls=12, runner=runner)
+        except Exception as error:  # run where a decode ends: the decode must not fail for it
+            log(f"drafts: chains (timing the compiled pass failed: {error})")
+            return
         pair.runtime.tree_pass = times[TREE_ROWS] / times[1]
         pair.runtime.drafts = "trees" if pair.runtime.tree_pass <= TREE_PASS_LIMIT else "chains"
         ratio, one, rows = pair.runtime.tree_pass, times[1], times[TREE_ROWS]
@@ -107,7 +111,9 @@ def choose_drafts(pair: ModelPair, log) -> None:
         # OpenMP team leaves more threads than cores and every small kernel waits (model_thread.py). Timed
         # before it ended, a one-token pass took 50 ms instead of 10 and cold starts chose trees.
         builder = threading.current_thread()
-        MODEL_THREAD.submit(lambda: (builder.join(BUILDER_END_S), pair.offer_upgrade(measure)))
+        queued = MODEL_THREAD.submit(lambda: (builder.join(BUILDER_END_S), pair.offer_upgrade(measure)))
+        failed = lambda done: done.exception() and log(f"drafts: chains ({done.exception()})")  # noqa: E731
+        queued.add_done_callback(failed)
     else:
         pair.offer_upgrade(measure)
 

@@ -21,6 +21,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from ..core.cache import MAX_FEED
+from . import fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .gguf_int4 import int4_product
 from .lean_layer import LeanLlamaLayer, rms_norm
@@ -37,8 +38,10 @@ def compilable(model) -> bool:
 class StaticPass(nn.Module):
     """The pass over the model's own tensors (held as buffers, not copied) and its static cache."""
 
-    def __init__(self, model, aux_layer_ids=(), max_len: int = 2048):
+    def __init__(self, model, aux_layer_ids=(), max_len: int = 2048, fused: bool = False):
+        """fused: attention on the fused kernel (runtime/fused_attention.py, loaded), else in blocks."""
         super().__init__()
+        self.fused = fused
         config, decoder = model.config.get_text_config(), model.get_decoder()
         self.n_query, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_query
@@ -96,12 +99,13 @@ class StaticPass(nn.Module):
         k = mask.shape[0]
         hidden = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [k, 1, D]
-        bias, slots = mask_bias(mask, self.n_query // self.n_kv), own_slots(mask)
+        slots = own_slots(mask)
+        seen = mask if self.fused else mask_bias(mask, self.n_query // self.n_kv)
         aux = []
         for i in range(self.n_layers):
             if i in self.aux_layer_ids:
                 aux.append(hidden)
-            hidden = hidden + self._attention(i, hidden, slots, cos, sin, bias)
+            hidden = hidden + self._attention(i, hidden, slots, cos, sin, seen)
             hidden = hidden + self._mlp(i, hidden)
         last = rms_norm(hidden, self.final_norm, self.eps)
         aux_states = torch.cat(aux, -1) if aux else hidden.new_zeros(k, 0)
@@ -121,9 +125,9 @@ class StaticPass(nn.Module):
         ).chunk(2, -1)
         return self._product(i, "down", F.silu(gate) * up)
 
-    def _attention(self, i, hidden, slots, cos, sin, bias):
+    def _attention(self, i, hidden, slots, cos, sin, seen):
         """Layer i's attention: q, k, v in one 4-bit product, the rotary embedding, the new keys and values
-        written into the cache, then attention over the used slots."""
+        written into the cache, then attention over the used slots (seen: the mask, or its bias in blocks)."""
         k, n_q, n_kv, dim = hidden.shape[0], self.n_query, self.n_kv, self.head_dim
         normed = rms_norm(hidden, getattr(self, f"l{i}_norm1"), self.eps)
         qkv = self._product(i, "qkv", normed).view(k, n_q + 2 * n_kv, dim)
@@ -131,7 +135,8 @@ class StaticPass(nn.Module):
         keys, values = self.buffers_of_layer(i)
         keys.index_copy_(1, slots, qk[:, n_q:].transpose(0, 1))
         values.index_copy_(1, slots, qkv[:, n_q + n_kv :].transpose(0, 1))
-        return self._product(i, "o", attend_in_blocks(qk[:, :n_q], keys, values, bias))
+        attend = fused_attention.attend if self.fused else attend_in_blocks
+        return self._product(i, "o", attend(qk[:, :n_q], keys, values, seen))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

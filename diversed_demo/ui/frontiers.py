@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..common.paths import RESULTS_DIR
+from ..common.paths import RESULTS_DIR, shown_path
 from ..eval.schemas import Evaluation, HeadCard, Point, RuleReport, Verdict, read_model
 from ..runtime.theory import alpha_from_acceptance
 from .cards import (
@@ -21,7 +21,6 @@ from .cards import (
     is_greedy,
     trained_greedy,
 )
-from .shipped_files import shown_path
 
 RULE_COMMAND = "results/rule/run.sh"  # writes the rule's evaluations, one JSON per task (T=0: greedy)
 RULE_SETS = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..common.paths import shown_path
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from ..eval.schemas import HeadCard, RuleReport, read_model
@@ -18,7 +19,6 @@ from .cards import head_cards, trained_greedy
 from .frontiers import RULE_REPORTS, RULE_REPORTS_GREEDY
 from .render import MODE_LABELS
 from .runs import APP_CONFIG
-from .shipped_files import shown_path
 from .space import zero_gpu_space
 
 

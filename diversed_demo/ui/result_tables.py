@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..common.files import read_json_object
 from ..common.formatting import fmt
-from ..common.paths import RESULTS_DIR
+from ..common.paths import RESULTS_DIR, shown_path
 from ..eval.bench_report import markdown_table
 from ..eval.rewards import QUALITY_LABEL
 from ..eval.schemas import Evaluation, HeadCard, Judged, RuleReport, Versus, read_model
 from .cards import card_task, frontier_at, head_cards, is_greedy
-from .shipped_files import read_json, shown_path
 
 # The bench reports the Results tab draws, and the commands that write them.
 BENCH_REPORTS = {
@@ -107,7 +107,7 @@ def frontier_table(head_paths: dict[str, Path]) -> pd.DataFrame:
 def bench_markdown(name: str) -> str:
     """One bench report as the bench's own markdown tables, or a note naming the command that writes it."""
     path, command = BENCH_REPORTS[name]
-    report, why = read_json(path)
+    report, why = read_json_object(path)
     if report is not None:
         try:
             return f"*From `{shown_path(path)}`.*\n\n" + markdown_table(report)

@@ -12,12 +12,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
+from ..common.paths import shown_path
 from ..eval.schemas import BenchReport, read_model
 from .cards import card_task, frontier_at, head_cards
 from .frontiers import cards_for_temperature, frontier_position
 from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
 from .result_tables import BENCH_REPORTS, quality_metric
-from .shipped_files import shown_path
 
 BENCH_PATH, BENCH_COMMAND = BENCH_REPORTS["Spec-Bench, every category"]
 HEADLINE_COLUMNS = [

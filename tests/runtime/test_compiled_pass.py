@@ -12,7 +12,7 @@ from references import AUX, decode_like, random_feeds
 from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
-from diversed_demo.runtime import compiled_pass, gguf_int4
+from diversed_demo.runtime import compiled_pass, fused_attention, gguf_int4
 from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import use_grouped_attention
 from diversed_demo.runtime.compiled_build import prune
@@ -35,11 +35,18 @@ def lean_model(tmp_path, monkeypatch):
     return model
 
 
-def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model):
+def fused_kernel() -> bool:
+    return fused_attention.serves(torch.bfloat16, 32) and fused_attention.ensure()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model, fused):
+    if fused and not fused_kernel():
+        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
     feeds, rollbacks = random_feeds(0, lean_model.config.vocab_size, passes=12)
     eager, held = decode_like(lean_model, feeds, rollbacks)
     assert not held
-    runner = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
+    runner = CompiledPass(StaticPass(lean_model, AUX, 128, fused))
     static, held = decode_like(lean_model, feeds, rollbacks, runner=runner)
     assert held  # the passes after the prompt ran on the static cache
     for (a, a_hidden, a_aux), (b, b_hidden, b_aux) in zip(eager, static, strict=True):
@@ -160,7 +167,7 @@ def path_to(node: int, parents: list[int]) -> list[int]:
     return path
 
 
-@pytest.mark.parametrize("kind", ["eager", "static", "eager-float32"])
+@pytest.mark.parametrize("kind", ["eager", "static", "static-fused", "eager-float32"])
 def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_model, kind):
     """One pass over a draft tree scores every node as a chain over its own path would; keeping a path
     leaves the cache a chain's, so the next pass agrees too."""
@@ -170,9 +177,11 @@ def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_mod
     model = lean_model if kind != "eager-float32" else tiny_model(0, num_layers=3)
     vocab, prompt = model.config.vocab_size, torch.arange(4, 24)
     tokens = torch.tensor([7, 9, 11, 13, 15, 17])
-    runner = (
-        (lambda: CompiledPass(StaticPass(model, AUX, max_len=128))) if kind == "static" else (lambda: None)
-    )
+    if kind == "static-fused" and not fused_kernel():
+        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
+    static = kind.startswith("static")
+    fused = kind == "static-fused"
+    runner = (lambda: CompiledPass(StaticPass(model, AUX, 128, fused))) if static else (lambda: None)
     with torch.inference_mode():
         tree_lm = CachedLM(model, vocab, AUX, runner=runner())
         tree_lm.forward(prompt[:-1], keep=1)

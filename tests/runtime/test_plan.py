@@ -1,10 +1,14 @@
-"""runtime/plan.py: `load_pair` hands each caller a pair of its own."""
+"""runtime/plan.py: `load_pair` hands each caller a pair of its own; choosing drafts never fails a decode."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from tiny import save_tiny_pair
 
+from diversed_demo.runtime import plan
 from diversed_demo.runtime.plan import load_pair
+from diversed_demo.runtime.static_pass import StaticPass
 
 
 def test_each_load_is_a_new_pair_that_nothing_else_holds(tmp_path):
@@ -15,3 +19,22 @@ def test_each_load_is_a_new_pair_that_nothing_else_holds(tmp_path):
     second = load_pair(target, draft, "cpu", "float32", compiled="off")
     assert first is not second and first.target is not second.target and first.runtime is not second.runtime
     assert str(first.runtime) == str(second.runtime)
+
+
+def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(tmp_path, monkeypatch):
+    """The tree-or-chain timing runs where a decode ends: if it fails, that decode still ends normally, the
+    pair keeps chains and the log names the failure."""
+    target, draft = save_tiny_pair(tmp_path)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))  # as if compiled
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no pass here")
+
+    monkeypatch.setattr(plan, "pass_ms", broken)
+    lines = []
+    with pair.in_use():  # a decode running: the timing waits for its end
+        plan.choose_drafts(pair, lines.append)
+        assert lines == []
+    assert pair.runtime.drafts == "chains" and pair.runtime.tree_pass is None
+    assert lines == ["drafts: chains (timing the compiled pass failed: no pass here)"]

@@ -11,6 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from ...common.formatting import fmt
+from ...common.paths import shown_path
 from ...core.config import MODES
 from ...eval.schemas import BenchReport, read_model
 from ...eval.tasks import Example
@@ -21,7 +22,6 @@ from ..opening import Defaults
 from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
 from ..result_tables import BENCH_REPORTS
 from ..runs import APP_CONFIG, Comparison, speed_sentence, speedup, stream_comparison, throttled
-from ..shipped_files import shown_path
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import trace_files
