@@ -147,16 +147,18 @@ void weights(const Unit& u, float* totals) {
         }
       }
     }
-    for (int r = 0; r < T; ++r) {
-      alignas(64) float reduced[LANES];
-      _mm512_store_ps(reduced, reduce16(u.lanes + r * LANES * LANES));
-      const int64_t n = u.rows.count[(u.r0 + r) / u.group];
-      for (int i = 0; i < LANES; ++i) u.scores[r * width + first + i] = first + i < n ? reduced[i] * u.scale : -INFINITY;
+    for (int r = 0; r < T; ++r) {  // positions past the row's last: -inf
+      const int64_t seen = std::clamp<int64_t>(u.rows.count[(u.r0 + r) / u.group] - first, 0, LANES);
+      const __m512 score = _mm512_mul_ps(reduce16(u.lanes + r * LANES * LANES), _mm512_set1_ps(u.scale));
+      const __mmask16 inside = __mmask16((1u << seen) - 1u);
+      _mm512_storeu_ps(u.scores + r * width + first, _mm512_mask_blend_ps(inside, _mm512_set1_ps(-INFINITY), score));
     }
   }
   for (int r = 0; r < T; ++r) {  // summed lane by lane in position order: masked positions add exact zeros
     float* row = u.scores + r * width;
-    const float best = *std::max_element(row, row + u.rows.count[(u.r0 + r) / u.group]);
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t b = 0; b < u.blocks; ++b) top = _mm512_max_ps(top, _mm512_loadu_ps(row + b * LANES));
+    const float best = _mm512_reduce_max_ps(top);
     __m512 total = _mm512_setzero_ps();
     for (int64_t b = 0; b < u.blocks; ++b) {
       const __m512 w = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + b * LANES), _mm512_set1_ps(best)));
