@@ -280,3 +280,5 @@ def upgrade_target(pair: ModelPair, log) -> None:
 def note_passes(pair: ModelPair, how: str) -> None:
     parts = [name for name, runner in (("target", pair.target_pass), ("draft", pair.draft_pass)) if runner]
     pair.runtime.passes = f"{how}: {' and '.join(parts)}" if parts else "eager"
+    if getattr(getattr(pair.target_pass, "module", None), "fused", False):
+        pair.runtime.attention = "the fused kernel (AVX-512 BF16) in the compiled pass"
