@@ -13,6 +13,7 @@ import torch
 
 from ..common.files import cache_dir
 from ..models.eagle import Eagle3Draft
+from . import fused_attention
 from .block_attention import feed_rows, padded_width
 from .compiled_pass import (
     K_MAX,
@@ -31,6 +32,8 @@ STEP_SOURCES = (
     "runtime/static_draft.py",
     "runtime/static_pass.py",
     "runtime/block_attention.py",
+    "runtime/fused_attention.py",
+    "runtime/fused_attention.cpp",
     "runtime/int8_draft.py",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
@@ -46,6 +49,12 @@ def draft_compilable(draft) -> bool:
         and draft.fc.weight.dtype == torch.bfloat16
         and getattr(draft, "directory", None) is not None
     )
+
+
+def fused_step(draft) -> bool:
+    """Whether the draft's step attends on the fused kernel here (if it builds)."""
+    attn = draft.layers[0].self_attn
+    return fused_attention.serves(draft.fc.weight.dtype, attn.head_dim)
 
 
 def uses_int8(draft) -> bool:
@@ -68,6 +77,7 @@ def draft_package_path(draft) -> Path:
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
+        "fused_attention": fused_step(draft),  # which attention
         "source": source_digests(STEP_SOURCES),
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -76,7 +86,7 @@ def draft_package_path(draft) -> Path:
 
 def build_draft_package(draft, path: Path, inductor_configs: dict | None = None) -> Path:
     """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute)."""
-    module = StaticDraftStep(draft, MAX_LEN)
+    module = StaticDraftStep(draft, MAX_LEN, fused_step(draft) and fused_attention.ensure())
     return compile_module(
         module, (torch.zeros(4, draft.hidden_size, dtype=torch.bfloat16),), path, inductor_configs
     )
@@ -108,5 +118,6 @@ def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) ->
 def attach_draft(draft, path: Path, log=print) -> CompiledPass | None:
     """The package loaded over the draft, for its decodes to run (`ModelPair.draft_pass`), if it agrees with
     the eager step; None (and drafting stays eager) if it cannot load or does not agree."""
-    module = StaticDraftStep(draft, MAX_LEN)
+    # The package calls the kernel where its build could load it (built in the build's process, found here)
+    module = StaticDraftStep(draft, MAX_LEN, fused_step(draft) and fused_attention.ensure())
     return load_checked(module, path, lambda c: step_agrees_with_eager(draft, c), "draft step", log)

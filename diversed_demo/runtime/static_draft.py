@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .int8_draft import int8_product
 from .lean_layer import rms_norm
@@ -33,8 +34,10 @@ from .static_pass import K_MAX, rotate
 class StaticDraftStep(nn.Module):
     """The step over the draft's tensors (stacked copies; the embedding shared) and its static cache."""
 
-    def __init__(self, draft, max_len: int = 2048):
+    def __init__(self, draft, max_len: int = 2048, fused: bool = False):
+        """fused: a step's attention on the fused kernel (runtime/fused_attention.py, loaded)."""
         super().__init__()
+        self.fused = fused
         layer = draft.layers[0]
         attn = layer.self_attn
         self.n_query, self.n_kv, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
@@ -97,8 +100,11 @@ class StaticDraftStep(nn.Module):
         return hidden, self._product("lm_head", rms_norm(hidden, self.final_norm, self.eps))
 
     def _attend(self, query: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """query [p, n_q, D] over the used slots: float32 products for a step (the graph's), PyTorch's
-        kernel for a longer feed (eager: a prompt's scores in float32 would take hundreds of MB)."""
+        """query [p, n_q, D] over the used slots: the fused kernel or float32 products for a step (the
+        graph's), PyTorch's kernel for a longer feed (eager: a prompt's scores in float32 would take hundreds
+        of MB)."""
+        if query.shape[0] <= K_MAX and self.fused:
+            return fused_attention.attend(query, self.keys, self.values, mask)
         if query.shape[0] <= K_MAX:
             return attend_in_blocks(query, self.keys, self.values, mask_bias(mask, self.n_query // self.n_kv))
         used = mask.shape[1]

@@ -9,13 +9,21 @@ import copy
 import pytest
 import torch
 from conftest import PROMPTS, tiny_feature_pair
+from tiny import tiny_eagle3, tiny_model, tiny_tokenizer
 
 from diversed_demo.core.draft import FeatureDraft
 from diversed_demo.core.sampling import Sampler
-from diversed_demo.runtime import int8_draft
-from diversed_demo.runtime.compiled_draft import attach_draft, build_draft_package, step_agrees_with_eager
+from diversed_demo.models.pair import ModelPair
+from diversed_demo.runtime import fused_attention, int8_draft
+from diversed_demo.runtime.compiled_draft import (
+    attach_draft,
+    build_draft_package,
+    fused_step,
+    step_agrees_with_eager,
+)
 from diversed_demo.runtime.compiled_pass import CompiledPass
 from diversed_demo.runtime.int8_draft import use_int8_draft
+from diversed_demo.runtime.plan import speed_up
 from diversed_demo.runtime.static_draft import StaticDraftStep
 
 
@@ -24,7 +32,21 @@ def bf16_pair(monkeypatch, tmp_path):
     """The tiny feature pair in bf16, its draft on 8-bit products, as the app runs an EAGLE-3 draft."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
-    pair = copy.deepcopy(tiny_feature_pair())
+    return bf16_int8(copy.deepcopy(tiny_feature_pair()))
+
+
+@pytest.fixture
+def wide_bf16_pair(monkeypatch, tmp_path):
+    """As bf16_pair, with heads of 32 (the fused attention's smallest)."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    target = tiny_model(0, num_layers=3, hidden=128)
+    pair = ModelPair(target, tiny_eagle3(target), tiny_tokenizer(), "tiny-wide", "tiny-eagle3", target.device)
+    speed_up(pair)
+    return bf16_int8(pair)
+
+
+def bf16_int8(pair):
     pair.target.to(torch.bfloat16)
     pair.draft.to(torch.bfloat16)
     assert use_int8_draft(pair.draft) > 0
@@ -70,6 +92,18 @@ def test_drafting_on_the_static_step_proposes_what_the_eager_draft_does(bf16_pai
     eager = scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES)
     bf16_pair.draft_pass = CompiledPass(StaticDraftStep(bf16_pair.draft, max_len=256))
     assert_same_proposals(scripted_proposals(bf16_pair, SEQUENCE, START, ADVANCES), eager)
+
+
+def test_drafting_on_the_fused_attention_proposes_what_attention_in_blocks_does(wide_bf16_pair):
+    """The step on the fused kernel against the same step attending in blocks (the eager draft of this
+    wider pair departs from either by more bf16 rounding than the test above allows)."""
+    pair = wide_bf16_pair
+    if not (fused_step(pair.draft) and fused_attention.ensure()):
+        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
+    pair.draft_pass = CompiledPass(StaticDraftStep(pair.draft, 256, fused=False))
+    in_blocks = scripted_proposals(pair, SEQUENCE, START, ADVANCES)
+    pair.draft_pass = CompiledPass(StaticDraftStep(pair.draft, 256, fused=True))
+    assert_same_proposals(scripted_proposals(pair, SEQUENCE, START, ADVANCES), in_blocks)
 
 
 def test_drafting_past_the_static_cache_goes_on_eagerly(bf16_pair):
