@@ -4,6 +4,7 @@ cached library is damaged."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import struct
@@ -36,11 +37,19 @@ def library_path(source: Path, flags: list[str]) -> Path:
 
 def compile_library(source: Path, flags: list[str], path: Path, background: bool = False) -> None:
     """Compile `source` into `path` (compiled with OpenMP, linked without it: PyTorch's own runtime
-    serves its threads); in the background at the lowest priority, as the compiled pass is built."""
+    serves its threads); in the background at the lowest priority, as the compiled pass is built. One
+    process at a time compiles a library: another that wants it waits, then finds it built."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f"{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        if not path.exists() or library_damage(path) is not None:  # else another process built it
+            compile_unlocked(source, flags, path, background)
+
+
+def compile_unlocked(source: Path, flags: list[str], path: Path, background: bool) -> None:
     torch_dir = Path(torch.__file__).parent
     includes = [f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include/torch/csrc/api/include'}"]
     includes.append(f"-I{sysconfig.get_paths()['include']}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.tmp{os.getpid()}")
     try:
         compile_ = ["g++", *flags, *includes, "-c", str(source), "-o", f"{partial}.o"]
