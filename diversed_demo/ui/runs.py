@@ -213,20 +213,23 @@ def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tu
 
 def stream_comparison(pair, prompt: str, settings: DecodeConfig, example: Example | None = None):
     """Run the prompt through every mode in turn, all with the same seed, so that differences between the
-    runs come from the verifier alone; yield the Comparison as it grows."""
+    runs come from the verifier alone; yield the Comparison as it grows. An upgrade of the pair (its
+    compiled passes, attached at a first start) lands after the whole comparison, not between its runs:
+    every run is timed on the same passes."""
     check_prompt(prompt)
     comparison = Comparison()
-    for mode in MODES:
-        if mode == "dynamic" and not settings.head_name:
-            comparison.skipped[mode] = "no head selected"
-            continue
-        mode_settings = settings.replace(mode=mode)
-        head = resolve_head(pair, mode_settings)
-        for run in stream_decode(pair, prompt, mode_settings, head):
-            comparison.runs[mode] = run
-            if run.done:
-                comparison.quality[mode] = quality_of(pair, prompt, example, run)
-            yield comparison
+    with pair.in_use():
+        for mode in MODES:
+            if mode == "dynamic" and not settings.head_name:
+                comparison.skipped[mode] = "no head selected"
+                continue
+            mode_settings = settings.replace(mode=mode)
+            head = resolve_head(pair, mode_settings)
+            for run in stream_decode(pair, prompt, mode_settings, head):
+                comparison.runs[mode] = run
+                if run.done:
+                    comparison.quality[mode] = quality_of(pair, prompt, example, run)
+                yield comparison
 
 
 def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from conftest import UI_PROMPT, decode_settings
+from tiny import tiny_pair
 
 from diversed_demo.core.generate import generate
 from diversed_demo.core.stats import Summary
@@ -173,3 +174,24 @@ def test_training_failure_is_reported_not_raised():
     assert job.error == "out of prompts" and runs.training_status(job) == "Training failed: out of prompts"
     assert job.start(broken)  # a failed run does not block the next
     job.wait(5)
+
+
+def test_an_upgrade_offered_during_a_comparison_lands_after_its_last_run():
+    """Every run of a Compare runs on the same passes: an upgrade offered once target-only has finished
+    (a first start's compiled passes attaching) waits for the whole comparison, so greedy exact SD still
+    gives target-only's tokens; the next comparison runs upgraded."""
+    pair = tiny_pair()
+    settings = decode_settings(temperature=0.0, ensemble_weight=0.0)
+    head = pair.target.get_output_embeddings()
+    negated = -head.weight.detach().clone()
+    landed, waited = None, []
+    for comparison in runs.stream_comparison(pair, UI_PROMPT, settings):
+        if landed is None and comparison.runs.get("ar") is not None and comparison.runs["ar"].done:
+            landed = pair.offer_upgrade(lambda: setattr(head.weight, "data", negated))
+        elif landed is not None:
+            waited.append(landed.is_set())
+    assert waited and not any(waited) and landed.is_set()
+    assert comparison.departures()["exact"] is None
+    tokens = [e.token_id for e in comparison.runs["ar"].output_events]
+    *_, after = runs.stream_comparison(pair, UI_PROMPT, settings)
+    assert [e.token_id for e in after.runs["ar"].output_events] != tokens
