@@ -18,7 +18,6 @@
 namespace {
 
 constexpr int LANES = 16;
-constexpr int MAX_D = 256;
 
 // exp over 16 lanes (Cephes' polynomial on [-ln2/2, ln2/2], scaled by 2^n); exp(-inf) and anything below
 // the float range are exactly 0, so a masked position adds exact zeros.
@@ -39,36 +38,26 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(~zero, _mm512_scalef_ps(p, n));
 }
 
-// Lane i of the result: the sum of the 16 lanes of the i-th vector at x, by one tree (halves, quarters, ...).
-inline __m512 reduce16(const float* x) {
-  __m512 v[LANES], a[8], b[4], c[2];
-  for (int i = 0; i < LANES; ++i) v[i] = _mm512_loadu_ps(x + i * LANES);
-  const __m512i lo8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-  const __m512i hi8 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  for (int m = 0; m < 8; ++m)
-    a[m] = _mm512_add_ps(_mm512_permutex2var_ps(v[2 * m], lo8, v[2 * m + 1]),
-                         _mm512_permutex2var_ps(v[2 * m], hi8, v[2 * m + 1]));
-  const __m512i lo4 = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i hi4 = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int m = 0; m < 4; ++m)
-    b[m] = _mm512_add_ps(_mm512_permutex2var_ps(a[2 * m], lo4, a[2 * m + 1]),
-                         _mm512_permutex2var_ps(a[2 * m], hi4, a[2 * m + 1]));
-  const __m512i lo2 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-  const __m512i hi2 = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  for (int m = 0; m < 2; ++m)
-    c[m] = _mm512_add_ps(_mm512_permutex2var_ps(b[2 * m], lo2, b[2 * m + 1]),
-                         _mm512_permutex2var_ps(b[2 * m], hi2, b[2 * m + 1]));
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  return _mm512_add_ps(_mm512_permutex2var_ps(c[0], even, c[1]), _mm512_permutex2var_ps(c[0], odd, c[1]));
+// Half the lanes of x's and y's partial sums added: lane i of the result takes lanes lo[i] + hi[i] of (x, y).
+inline __m512 halve(__m512 x, __m512 y, __m512i lo, __m512i hi) {
+  return _mm512_add_ps(_mm512_permutex2var_ps(x, lo, y), _mm512_permutex2var_ps(x, hi, y));
 }
 
-inline __m512 dot_lanes(const uint16_t* q, const uint16_t* k, int chunks) {  // chunks of 32 bf16
-  __m512 acc = _mm512_setzero_ps();
-  for (int c = 0; c < chunks; ++c)
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + 32 * c),
-                           (__m512bh)_mm512_loadu_si512(k + 32 * c));
-  return acc;
+// Lane i of the result: the sum of the 16 lanes of the i-th vector at x, by one tree (halves, quarters, ...).
+inline __m512 reduce16(const float* x) {
+  __m512 v[LANES];
+  for (int i = 0; i < LANES; ++i) v[i] = _mm512_loadu_ps(x + i * LANES);
+  const __m512i lo[4] = {_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+                         _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
+                         _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+                         _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)};
+  const __m512i hi[4] = {_mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31),
+                         _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31),
+                         _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31),
+                         _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)};
+  for (int level = 0, n = LANES; level < 4; ++level, n /= 2)  // 16 vectors -> 8 -> 4 -> 2 -> 1
+    for (int m = 0; m < n / 2; ++m) v[m] = halve(v[2 * m], v[2 * m + 1], lo[level], hi[level]);
+  return v[0];
 }
 
 inline __m512 bf16_to_f32(const uint16_t* x) {

@@ -58,15 +58,21 @@ def test_a_chains_rows_get_the_bits_of_one_token_passes(rows):
         assert torch.equal(together[i : i + 1], alone), f"row {i} of {rows}"
 
 
-def test_a_tree_nodes_row_gets_the_bits_of_the_chain_over_its_path():
-    """A node whose ancestors sit between their siblings (slots used + 0, 2, 4) gives what the chain over
-    its path (slots used + 0, 1, 2) gives: positions, not slots, order every sum."""
-    used = 200
+def tree_and_chain(used: int = 200):
+    """A cache where a node's ancestors sit at slots used + 0, 2, 4 (siblings between), and the cache of the
+    chain over its path, at used + 0, 1, 2."""
     keys, values = cache(3, 64)
     path = [used, used + 2, used + 4]
     chain_keys, chain_values = keys.clone(), values.clone()
     for depth, slot in enumerate(path):
         chain_keys[:, used + depth], chain_values[:, used + depth] = keys[:, slot], values[:, slot]
+    return used, path, (keys, values), (chain_keys, chain_values)
+
+
+def test_a_tree_nodes_row_gets_the_bits_of_the_chain_over_its_path():
+    """A node whose ancestors sit between their siblings (slots used + 0, 2, 4) gives what the chain over
+    its path (slots used + 0, 1, 2) gives: positions, not slots, order every sum."""
+    used, path, (keys, values), (chain_keys, chain_values) = tree_and_chain()
     query = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
     sees = torch.zeros(2, used + 5, dtype=torch.bool)
     sees[:, :used] = True
@@ -80,12 +86,7 @@ def test_a_tree_nodes_row_gets_the_bits_of_the_chain_over_its_path():
 def test_a_kernel_that_sums_by_slot_fails_the_tree_test():
     """The tree test can fail: attention that sums a row's slots by their place in the cache (masked ones
     between) differs from the chain's in the last bits for some node."""
-    used = 200
-    keys, values = cache(3, 64)
-    path = [used, used + 2, used + 4]
-    chain_keys, chain_values = keys.clone(), values.clone()
-    for depth, slot in enumerate(path):
-        chain_keys[:, used + depth], chain_values[:, used + depth] = keys[:, slot], values[:, slot]
+    used, path, (keys, values), (chain_keys, chain_values) = tree_and_chain()
     differ = 0
     for seed in range(20):
         query = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(seed)).bfloat16()
