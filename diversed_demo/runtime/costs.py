@@ -49,6 +49,25 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
     return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
 
 
+def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:
+    """How fast greedy exact SD decodes `prompts` with draft trees, as a multiple of its speed with chains
+    (the same texts either way: exact means exact): per prompt the best of `rounds` alternating decodes
+    each, so that a burst of load slows both alike. Every cost a tree adds counts, not only its pass."""
+    seconds = {"off": 0.0, "on": 0.0}
+    for prompt in prompts:
+        best = {tree: float("inf") for tree in seconds}
+        for _ in range(rounds):
+            for tree in best:
+                config = DecodeConfig(
+                    mode="exact", n_draft="auto", tree=tree, max_new_tokens=max_new_tokens, temperature=0
+                )
+                start = time.perf_counter()
+                generate(pair, prompt, config)
+                best[tree] = min(best[tree], time.perf_counter() - start)
+        seconds = {tree: seconds[tree] + best[tree] for tree in seconds}
+    return seconds["off"] / seconds["on"]
+
+
 def measure_costs(
     pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16, draft_tokens: int = 48
 ) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from tiny import save_tiny_pair
 
 from diversed_demo.runtime import plan
@@ -31,10 +32,25 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
     def broken(*args, **kwargs):
         raise RuntimeError("no pass here")
 
-    monkeypatch.setattr(plan, "pass_ms", broken)
+    monkeypatch.setattr(plan, "tree_speed", broken)
     lines = []
     with pair.in_use():  # a decode running: the timing waits for its end
         plan.choose_drafts(pair, lines.append)
         assert lines == []
-    assert pair.runtime.drafts == "chains" and pair.runtime.tree_pass is None
-    assert lines == ["drafts: chains (timing the compiled pass failed: no pass here)"]
+    assert pair.runtime.drafts == "chains" and pair.runtime.tree_speed is None
+    assert lines == ["drafts: chains (timing trees against chains failed: no pass here)"]
+
+
+TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
+
+
+@pytest.mark.parametrize("speed, drafts", TIMED)
+def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeypatch, speed, drafts):
+    """A wider pass that costs little is not enough: trees are chosen by their decodes' measured speed."""
+    target, draft = save_tiny_pair(tmp_path)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: speed)
+    plan.choose_drafts(pair, lambda line: None)
+    assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
+    assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)

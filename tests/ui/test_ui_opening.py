@@ -219,9 +219,9 @@ def test_the_settings_fold_says_how_the_pair_runs_at_this_moment(pair):
         assert "passes: eager while the compiled ones are built · drafts: chains." in opening.settings_why(
             pair, start
         )
-        pair.runtime = replace(opened, passes="compiled: target and draft", drafts="trees", tree_pass=1.1)
+        pair.runtime = replace(opened, passes="compiled: target and draft", drafts="trees", tree_speed=1.1)
         why = opening.settings_why(pair, start)
         assert why.startswith("The card's settings.") and "passes: compiled: target and draft" in why
-        assert why.endswith("drafts: trees (a pass over 8 tokens costs 1.10 of one).")
+        assert why.endswith("drafts: trees (trees decode at 1.10× the chains' speed here).")
     finally:
         pair.runtime = opened
