@@ -1,7 +1,8 @@
 """The README's screenshots, of the app on the embedded pair as a visitor first sees it: the arrival and each
 tab at 1400 px after a first Compare, and the arrival and a Compare at 390 px; then a Decode that drafted
-trees, at both widths. `make screenshots` runs it (it is not a test: the browser test takes its own, of a
-tiny pair, to a temporary folder); `python tests/screenshots.py trees` takes the trees' alone."""
+trees and a Compare with exact SD on trees beside the chains, at both widths. `make screenshots` runs it
+(it is not a test: the browser test takes its own, of a tiny pair, to a temporary folder);
+`python tests/screenshots.py trees` takes the trees' alone."""
 
 from __future__ import annotations
 
@@ -40,11 +41,17 @@ def shoot(page, name: str) -> None:
     print("wrote", OUT / name)
 
 
+def run_to_end(page, button: str, done: str) -> None:
+    """Click `button` and wait for `done` of this run: an earlier run's is shown until the new one starts."""
+    page.locator(button).click()
+    page.wait_for_selector(done, state="detached", timeout=TIMEOUT_MS)
+    page.wait_for_selector(done, timeout=TIMEOUT_MS)
+
+
 def compare(page, name: str) -> None:
     """Run Compare on the example it opens with, and shoot the page once its verdict is in."""
     page.get_by_role("tab", name="Compare").click()
-    page.locator("#compare").click()
-    page.wait_for_selector("#compare-verdict .dd-verdict[data-state=done]", timeout=TIMEOUT_MS)
+    run_to_end(page, "#compare", "#compare-verdict .dd-verdict[data-state=done]")
     shoot(page, name)
 
 
@@ -55,8 +62,7 @@ def wide(page) -> None:
     shoot(page, "arrival.png")
     compare(page, "compare.png")
     page.get_by_role("tab", name="Decode").click()
-    page.locator("#generate").click()
-    page.wait_for_selector("#stats .dd-stats[data-state=done]", timeout=TIMEOUT_MS)
+    run_to_end(page, "#generate", "#stats .dd-stats[data-state=done]")
     shoot(page, "decode.png")
     for tab, name in (
         ("Speed–quality dial", "dial.png"),
@@ -78,8 +84,9 @@ def narrow(page) -> None:
 
 
 def trees(page) -> None:
-    """A Decode that drafted trees ("drafts: trees" in the sidebar), its last trees under the tokens: at
-    1400 px, then at 390 px (the choice made at 1400, where the sidebar is open)."""
+    """A Decode that drafted trees ("drafts: trees" in the sidebar), its last trees under the tokens, then a
+    Compare with exact SD on trees beside the chains: at 1400 px, then at 390 px (the choice made at 1400,
+    where the sidebar is open)."""
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(f"http://127.0.0.1:{PORT}/")
     page.wait_for_selector("#generate")
@@ -90,10 +97,14 @@ def trees(page) -> None:
             page.locator("#sidebar .toggle-button").click()
             page.wait_for_function("!document.querySelector('#sidebar.open')")
         page.get_by_role("tab", name="Decode").click()
-        page.locator("#generate").click()
-        page.wait_for_selector("#stats .dd-stats[data-state=done]", timeout=TIMEOUT_MS)
+        run_to_end(page, "#generate", "#stats .dd-stats[data-state=done]")
         page.wait_for_selector("#tokens .dd-tree")
         shoot(page, name)
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#compare-trees input").check()
+    for width, height, name in ((1400, 1000, "compare-trees.png"), (390, 844, "narrow-compare-trees.png")):
+        page.set_viewport_size({"width": width, "height": height})
+        compare(page, name)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from ..common.formatting import fmt
 from ..runtime.theory import analytic_speedup
-from .runs import Comparison, DecodeRun
+from .runs import TREES, Comparison, DecodeRun
 
 # The decoder's modes (core.config.MODES) as the page names them; logic keys on the codes.
 MODE_LABELS = {
@@ -24,6 +24,7 @@ MODE_LABELS = {
     "cost": "Per-token rule",
     "dynamic": "DIVERSED",
 }
+RUN_LABELS = {**MODE_LABELS, TREES: "Exact SD on trees"}  # a Compare's runs: the modes, and trees beside them
 
 KIND_LABELS = {
     "accepted": "accepted draft token",
@@ -47,6 +48,7 @@ MODE_COLORS = {
     "static": STATIC_COLOR,
     "cost": RULE_COLOR,
     "dynamic": HEAD_COLOR,
+    TREES: "#0891b2",
 }
 
 
@@ -276,7 +278,7 @@ def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
     elapsed = figure("elapsed time", 280, "generated token", "seconds")
     for mode, run in comparison.runs.items():
         xs = list(range(1, run.new_tokens + 1))
-        label, line = MODE_LABELS[mode], dict(color=MODE_COLORS[mode], width=2)
+        label, line = RUN_LABELS[mode], dict(color=MODE_COLORS[mode], width=2)
         if mode != "ar":
             acceptance.add_trace(
                 go.Scatter(x=xs, y=run.acceptance_per_token, mode="lines", name=label, line=line)
@@ -288,7 +290,7 @@ def comparison_charts(comparison: Comparison) -> tuple[go.Figure, go.Figure]:
 def run_panel_html(mode: str, comparison: Comparison) -> str:
     """One column of the compare view: the `mode` run's coloured tokens, a one-line summary, and where it
     departs from target-only decoding."""
-    label, run = MODE_LABELS[mode], comparison.runs.get(mode)
+    label, run = RUN_LABELS[mode], comparison.runs.get(mode)
     if run is None:
         why = comparison.skipped.get(mode, "waiting…")
         return (

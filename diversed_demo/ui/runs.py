@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..core.config import MODES, DecodeConfig
+from ..core.config import MODES, TREE_OFF, TREE_ON, DecodeConfig
 from ..core.generate import speculative_generate
 from ..core.prompt import encode_prompt
 from ..core.stats import Counts, Summary
@@ -211,24 +211,39 @@ def quality_of(pair, prompt: str, example: Example | None, run: DecodeRun) -> tu
     return float(fidelity(pair, encode_prompt(pair.tokenizer, prompt), run.summary.token_ids)), "fidelity"
 
 
-def stream_comparison(pair, prompt: str, settings: DecodeConfig, example: Example | None = None):
-    """Run the prompt through every mode in turn, all with the same seed, so that differences between the
-    runs come from the verifier alone; yield the Comparison as it grows. An upgrade of the pair (its
-    compiled passes, attached at a first start) lands after the whole comparison, not between its runs:
-    every run is timed on the same passes."""
+# Compare's optional run: exact SD drafting trees, beside every mode drafting chains (issue 53).
+TREES = "trees"
+
+
+def compare_runs(settings: DecodeConfig, trees_beside: bool = False) -> dict[str, DecodeConfig]:
+    """{run: its settings} of a Compare: every mode by `settings` (DIVERSED where a head is named); with
+    `trees_beside`, every mode on chains and exact SD once more on trees, to show what the tree adds."""
+    modes = [mode for mode in MODES if mode != "dynamic" or settings.head_name]
+    if not trees_beside:
+        return {mode: settings.replace(mode=mode) for mode in modes}
+    chains = settings.replace(tree=TREE_OFF)
+    runs = {mode: chains.replace(mode=mode) for mode in modes}
+    return {**runs, TREES: chains.replace(mode="exact", tree=TREE_ON)}
+
+
+def stream_comparison(
+    pair, prompt: str, settings: DecodeConfig, example: Example | None = None, trees_beside: bool = False
+):
+    """Run the prompt through every mode in turn (and exact SD on trees, with `trees_beside`), all with the
+    same seed, so that differences between the runs come from the verifier alone; yield the Comparison as
+    it grows. An upgrade of the pair (its compiled passes, attached at a first start) lands after the whole
+    comparison, not between its runs: every run is timed on the same passes."""
     check_prompt(prompt)
     comparison = Comparison()
+    if not settings.head_name:
+        comparison.skipped["dynamic"] = "no head selected"
     with pair.in_use():
-        for mode in MODES:
-            if mode == "dynamic" and not settings.head_name:
-                comparison.skipped[mode] = "no head selected"
-                continue
-            mode_settings = settings.replace(mode=mode)
-            head = resolve_head(pair, mode_settings)
-            for run in stream_decode(pair, prompt, mode_settings, head):
-                comparison.runs[mode] = run
+        for key, run_settings in compare_runs(settings, trees_beside).items():
+            head = resolve_head(pair, run_settings)
+            for run in stream_decode(pair, prompt, run_settings, head):
+                comparison.runs[key] = run
                 if run.done:
-                    comparison.quality[mode] = quality_of(pair, prompt, example, run)
+                    comparison.quality[key] = quality_of(pair, prompt, example, run)
                 yield comparison
 
 
@@ -242,12 +257,13 @@ def speedup(run: DecodeRun, baseline: DecodeRun | None) -> float | None:
 def speed_sentence(comparison: Comparison) -> str:
     """The measured speed-ups of the speculative modes over the target alone, in plain words."""
     base, phrases = comparison.runs.get("ar"), []
-    for mode in ("exact", "static", "cost", "dynamic"):
+    for mode in ("exact", TREES, "static", "cost", "dynamic"):
         run = comparison.runs.get(mode)
         ratio = speedup(run, base) if run is not None and run.done else None
         if ratio is not None:
             name = {
                 "exact": "exact speculative decoding",
+                TREES: "exact SD on draft trees",
                 "static": f"a fixed w = {run.settings.ensemble_weight:g}",
                 "cost": f"the per-token rule (λ = {run.settings.lam:g})",
                 "dynamic": "DIVERSED",

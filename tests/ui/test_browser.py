@@ -277,10 +277,15 @@ def test_compare_shows_runs_charts_and_table(page, screenshots):
     open_tab(page, "Compare")
     assert page.locator("#compare-prompt textarea").input_value() == FIRST_EXAMPLE  # filled in on arrival too
     page.locator("#compare-prompt textarea").fill(PROMPT)
+    assert not page.locator("#compare-trees-panel").is_visible()  # a tree beside the chains, on request
+    page.locator("#compare-trees input").check()
+    page.locator("#compare-trees-panel").wait_for()
     page.locator("#compare").click()
     # The dataframe keeps hidden measuring copies of its cells, so read its text rather than locate cells.
     with_head = bool(page.locator("#head input").input_value())
-    modes = ["Target only", "Exact SD", "Static ensemble"] + (["DIVERSED"] if with_head else [])
+    modes = ["Target only", "Exact SD", "Static ensemble", "Exact SD on trees"] + (
+        ["DIVERSED"] if with_head else []
+    )
     page.wait_for_function(
         "modes => modes.every(mode => document.querySelector('#compare-table').innerText.includes(mode))",
         arg=modes,

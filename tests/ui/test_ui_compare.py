@@ -158,7 +158,9 @@ def compared(pair, tmp_path_factory):
 
 
 def test_the_compare_handler_ends_with_a_panel_per_mode_and_a_row_per_run(compared):
-    assert len(compared.panels) == 5 and isinstance(compared.table, pd.DataFrame) and len(compared.table) == 4
+    """Five mode panels and the trees' (hidden unless asked for, which it was not: it says it waits)."""
+    assert len(compared.panels) == 6 and isinstance(compared.table, pd.DataFrame) and len(compared.table) == 4
+    assert "Exact SD on trees" in compared.panels[-1] and "waiting" in compared.panels[-1]
 
 
 def test_the_compare_handler_draws_both_charts(compared):
@@ -229,3 +231,39 @@ def test_the_greedy_exactness_claim_follows_the_dtype_device_and_the_measured_re
     assert "10 of 26" in greedy_exactness(pair_in(torch.bfloat16), (report, gpu_report))
     report.write_text(bench_json({**settings, "dtype": "float32"}, 1.0))
     assert "may depart" in greedy_exactness(pair_in(torch.bfloat16), (report,))  # another dtype's figure
+
+
+def test_trees_beside_run_every_mode_on_chains_and_exact_sd_once_more_on_draft_trees(pair):
+    """Issue 53: a Compare can run a tree beside the chain; greedy, exact SD on trees keeps the target's own
+    tokens, and the tree run shows in the table, the charts, the sentence and the trace by its label."""
+    settings = decode_settings(temperature=0.0, tree="on")  # the sidebar's choice gives way to chains
+    *_, comparison = runs.stream_comparison(pair, UI_PROMPT, settings, trees_beside=True)
+    assert list(comparison.runs) == ["ar", "exact", "static", "cost", runs.TREES]
+    trees = comparison.runs[runs.TREES]
+    assert {key: run.settings.tree for key, run in comparison.runs.items()} == {
+        **{mode: "off" for mode in ("ar", "exact", "static", "cost")},
+        runs.TREES: "on",
+    }
+    assert trees.settings.mode == "exact" and any(event.tree for event in trees.events)
+    assert not any(event.tree for event in comparison.runs["exact"].events)
+    assert comparison.departures()[runs.TREES] is None
+    assert list(compare.comparison_table(comparison)["mode"])[-1] == "Exact SD on trees"
+    assert "exact SD on draft trees" in runs.speed_sentence(comparison)
+    _acceptance, elapsed = render.comparison_charts(comparison)
+    assert elapsed.data[-1].name == "Exact SD on trees"
+    assert "departs" not in render.run_panel_html(runs.TREES, comparison)
+
+
+def test_a_finished_runs_panel_and_an_unchanged_table_are_not_sent_again(pair, monkeypatch):
+    """Each update carries what changed: a finished run's panel is sent once done, then skipped while the
+    next runs stream (its tokens are not rendered and laid out again), and the table when a run finishes;
+    the last update carries everything."""
+    monkeypatch.setattr(compare, "UI_INTERVAL_S", 0)  # an update at every event
+    updates = list(compare.on_compare(pair, ui_examples(), UI_PROMPT, 0.5, None, 3, 16, 1.0, 0))
+    streamed, last = updates[:-1], updates[-1]
+    target_only = [update[0] for update in streamed if isinstance(update[0], str)]
+    assert sum('data-state="done"' in panel for panel in target_only) == 1
+    assert len(target_only) < len(streamed) / 2
+    tables = [update[-3] for update in streamed if isinstance(update[-3], pd.DataFrame)]
+    assert 1 <= len(tables) <= 4 and all(isinstance(panel, str) for panel in last[:6])
+    assert isinstance(last[-3], pd.DataFrame) and len(last[-3]) == 4

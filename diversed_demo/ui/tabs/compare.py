@@ -19,14 +19,15 @@ from ...runtime.model_thread import MODEL_THREAD
 from ..examples import example_choices, find_example, opening_prompt
 from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
-from ..render import MODE_LABELS, comparison_charts, legend_html, run_panel_html
+from ..render import MODE_LABELS, RUN_LABELS, comparison_charts, legend_html, run_panel_html
 from ..result_tables import BENCH_REPORTS
-from ..runs import APP_CONFIG, Comparison, speed_sentence, speedup, stream_comparison, throttled
+from ..runs import APP_CONFIG, TREES, Comparison, speed_sentence, speedup, stream_comparison, throttled
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import trace_files
 from .decode import CHART_INTERVAL_S, UI_INTERVAL_S
 
+PANELS = (*MODES, TREES)  # a panel per mode, and one for exact SD on trees (shown where it runs)
 TABLE_COLUMNS = ["mode", "speedup ×", "acceptance", "τ", "tokens/s", "tokens", "quality", "metric"]
 CAVEAT = (
     "One prompt is too few to judge quality: the Results tab has the measured tables "
@@ -94,7 +95,7 @@ def comparison_table(comparison: Comparison) -> pd.DataFrame:
     """Speedup over target-only, acceptance, τ, tokens/s and quality of each finished run."""
     baseline = comparison.runs.get("ar")
     rows = []
-    for mode in MODES:
+    for mode in PANELS:
         run = comparison.runs.get(mode)
         if run is None or not run.done:
             continue
@@ -102,7 +103,7 @@ def comparison_table(comparison: Comparison) -> pd.DataFrame:
         ratio = speedup(run, baseline)
         rows.append(
             {
-                "mode": MODE_LABELS[mode],
+                "mode": RUN_LABELS[mode],
                 "speedup ×": None if ratio is None else round(ratio, 2),
                 "acceptance": None if run.acceptance_rate is None else round(run.acceptance_rate, 3),
                 "τ": round(run.tau, 2),
@@ -129,9 +130,11 @@ def on_compare(
     lam=APP_CONFIG.lam,
     auto_n=False,
     drafts="as the runtime chose",
+    trees_beside=False,
     request: gr.Request = None,
 ):
-    """Stream the comparison: (a panel per mode, two charts, table, verdict, trace files)."""
+    """Stream the comparison: (a panel per run, two charts, table, verdict, trace files). `trees_beside`:
+    every mode on chains, and exact SD once more on draft trees."""
     example = find_example(prompt, examples)
     last_chart = time.perf_counter()  # the first chart a chart interval in, as in Decode
     with user_errors():
@@ -140,28 +143,45 @@ def on_compare(
         )
         comparison = Comparison()
         with DECODE_SLOTS.hold(request):
-            comparing = MODEL_THREAD.iterate(lambda: stream_comparison(pair, prompt, settings, example))
+            comparing = MODEL_THREAD.iterate(
+                lambda: stream_comparison(pair, prompt, settings, example, bool(trees_beside))
+            )
+            shown = {}  # per panel, the state of its run last sent: only what changed is sent again
             for comparison in throttled(comparing, UI_INTERVAL_S):
                 charts = (gr.skip(), gr.skip())
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
                     charts, last_chart = comparison_charts(comparison), time.perf_counter()
+                panels, finished = changed_panels(comparison, shown), shown.get("finished")
+                shown["finished"] = sorted(mode for mode, run in comparison.runs.items() if run.done)
                 yield (
-                    *[run_panel_html(mode, comparison) for mode in MODES],
+                    *panels,
                     *charts,
-                    comparison_table(comparison),
+                    gr.skip() if finished == shown["finished"] else comparison_table(comparison),
                     compare_verdict(comparison, running=True),
                     gr.skip(),
                 )
         # The visitor's slot is free before the verdict shows: they may go again at once.
         # The last update always carries the final charts, the full table, the verdict and the trace.
-        labelled = {MODE_LABELS[mode]: run for mode, run in comparison.runs.items()}
+        labelled = {RUN_LABELS[mode]: run for mode, run in comparison.runs.items()}
         yield (
-            *[run_panel_html(mode, comparison) for mode in MODES],
+            *[run_panel_html(mode, comparison) for mode in PANELS],
             *comparison_charts(comparison),
             comparison_table(comparison),
             compare_verdict(comparison),
             trace_files(labelled, pair, "compare"),
         )
+
+
+def changed_panels(comparison: Comparison, shown: dict) -> list:
+    """Each panel's HTML where its run changed since `shown` (updated here), gr.skip() where it did not: a
+    finished run's tokens are not rendered, sent and laid out again at every update of the next run's."""
+    panels = []
+    for mode in PANELS:
+        run = comparison.runs.get(mode)
+        state = (len(run.events), run.done) if run is not None else comparison.skipped.get(mode)
+        panels.append(gr.skip() if shown.get(mode, ...) == state else run_panel_html(mode, comparison))
+        shown[mode] = state
+    return panels
 
 
 BENCH_PATHS = tuple(path for path, _command in BENCH_REPORTS.values())
@@ -226,6 +246,13 @@ def build_compare_tab(
                 "Run compare", variant="primary", scale=1, min_width=120, elem_id="compare"
             )
             stop_button = gr.Button("Stop", scale=0, min_width=80, elem_id="compare-stop")
+        trees_beside = gr.Checkbox(
+            False,
+            label="exact SD on draft trees beside the chains",
+            info="every mode drafts chains, and exact SD runs once more drafting trees (several guesses a "
+            "position, one target pass): what a tree adds on this machine",
+            elem_id="compare-trees",
+        )
         prompt = gr.Textbox(
             opening_prompt(examples, start.example_index),
             label="prompt",
@@ -242,9 +269,12 @@ def build_compare_tab(
         panels, plots, summary, trace = build_compare_outputs()
 
     example.change(bind(example_prompt, examples), example, prompt, api_visibility="private")
+    trees_beside.change(
+        lambda shown: gr.update(visible=shown), trees_beside, panels[-1], api_visibility="private"
+    )
     comparing = compare_button.click(
         bind(on_compare, pair, examples),
-        [prompt, *sidebar.inputs],
+        [prompt, *sidebar.inputs, trees_beside],
         [*panels, *plots, summary, verdict, trace],
         concurrency_id="decode",
         api_name="compare",
@@ -255,10 +285,16 @@ def build_compare_tab(
 
 def build_compare_outputs() -> tuple[list[gr.HTML], list[gr.Plot], gr.Dataframe, gr.File]:
     """The panels (one per mode), the two charts, the summary table and the trace box."""
-    with gr.Row(equal_height=False):
+    with gr.Row(equal_height=False, elem_classes="dd-panels"):
         panels = [
-            gr.HTML(run_panel_html(mode, Comparison()), elem_classes="dd-panel-box", min_width=220)
-            for mode in MODES
+            gr.HTML(
+                run_panel_html(mode, Comparison()),
+                elem_classes="dd-panel-box",
+                min_width=160,
+                visible=mode != TREES,
+                elem_id="compare-trees-panel" if mode == TREES else None,
+            )
+            for mode in PANELS
         ]
     with gr.Row():
         acceptance_plot = gr.Plot(show_label=False, elem_id="compare-acceptance", min_width=300)

@@ -20,8 +20,8 @@ from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
 from ..trace import load_trace, read_trace, run_labels, trace_files
 
-UI_INTERVAL_S = 0.1  # streaming: push the text at most this often
-CHART_INTERVAL_S = 0.5  # plotly figures are heavier to ship and redraw: push them less often
+UI_INTERVAL_S = 0.25  # streaming: push the text at most this often
+CHART_INTERVAL_S = 1.0  # plotly figures are heavier to ship and redraw: push them less often
 REPLAY_S = 3.0  # a replayed trace plays back in at most this long, however long the run took
 REPLAY_CONCURRENCY = 4  # replays at once: each holds a worker for up to REPLAY_S
 MAX_TRACE_BYTES = 5_000_000  # a 512-token Compare trace is about 1 MB
