@@ -61,14 +61,16 @@ UNUSED_DAYS = 30
 
 
 def prune(folder: Path, keep: set[Path], days: int = UNUSED_DAYS) -> list[Path]:
-    """Delete the compiled packages in `folder` (and their build logs) that no start has loaded for `days`,
-    but those in `keep`: every version of the code builds its own, a few hundred MB each."""
+    """Delete the compiled packages in `folder` (their build logs and timings too) that no start has loaded
+    for `days`, but those in `keep`: every version of the code builds its own, a few hundred MB each."""
     cutoff = time.time() - days * 86400
     removed = []
     for package in sorted(folder.glob("*.pt2")):
         if package not in keep and package.stat().st_mtime < cutoff:
             package.unlink(missing_ok=True)
             package.with_suffix(".log").unlink(missing_ok=True)
+            for timing in folder.glob(f"{package.stem}.drafts-*.json"):  # plan.tree_timing_path
+                timing.unlink(missing_ok=True)
             removed.append(package)
     return removed
 

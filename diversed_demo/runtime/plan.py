@@ -18,6 +18,8 @@ transformers runs them; DIVERSED_COMPILED_PASS=off keeps the passes eager.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import sys
 import threading
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common import priority
+from ..common.files import read_json_object, write_text
 from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
@@ -32,7 +35,7 @@ from ..models.pair import ModelPair
 from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
-from .compiled_pass import SWITCH, int4_operand_count
+from .compiled_pass import SWITCH, int4_operand_count, package_path
 from .costs import tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import choice_note, measured_dtype
@@ -90,18 +93,23 @@ BUILDER_END_S = 5.0  # the most the model thread waits for the background thread
 def choose_drafts(pair: ModelPair, log) -> None:
     """Between decodes, time greedy exact SD on TREE_PROBES with chains and with trees, on the compiled
     passes, and draft trees (where a decode's tree setting is "auto") if they decode TREE_GAIN faster;
-    chains otherwise, and where the pass cannot take a tree's rows (transformers' own static cache)."""
+    chains otherwise, and where the pass cannot take a tree's rows (transformers' own static cache). The
+    timing (seconds) is kept beside the compiled passes: later starts on them read it."""
     runner = pair.target_pass
     if runner is None or not isinstance(runner.module, StaticPass):
         return
 
     def measure() -> None:
-        try:
-            with priority.decoding():  # as a decode runs: any background build stopped
-                speed = tree_speed(pair, TREE_PROBES)
-        except Exception as error:  # run where a decode ends: the decode must not fail for it
-            log(f"drafts: chains (timing trees against chains failed: {error})")
-            return
+        kept = tree_timing_path(pair)
+        speed = (read_json_object(kept)[0] or {}).get("tree_speed")
+        if not isinstance(speed, (int, float)):
+            try:
+                with priority.decoding():  # as a decode runs: any background build stopped
+                    speed = tree_speed(pair, TREE_PROBES)
+            except Exception as error:  # run where a decode ends: the decode must not fail for it
+                log(f"drafts: chains (timing trees against chains failed: {error})")
+                return
+            write_text(kept, json.dumps({"tree_speed": speed}) + "\n")
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
@@ -116,6 +124,14 @@ def choose_drafts(pair: ModelPair, log) -> None:
         queued.add_done_callback(failed)
     else:
         pair.offer_upgrade(measure)
+
+
+def tree_timing_path(pair: ModelPair) -> Path:
+    """Where `choose_drafts` keeps its timing: beside the target's compiled pass, for this draft (the pass's
+    key already names the code, the CPU and the thread count)."""
+    aux = list(getattr(pair.draft, "aux_layer_ids", None) or [])
+    draft = hashlib.sha256(str(pair.draft_name).encode()).hexdigest()[:12]
+    return package_path(pair.target, aux).with_suffix(f".drafts-{draft}.json")
 
 
 def say(line: str) -> None:

@@ -137,11 +137,15 @@ def test_packages_no_start_loaded_for_a_month_are_removed(tmp_path):
     for package in (old, fresh, wanted):
         package.write_bytes(b"package")
     old.with_suffix(".log").write_text("its build log")
+    timings = [package.with_suffix(".drafts-abc.json") for package in (old, wanted)]  # plan.tree_timing_path
+    for timing in timings:
+        timing.write_text('{"tree_speed": 0.95}')
     month_ago = time.time() - 31 * 86400
     for package in (old, wanted):
         os.utime(package, (month_ago, month_ago))
     assert prune(tmp_path, keep={wanted}) == [old]
     assert fresh.exists() and wanted.exists() and not old.exists() and not old.with_suffix(".log").exists()
+    assert not timings[0].exists() and timings[1].exists()
 
 
 def test_a_package_that_disagrees_is_not_attached(lean_model):

@@ -24,7 +24,8 @@ def test_each_load_is_a_new_pair_that_nothing_else_holds(tmp_path):
 
 def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(tmp_path, monkeypatch):
     """The tree-or-chain timing runs where a decode ends: if it fails, that decode still ends normally, the
-    pair keeps chains and the log names the failure."""
+    pair keeps chains and the log names the failure (and nothing is kept: the next start times again)."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     target, draft = save_tiny_pair(tmp_path)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))  # as if compiled
@@ -39,6 +40,7 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
         assert lines == []
     assert pair.runtime.drafts == "chains" and pair.runtime.tree_speed is None
     assert lines == ["drafts: chains (timing trees against chains failed: no pass here)"]
+    assert not plan.tree_timing_path(pair).exists()
 
 
 TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
@@ -46,11 +48,16 @@ TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
 
 @pytest.mark.parametrize("speed, drafts", TIMED)
 def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeypatch, speed, drafts):
-    """A wider pass that costs little is not enough: trees are chosen by their decodes' measured speed."""
+    """A wider pass that costs little is not enough: trees are chosen by their decodes' measured speed. The
+    timing is kept beside the compiled passes: a later start on them reads it instead of decoding again."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     target, draft = save_tiny_pair(tmp_path)
-    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
-    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
-    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: speed)
-    plan.choose_drafts(pair, lambda line: None)
-    assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
-    assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)
+    timings = []
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append(timed) or speed)
+    for _start in range(2):
+        pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+        pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+        plan.choose_drafts(pair, lambda line: None)
+        assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
+        assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)
+    assert len(timings) == 1
