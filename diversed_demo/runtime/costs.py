@@ -52,20 +52,27 @@ def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens
 def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:
     """How fast greedy exact SD decodes `prompts` with draft trees, as a multiple of its speed with chains
     (the same texts either way: exact means exact): per prompt the best of `rounds` alternating decodes
-    each, so that a burst of load slows both alike. Every cost a tree adds counts, not only its pass."""
-    seconds = {"off": 0.0, "on": 0.0}
+    each, so that a burst of load slows both alike, after an untimed decode of each (a first tree decode
+    after a start ran at half the speed of the next). Every cost a tree adds counts, not only its pass."""
+
+    def seconds(prompt: str, tree: str) -> float:
+        config = DecodeConfig(
+            mode="exact", n_draft="auto", tree=tree, max_new_tokens=max_new_tokens, temperature=0
+        )
+        start = time.perf_counter()
+        generate(pair, prompt, config)
+        return time.perf_counter() - start
+
+    total = {"off": 0.0, "on": 0.0}
+    for tree in total:
+        seconds(prompts[0], tree)
     for prompt in prompts:
-        best = {tree: float("inf") for tree in seconds}
+        times = {tree: [] for tree in total}
         for _ in range(rounds):
-            for tree in best:
-                config = DecodeConfig(
-                    mode="exact", n_draft="auto", tree=tree, max_new_tokens=max_new_tokens, temperature=0
-                )
-                start = time.perf_counter()
-                generate(pair, prompt, config)
-                best[tree] = min(best[tree], time.perf_counter() - start)
-        seconds = {tree: seconds[tree] + best[tree] for tree in seconds}
-    return seconds["off"] / seconds["on"]
+            for tree in times:
+                times[tree].append(seconds(prompt, tree))
+        total = {tree: total[tree] + min(times[tree]) for tree in total}
+    return total["off"] / total["on"]
 
 
 def measure_costs(
