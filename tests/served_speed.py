@@ -2,12 +2,14 @@
 all runs on the model thread (runtime/model_thread.py: a second thread with its own OpenMP team would slow
 both). Prints JSON: per mode the best seconds of a decode through the app's Decode handler and through
 `generate` on the same prompt, alternating (the host's other guests only ever add time, so the best of
-several rounds is each path's own speed); then the first example's Compare speed-ups over target-only.
+several rounds is each path's own speed); then the first example's Compare speed-ups over target-only,
+each mode's median over COMPARES Compares.
 Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 from diversed_demo.core.generate import generate
@@ -18,13 +20,15 @@ from diversed_demo.ui.opening import measured_opening
 from diversed_demo.ui.runs import resolve_head, speedup, stream_comparison
 from diversed_demo.ui.tabs.decode import on_generate
 
+COMPARES = 3  # the Compare's speed-ups: each mode's median over this many (one run alone is noisy here)
 ROUNDS = 7  # best of: on a shared 2-core host one decode in three may meet a burst of load
 
 
 def app_decode_s(pair, prompt, settings) -> float:
-    """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's."""
-    start = time.perf_counter()
-    for _ in on_generate(
+    """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's: until
+    the update that shows it done (its chart and trace files follow)."""
+    start, done = time.perf_counter(), None
+    for _tokens, stats, *_ in on_generate(
         pair,
         prompt,
         settings.mode,
@@ -37,8 +41,9 @@ def app_decode_s(pair, prompt, settings) -> float:
         settings.lam,
         auto_n=True,
     ):
-        pass
-    return time.perf_counter() - start
+        if done is None and 'data-state="done"' in stats:
+            done = time.perf_counter() - start
+    return done
 
 
 def library_decode_s(pair, prompt, settings, head) -> float:
@@ -52,6 +57,8 @@ def main() -> None:
     examples = load_examples()
     start = MODEL_THREAD.call(measured_opening, pair, examples)
     example = examples[start.example_index]
+    if pair.target_pass is None:
+        raise SystemExit(f"no compiled passes attached ({pair.runtime.passes}): not the app's decode")
     figures = {"runtime": str(pair.runtime), "decode_s": {}}
     for mode in ("ar", "exact", "dynamic"):
         settings = start.settings.replace(mode=mode, n_draft="auto", temperature=0.0, max_new_tokens=128)
@@ -62,11 +69,14 @@ def main() -> None:
             library.append(MODEL_THREAD.call(library_decode_s, pair, example.prompt, settings, head))
         figures["decode_s"][mode] = {"app": min(app), "library": min(library)}
     settings = start.settings.replace(n_draft="auto")
-    comparison = MODEL_THREAD.call(
-        lambda: list(stream_comparison(pair, example.prompt, settings, example))[-1]
-    )
-    base = comparison.runs["ar"]
-    figures["compare_speedup"] = {mode: speedup(run, base) for mode, run in comparison.runs.items()}
+    speedups = []
+    for _ in range(COMPARES):
+        comparison = MODEL_THREAD.call(
+            lambda: list(stream_comparison(pair, example.prompt, settings, example))[-1]
+        )
+        base = comparison.runs["ar"]
+        speedups.append({mode: speedup(run, base) for mode, run in comparison.runs.items()})
+    figures["compare_speedup"] = {mode: statistics.median(s[mode] for s in speedups) for mode in speedups[0]}
     print(json.dumps(figures))
 
 
