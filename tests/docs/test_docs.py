@@ -323,8 +323,7 @@ def test_the_readme_hub_pair_example_runs_on_a_local_pair(tmp_path, capsys):
 
 @pytest.mark.embedded
 @pytest.mark.slow
-def test_the_readme_embedded_example_runs(capsys, monkeypatch):
-    monkeypatch.setenv("DIVERSED_COMPILED_PASS", "off")  # no background build left running after the test
+def test_the_readme_embedded_example_runs(capsys):
     for block in python_examples()[0]:
         exec(compile(block, "README.md", "exec"), {})
     assert "acceptance" in capsys.readouterr().out

@@ -1,7 +1,6 @@
 """A few checks on the real embedded pair (SmolLM2-135M-Instruct target and its shipped EAGLE-3 draft)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -85,11 +84,6 @@ def test_greedy_exact_sd_is_target_only_token_for_token_in_the_default_dtype(pro
         assert summary.token_ids == reference.token_ids, (str(pair.runtime), n_draft)
 
 
-# The CLI's decodes, without the background build of the compiled passes that would outlive the command
-# (and run beside the tests after it): the build has tests of its own.
-NO_BUILD = dict(os.environ, DIVERSED_COMPILED_PASS="off")
-
-
 @pytest.mark.slow
 def test_cli_generate_json_on_embedded_pair():
     out = subprocess.run(
@@ -113,7 +107,6 @@ def test_cli_generate_json_on_embedded_pair():
         capture_output=True,
         text=True,
         timeout=300,
-        env=NO_BUILD,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -149,7 +142,6 @@ def test_cli_plain_output_and_bad_input():
         capture_output=True,
         text=True,
         timeout=300,
-        env=NO_BUILD,
     )
     assert out.returncode == 0, out.stderr
     assert "acceptance" in out.stdout and "tok/s" in out.stdout
@@ -158,7 +150,6 @@ def test_cli_plain_output_and_bad_input():
         capture_output=True,
         text=True,
         timeout=300,
-        env=NO_BUILD,
     )
     assert bad.returncode == 2 and "ensemble weight" in bad.stderr and "Traceback" not in bad.stderr
 

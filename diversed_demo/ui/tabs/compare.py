@@ -146,17 +146,16 @@ def on_compare(
             comparing = MODEL_THREAD.iterate(
                 lambda: stream_comparison(pair, prompt, settings, example, bool(trees_beside))
             )
-            shown = {}  # per panel, the state of its run last sent: only what changed is sent again
+            shown, finished = {}, None  # what was last sent: only what changed is sent again
             for comparison in throttled(comparing, UI_INTERVAL_S):
                 charts = (gr.skip(), gr.skip())
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
                     charts, last_chart = comparison_charts(comparison), time.perf_counter()
-                panels, finished = changed_panels(comparison, shown), shown.get("finished")
-                shown["finished"] = sorted(mode for mode, run in comparison.runs.items() if run.done)
+                table_rows, finished = finished, [mode for mode, run in comparison.runs.items() if run.done]
                 yield (
-                    *panels,
+                    *changed_panels(comparison, shown),
                     *charts,
-                    gr.skip() if finished == shown["finished"] else comparison_table(comparison),
+                    gr.skip() if table_rows == finished else comparison_table(comparison),
                     compare_verdict(comparison, running=True),
                     gr.skip(),
                 )
