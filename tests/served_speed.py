@@ -26,7 +26,7 @@ ROUNDS = 7  # best of: on a shared 2-core host one decode in three may meet a bu
 
 def app_decode_s(pair, prompt, settings) -> float:
     """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's: until
-    the update that shows it done (its chart and trace files follow)."""
+    the update that shows it done (its last, with the chart and trace files)."""
     start, done = time.perf_counter(), None
     for _tokens, stats, *_ in on_generate(
         pair,

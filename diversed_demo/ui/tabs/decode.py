@@ -63,16 +63,13 @@ def on_generate(
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S and charted != w_points(run):
                     chart, charted, last_chart = w_chart(run), w_points(run), time.perf_counter()
                 yield decoded_html(run), stats_html(run), chart, gr.skip()
-        # The visitor's slot is free before the page shows the run as done: they may go again at once. The
-        # finished text first; then everything again with the chart and the trace files (milliseconds to
-        # make), the last update whole for an API caller.
+        # The visitor's slot is free before the page shows the run as done: they may go again at once. One
+        # last update, the run shown done with its chart and trace: an update after the one that shows it
+        # done could land on a replay or a decode the visitor started meanwhile.
         if run is not None:
-            tokens, stats = decoded_html(run), stats_html(run)
-            if run.done:
-                yield tokens, stats, gr.skip(), gr.skip()
             files = trace_files({MODE_LABELS[settings.mode]: run}, pair, "decode") if run.done else gr.skip()
             chart = w_chart(run) if charted != w_points(run) else gr.skip()
-            yield tokens, stats, chart, files
+            yield decoded_html(run), stats_html(run), chart, files
 
 
 def w_points(run: DecodeRun) -> int:
