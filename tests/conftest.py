@@ -24,6 +24,10 @@ def has_vllm() -> bool:
 collect_ignore = [] if has_vllm() else ["vllm"]
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has 2 cores
+# The same for the processes tests start (the CLI, the app): a 2-thread OpenMP team beside the other worker
+# oversubscribes 2 cores, and its spinning threads wait on each other (the embedded CLI test: 51 s, 14 s
+# with one thread: docs/architecture.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No test starts a minute-long background compile of a target's pass or a draft's step:
 # tests/runtime/test_compiled_pass.py and test_compiled_draft.py build what they check themselves.
 os.environ["DIVERSED_COMPILED_PASS"] = "off"

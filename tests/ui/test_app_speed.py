@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.embedded, pytest.mark.timed]
 SCRIPT = Path(__file__).resolve().parents[1] / "served_speed.py"
 
 
-# The app's own settings, not the test run's (conftest.py keeps the tests' pairs eager and their dtype
-# choices aside): the compiled passes built into the user cache and the dtype remembered there, as a server.
-TEST_ONLY = ("DIVERSED_COMPILED_PASS", "DIVERSED_DTYPE_CHOICES")
+# The app's own settings, not the test run's (conftest.py keeps the tests' pairs eager, their dtype choices
+# aside and their processes on one thread): the compiled passes built into the user cache, the dtype
+# remembered there and every core, as a server.
+TEST_ONLY = ("DIVERSED_COMPILED_PASS", "DIVERSED_DTYPE_CHOICES", "OMP_NUM_THREADS")
 APP_ENV = {name: value for name, value in os.environ.items() if name not in TEST_ONLY}
 
 
