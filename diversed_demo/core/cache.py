@@ -17,7 +17,8 @@ def cache_keyword(forward) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
-MAX_FEED = 8  # new tokens a pass after the prompt may feed on the compiled pass (runtime/static_pass.py)
+MAX_FEED = 8  # new tokens a chain's step feeds: up to 7 drafts (or copies) and the unseen token
+PASS_ROWS = 16  # new tokens one compiled pass takes (runtime/static_pass.py): a tree of up to 15 nodes
 
 
 class CachedLM:

@@ -77,7 +77,7 @@ class DecodeConfig:
         return self.n_draft, self.max_new_tokens, self.temperature, self.top_p
 
 
-TREE_LIMITS = (8, 8, 7, 7)  # width, expansion, depth, nodes at most: one compiled pass scores 7 nodes
+TREE_LIMITS = (8, 8, 7, 15)  # width, expansion, depth, nodes at most: one compiled pass scores 15 nodes
 
 
 def tree_shape(tree: str) -> tuple[int, int, int, int] | None:

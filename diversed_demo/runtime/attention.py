@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..core.cache import MAX_FEED
+from ..core.cache import PASS_ROWS
 from .block_attention import attend_in_blocks, feed_rows, mask_bias, padded_width
 
 GROUPED_SDPA = "sdpa_grouped"
@@ -52,7 +52,7 @@ def takes_blocks(query, attention_mask, scaling) -> bool:
     batch, _, new, dim = query.shape
     plain = attention_mask is None or attention_mask.dtype == torch.bool
     default_scale = scaling is None or scaling == dim**-0.5
-    return batch == 1 and new <= MAX_FEED and query.dtype != torch.float32 and plain and default_scale
+    return batch == 1 and new <= PASS_ROWS and query.dtype != torch.float32 and plain and default_scale
 
 
 def attention_in_blocks(query, key, value, attention_mask):

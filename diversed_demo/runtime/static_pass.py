@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
-from ..core.cache import MAX_FEED
+from ..core.cache import PASS_ROWS
 from . import fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .gguf_int4 import int4_product
 from .lean_layer import LeanLlamaLayer, rms_norm
 
-K_MAX = MAX_FEED  # new tokens a compiled pass takes: the verification of up to 7 drafts
+K_MAX = PASS_ROWS  # new tokens a compiled pass takes: a chain's step, or a draft tree's of up to 15 nodes
 
 
 def compilable(model) -> bool:
