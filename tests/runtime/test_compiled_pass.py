@@ -12,6 +12,7 @@ from references import AUX, decode_like, random_feeds
 from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
+from diversed_demo.core.config import TREE_LIMITS
 from diversed_demo.runtime import compiled_pass, fused_attention, gguf_int4
 from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import use_grouped_attention
@@ -172,13 +173,35 @@ def path_to(node: int, parents: list[int]) -> list[int]:
     return path
 
 
+def tree_logits_match_paths(model, runner, prompt, tokens, parents, exact: bool):
+    """One pass over the tree `tokens` (`parents`) after `prompt` scores each node as a chain over its own
+    path does (bit for bit where `exact`); returns the tree's CachedLM and the length before the tree."""
+    from diversed_demo.core.cache import tree_feed
+    from diversed_demo.core.tree import feed_layout
+
+    vocab = model.config.vocab_size
+    tree_lm = CachedLM(model, vocab, AUX, runner=runner())
+    tree_lm.forward(prompt[:-1], keep=1)
+    length = tree_lm.length
+    offsets, sees = feed_layout(1, parents)
+    feed = torch.cat([prompt[-1:], tokens])
+    logits, _, aux = tree_lm.forward(feed, keep=len(feed), rows=tree_feed(length, offsets, sees))
+    for node in range(len(tokens)):
+        chain = CachedLM(model, vocab, AUX, runner=runner())
+        chain.forward(prompt[:-1], keep=1)
+        path = tokens[path_to(node, parents)]
+        expected, _, expected_aux = chain.forward(torch.cat([prompt[-1:], path]), keep=len(path) + 1)
+        assert torch.equal(logits[node + 1], expected[-1]) or not exact, node
+        torch.testing.assert_close(logits[node + 1], expected[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(aux[node + 1], expected_aux[-1], rtol=1e-4, atol=1e-4)
+        chain.close()
+    return tree_lm, length
+
+
 @pytest.mark.parametrize("kind", ["eager", "static", "static-fused", "eager-float32"])
 def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_model, kind):
     """One pass over a draft tree scores every node as a chain over its own path would; keeping a path
     leaves the cache a chain's, so the next pass agrees too."""
-    from diversed_demo.core.cache import tree_feed
-    from diversed_demo.core.tree import feed_layout
-
     model = lean_model if kind != "eager-float32" else tiny_model(0, num_layers=3)
     vocab, prompt = model.config.vocab_size, torch.arange(4, 24)
     tokens = torch.tensor([7, 9, 11, 13, 15, 17])
@@ -188,21 +211,8 @@ def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_mod
     fused = kind == "static-fused"
     runner = (lambda: CompiledPass(StaticPass(model, AUX, 128, fused))) if static else (lambda: None)
     with torch.inference_mode():
-        tree_lm = CachedLM(model, vocab, AUX, runner=runner())
-        tree_lm.forward(prompt[:-1], keep=1)
-        length = tree_lm.length
-        offsets, sees = feed_layout(1, TREE_PARENTS)
-        feed = torch.cat([prompt[-1:], tokens])
-        logits, _, aux = tree_lm.forward(feed, keep=len(feed), rows=tree_feed(length, offsets, sees))
-        for node in range(len(tokens)):
-            chain = CachedLM(model, vocab, AUX, runner=runner())
-            chain.forward(prompt[:-1], keep=1)
-            path = tokens[path_to(node, TREE_PARENTS)]
-            expected, _, expected_aux = chain.forward(torch.cat([prompt[-1:], path]), keep=len(path) + 1)
-            assert torch.equal(logits[node + 1], expected[-1]) or kind == "eager-float32"
-            torch.testing.assert_close(logits[node + 1], expected[-1], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(aux[node + 1], expected_aux[-1], rtol=1e-4, atol=1e-4)
-            chain.close()
+        exact = kind != "eager-float32"
+        tree_lm, length = tree_logits_match_paths(model, runner, prompt, tokens, TREE_PARENTS, exact)
         kept = path_to(4, TREE_PARENTS)  # nodes 0, 2, 4: slots after the prefix's one
         tree_lm.keep_path(length + 1, torch.tensor(kept) + length + 1)
         after_tree, _, _ = tree_lm.forward(torch.tensor([19]), keep=1)
@@ -211,3 +221,25 @@ def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_mod
         chain.forward(torch.cat([prompt[-1:], tokens[kept]]), keep=1)
         after_chain, _, _ = chain.forward(torch.tensor([19]), keep=1)
         torch.testing.assert_close(after_tree, after_chain, rtol=1e-4, atol=1e-4)
+
+
+# 15 nodes, the most a tree holds (core/config.TREE_LIMITS): with the unseen token, a pass of 16 rows
+BIG_TREE = [-1, -1, -1, 0, 0, 0, 1, 1, 3, 3, 3, 6, 8, 8, 11]
+
+
+def test_a_tree_of_the_most_nodes_runs_on_the_compiled_runner(lean_model):
+    """A pass over a tree of the most nodes runs on the compiled runner, as its chains do: past the
+    runner's range the module runs eagerly, which rounds otherwise than the AOT graph (greedy exact SD on
+    15-node trees then departed from target-only: docs/results.md, "Draft trees against the chain")."""
+    assert len(BIG_TREE) == TREE_LIMITS[3]
+    fed = []
+
+    def runner():
+        module = StaticPass(lean_model, AUX, 128)
+        return CompiledPass(module, lambda tokens, *rest: fed.append(len(tokens)) or module(tokens, *rest))
+
+    tokens = torch.arange(7, 7 + len(BIG_TREE))
+    with torch.inference_mode():
+        tree_lm, _ = tree_logits_match_paths(lean_model, runner, torch.arange(4, 24), tokens, BIG_TREE, True)
+        tree_lm.close()
+    assert len(BIG_TREE) + 1 in fed
