@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import types
 
 import pytest
 import torch
@@ -181,8 +182,11 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path, target, reco
     _, stopped = run(tmp_path / "b", minutes=1e-9)  # stops at once, after a checkpoint
     assert stopped["step"] == 0
     clock = iter(range(10**6))  # a second per reading of the clock: the sitting stops after a few steps
+    # distill's own clock only: patching time.time itself let other threads (a progress bar's monitor left
+    # by an earlier test in the worker) read it too, and the sitting stopped at an evaluation
+    fake_time = types.SimpleNamespace(time=lambda: float(next(clock)), strftime=distill.time.strftime)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(distill.time, "time", lambda: float(next(clock)))
+        patch.setattr(distill, "time", fake_time)
         _, between = run(tmp_path / "c", minutes=6 / 60)
     assert 0 < between["step"] < done["total_steps"] and between["step"] % config.eval_every
     assert between["history"][-1]["step"] == between["step"]  # evaluated as it stopped, between evaluations
