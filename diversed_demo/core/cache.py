@@ -18,7 +18,6 @@ def cache_keyword(forward) -> str:
 
 
 MAX_FEED = 8  # new tokens a chain's step feeds: up to 7 drafts (or copies) and the unseen token
-PASS_ROWS = 16  # new tokens one compiled pass takes (runtime/static_pass.py): a tree of up to 15 nodes
 
 
 class CachedLM:

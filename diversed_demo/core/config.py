@@ -77,7 +77,8 @@ class DecodeConfig:
         return self.n_draft, self.max_new_tokens, self.temperature, self.top_p
 
 
-TREE_LIMITS = (8, 8, 7, 15)  # width, expansion, depth, nodes at most: one compiled pass scores 15 nodes
+PASS_ROWS = 16  # new tokens one compiled pass takes (runtime/static_pass.py): a tree and the unseen token
+TREE_LIMITS = (8, 8, 7, PASS_ROWS - 1)  # width, expansion, depth, nodes at most: one pass scores them all
 
 
 def tree_shape(tree: str) -> tuple[int, int, int, int] | None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..core.cache import PASS_ROWS
+from ..core.config import PASS_ROWS
 from .block_attention import attend_in_blocks, feed_rows, mask_bias, padded_width
 
 GROUPED_SDPA = "sdpa_grouped"

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
-from ..core.cache import PASS_ROWS
+from ..core.config import PASS_ROWS
 from . import fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .gguf_int4 import int4_product

@@ -151,11 +151,11 @@ def on_compare(
                 charts = (gr.skip(), gr.skip())
                 if time.perf_counter() - last_chart >= CHART_INTERVAL_S:
                     charts, last_chart = comparison_charts(comparison), time.perf_counter()
-                table_rows, finished = finished, [mode for mode, run in comparison.runs.items() if run.done]
+                before, finished = finished, [mode for mode, run in comparison.runs.items() if run.done]
                 yield (
                     *changed_panels(comparison, shown),
                     *charts,
-                    gr.skip() if table_rows == finished else comparison_table(comparison),
+                    gr.skip() if before == finished else comparison_table(comparison),
                     compare_verdict(comparison, running=True),
                     gr.skip(),
                 )
