@@ -31,8 +31,6 @@ class HFStaticPass(nn.Module):
     tokens at `positions`, get logits [k, V], last hidden [k, H] and aux hidden states [k, n_aux·H]. The
     cache's write position is set from `positions` inside the pass, so a graph replays a rollback too."""
 
-    uses_mask = False  # transformers builds its own, from the positions
-
     def __init__(self, model, aux_layer_ids=(), max_len: int = MAX_LEN):
         super().__init__()
         self.parts = (model.get_decoder(), model.get_output_embeddings())  # a tuple: not submodules
@@ -41,8 +39,9 @@ class HFStaticPass(nn.Module):
         self.keyword = cache_keyword(self.parts[0].forward)
         self.n_layers = model.config.get_text_config().num_hidden_layers
         zero = torch.zeros(1, dtype=torch.long, device=model.device)
-        with torch.no_grad():
-            self(zero, zero, None)  # allocates the cache's tensors (transformers does so at the first write)
+        sees_all = torch.ones(1, max_len, dtype=torch.bool, device=model.device)
+        with torch.no_grad():  # allocates the cache's tensors (transformers does so at the first write)
+            self(zero, zero, sees_all)
         for layer in self.cache.layers:  # full-attention layers that keep their write position as a tensor
             if type(layer).__name__ != "StaticLayer" or not isinstance(layer.cumulative_length, torch.Tensor):
                 raise TypeError(f"a static cache layer of kind {type(layer).__name__} is not served")
@@ -51,14 +50,17 @@ class HFStaticPass(nn.Module):
         layer = self.cache.layers[i]
         return layer.keys[0], layer.values[0]  # [n_kv, max_len, D]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask=None):
-        """tokens, positions [k] (the mask: transformers' own, from the positions) -> (logits, last, aux)."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        """tokens, positions [k] and the slots each row sees, mask [k, max_len] -> (logits, last, aux). The
+        mask goes to transformers as a 4D mask, used as given: a draft tree's rows see their ancestors only,
+        which a causal mask built from the slots would not say."""
         decoder, lm_head = self.parts
         for layer in self.cache.layers:
             layer.cumulative_length.copy_(positions[0])
         out = decoder(
             input_ids=tokens[None],
             position_ids=positions[None],
+            attention_mask=mask[None, None],
             use_cache=True,
             output_hidden_states=bool(self.aux_layer_ids),
             **{self.keyword: self.cache},
@@ -70,12 +72,10 @@ class HFStaticPass(nn.Module):
 
 class GraphRunner:
     """Runs a static module (HFStaticPass, StaticDraftStep) on a GPU as one CUDA graph per row count, with a
-    mask padded to the whole cache where the module reads one; elsewhere (tests), and for a row count with
-    no graph, eagerly."""
+    mask padded to the whole cache; elsewhere (tests), and for a row count with no graph, eagerly."""
 
     def __init__(self, module: nn.Module, graphs: bool = True):
         self.module, self.use_graphs = module, graphs
-        self.masked = getattr(module, "uses_mask", True)
         self.graphs = {}  # rows -> (graph, its static inputs, its outputs)
 
     @torch.inference_mode(False)
@@ -86,18 +86,16 @@ class GraphRunner:
             return tuple(self.module(*given))
         graph, static_inputs, outputs = self.graphs[len(tokens)]
         for static, value in zip(static_inputs, given, strict=True):
-            if static is not None:
-                static.copy_(value)
+            static.copy_(value)
         graph.replay()
         return tuple(output.clone() for output in outputs)  # the next replay overwrites the graph's
 
     def _given(self, tokens, positions, mask, *inputs) -> tuple:
-        """The module's inputs: the mask padded to the whole cache (a graph's fixed width), or None where
-        the module builds its own."""
-        full = None
-        if self.masked:
-            full = torch.zeros(len(mask), self.module.max_len, dtype=torch.bool, device=mask.device)
-            full[:, : mask.shape[1]] = mask
+        """The module's inputs, the mask padded (or cut: past the cache no slot is seen) to the whole cache,
+        a graph's fixed width."""
+        width = min(mask.shape[1], self.module.max_len)
+        full = torch.zeros(len(mask), self.module.max_len, dtype=torch.bool, device=mask.device)
+        full[:, :width] = mask[:, :width]
         return tokens, positions, full, *inputs
 
     @torch.inference_mode(False)
@@ -105,9 +103,7 @@ class GraphRunner:
     def capture(self, tokens, positions, mask, *inputs) -> None:
         """Capture the graph for this row count on these inputs (before any decode runs beside it: a capture
         must not share the GPU with other work)."""
-        static_inputs = tuple(
-            None if v is None else v.clone() for v in self._given(tokens, positions, mask, *inputs)
-        )
+        static_inputs = tuple(v.clone() for v in self._given(tokens, positions, mask, *inputs))
         side = torch.cuda.Stream()  # warm-up off the main stream, as torch.cuda.graph asks
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from references import AUX, decode_like, random_feeds
+from references import AUX, TREE_PARENTS, decode_like, path_to, random_feeds, tree_logits_match_paths
 from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
@@ -160,42 +160,6 @@ def test_a_package_that_disagrees_is_not_attached(lean_model):
     assert not agrees_with_eager(lean_model, broken, AUX)
     good = CompiledPass(StaticPass(lean_model, AUX, max_len=128))
     assert agrees_with_eager(lean_model, good, AUX)
-
-
-TREE_PARENTS = [-1, -1, 0, 0, 2, 4]  # two at depth 1, two under the first, then a chain of two below
-
-
-def path_to(node: int, parents: list[int]) -> list[int]:
-    path = []
-    while node >= 0:
-        path.insert(0, node)
-        node = parents[node]
-    return path
-
-
-def tree_logits_match_paths(model, runner, prompt, tokens, parents, exact: bool):
-    """One pass over the tree `tokens` (`parents`) after `prompt` scores each node as a chain over its own
-    path does (bit for bit where `exact`); returns the tree's CachedLM and the length before the tree."""
-    from diversed_demo.core.cache import tree_feed
-    from diversed_demo.core.tree import feed_layout
-
-    vocab = model.config.vocab_size
-    tree_lm = CachedLM(model, vocab, AUX, runner=runner())
-    tree_lm.forward(prompt[:-1], keep=1)
-    length = tree_lm.length
-    offsets, sees = feed_layout(1, parents)
-    feed = torch.cat([prompt[-1:], tokens])
-    logits, _, aux = tree_lm.forward(feed, keep=len(feed), rows=tree_feed(length, offsets, sees))
-    for node in range(len(tokens)):
-        chain = CachedLM(model, vocab, AUX, runner=runner())
-        chain.forward(prompt[:-1], keep=1)
-        path = tokens[path_to(node, parents)]
-        expected, _, expected_aux = chain.forward(torch.cat([prompt[-1:], path]), keep=len(path) + 1)
-        assert torch.equal(logits[node + 1], expected[-1]) or not exact, node
-        torch.testing.assert_close(logits[node + 1], expected[-1], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(aux[node + 1], expected_aux[-1], rtol=1e-4, atol=1e-4)
-        chain.close()
-    return tree_lm, length
 
 
 @pytest.mark.parametrize("kind", ["eager", "static", "static-fused", "eager-float32"])

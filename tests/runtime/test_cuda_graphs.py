@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from conftest import tiny_feature_pair
-from references import decode_like, random_feeds
+from references import AUX, TREE_PARENTS, decode_like, random_feeds, tree_logits_match_paths
 from tiny import tiny_pair
 
 from diversed_demo.core.generate import generate
@@ -35,6 +35,21 @@ def test_a_decode_over_transformers_static_cache_computes_the_eager_one(max_len)
         torch.testing.assert_close(b_aux, a_aux, rtol=1e-4, atol=1e-4)
 
 
+def test_a_tree_over_transformers_static_cache_scores_each_node_as_its_path():
+    """A draft tree's rows see their ancestors only, as the mask it is fed says (transformers' own mask,
+    built from the slots, let a node see its siblings: the GPU's tree passes were wrong)."""
+    model = copy.deepcopy(tiny_pair().target)
+    tokens = torch.tensor([7, 9, 11, 13, 15, 17])
+
+    def runner():
+        return graphed_pass(HFStaticPass(model, AUX, 128), torch.device("cpu"), graphs=False)
+
+    with torch.no_grad():  # as attach_graphs builds them: a static cache is no inference tensor
+        tree_lm, _ = tree_logits_match_paths(model, runner, torch.arange(4, 24), tokens, TREE_PARENTS, False)
+        assert tree_lm.compiled is not None  # the tree ran on the static pass, not eagerly
+        tree_lm.close()
+
+
 ON_A_GPU = pytest.param(
     "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 )
@@ -47,7 +62,11 @@ def test_decodes_on_the_attached_passes_are_the_eager_decodes(kind, device):
     pair.target.to(device)
     pair.draft.to(device)
     pair.device = torch.device(device)
-    runs = {"exact": dict(mode="exact"), "static": dict(mode="static", ensemble_weight=0.5)}
+    runs = {
+        "exact": dict(mode="exact"),
+        "static": dict(mode="static", ensemble_weight=0.5),
+        "exact-tree": dict(mode="exact", tree="3,3,4,7"),
+    }
     settings = dict(n_draft=3, max_new_tokens=24, temperature=0.0)
     eager = {name: generate(pair, PROMPT, **run, **settings)[0].token_ids for name, run in runs.items()}
     target_only = generate(pair, PROMPT, mode="ar", **settings)[0].token_ids
@@ -57,7 +76,7 @@ def test_decodes_on_the_attached_passes_are_the_eager_decodes(kind, device):
     for name, run in runs.items():
         assert generate(pair, PROMPT, **run, **settings)[0].token_ids == eager[name]
     assert generate(pair, PROMPT, mode="ar", **settings)[0].token_ids == target_only
-    assert eager["exact"] == target_only  # greedy exact SD is the target's own text on them too
+    assert eager["exact"] == eager["exact-tree"] == target_only  # the target's own text on them too
 
 
 def test_a_pass_that_disagrees_is_not_attached(monkeypatch):
