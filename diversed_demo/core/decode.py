@@ -26,7 +26,7 @@ from .draft_tree import DraftTree, Grower, TreeShape
 from .head import weight_rule
 from .lookup import PromptLookup
 from .prompt import eos_ids
-from .sampling import Sampler
+from .sampling import Sampler, greedy_tokens
 from .tree import TreeVerdict, children_of, feed_layout, verify_tree, verify_tree_greedy
 from .verify import verify_block, verify_block_greedy
 
@@ -102,9 +102,13 @@ def verify_tree_step(scored, fed: int, tree: DraftTree, weigh, sampler) -> Verdi
     if rows:
         index = torch.tensor(rows)
         # the greedy rule weighs the draft's own choice at a row: its first child, or q's top where none
-        first = torch.stack([tree.tokens[children[r][0]] if children[r] else q[r].argmax() for r in rows])
+        # (q's tops in one reduction over the rows, not one per row: a 49k argmax costs 0.1 ms)
+        drew = torch.tensor([bool(children[r]) for r in rows], device=tree.tokens.device)
+        first_child = torch.tensor([children[r][0] if children[r] else 0 for r in rows])
+        q_rows = q[index]
+        first = torch.where(drew, tree.tokens[first_child], greedy_tokens(q_rows))
         hidden = None if tree.draft_hidden is None else tree.draft_hidden[index]
-        w[index] = weigh(p[index], q[index], first, target_hidden[index], hidden).float()
+        w[index] = weigh(p[index], q_rows, first, target_hidden[index], hidden).float()
     if sampler.greedy:
         decided = verify_tree_greedy(tree.tokens, tree.parents, q, p, w)
     else:

@@ -48,9 +48,14 @@ def output_events(events: list, n_output: int) -> list:
 
 def token_text(tokenizer, context: list[int], token_id: int) -> str:
     """The text a token adds after `context` (decoded with a little context, for byte-level tokenizers)."""
+    return token_texts(tokenizer, context, [token_id])[0]
+
+
+def token_texts(tokenizer, context: list[int], token_ids: list[int]) -> list[str]:
+    """The text each of several tokens adds after the same `context` (a tree's nodes), its decode once."""
     context = context[-4:]
     before = tokenizer.decode(context, skip_special_tokens=False) if context else ""
-    return tokenizer.decode(context + [token_id], skip_special_tokens=False)[len(before) :]
+    return [tokenizer.decode(context + [t], skip_special_tokens=False)[len(before) :] for t in token_ids]
 
 
 def draft_figures(verdict: Verdict) -> list[tuple[float, float, float, float]]:
@@ -77,10 +82,11 @@ def tree_figure(tokenizer, step: Step, lam: float | None = None) -> dict:
     terms = torch.stack([*position_costs(p[expanded], q[expanded]), w[expanded].float()], 1).tolist()
     at = torch.tensor(parents, dtype=torch.long) + 1, tree.tokens
     p_of, q_of = p[at].tolist(), q[at].tolist()  # each node's token at its parent's row
+    texts = token_texts(tokenizer, context, tokens)
     nodes = [
         {
             "token_id": token,
-            "text": token_text(tokenizer, context, token),
+            "text": texts[node],
             "parent": parent,
             "depth": depth,
             "p": p_of[node],
