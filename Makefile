@@ -76,7 +76,7 @@ test: install chromium sandbox lint
 
 # The fast loop while editing: no browser, no embedded pair, nothing slow.
 quick: install sandbox lint
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser and not embedded"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow and not browser and not embedded"
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 """Reference computations that test files in several folders check the fast paths against: a pair's next-token
-distributions from scratch (no cache), and a decode's passes through CachedLM with rollbacks."""
+distributions from scratch (no cache), a decode's passes through CachedLM with rollbacks, and a draft tree's
+pass scored against chains over each node's path."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ TREE_PARENTS = [-1, -1, 0, 0, 2, 4]  # two at depth 1, two under the first, then
 
 
 def path_to(node: int, parents: list[int]) -> list[int]:
+    """The nodes from the root's child down to `node`."""
     path = []
     while node >= 0:
         path.insert(0, node)

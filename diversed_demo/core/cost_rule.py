@@ -26,7 +26,7 @@ TINY = 1e-30  # log 0 guard: a token with p = 0 costs about 69 nats, never −in
 def position_costs(target_probs: torch.Tensor, draft_probs: torch.Tensor):
     """Per position, from target_probs, draft_probs [n, V]: the cost of relaxing CE(q, p) − H(p) in nats,
     its price TV(p, q), and H(p), each [n]."""
-    log_p = target_probs.clamp_min(TINY).log_()  # in place on clamp's copy: one sweep of [n, V] fewer
+    log_p = target_probs.clamp_min(TINY).log_()  # in place on clamp's copy: one [n, V] buffer fewer
     cross_entropy = -(draft_probs * log_p).sum(-1)
     entropy = -(target_probs * log_p).sum(-1)
     return cross_entropy - entropy, total_variation(target_probs, draft_probs), entropy

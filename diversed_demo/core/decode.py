@@ -349,7 +349,7 @@ def score_rows(target: CachedLM, rows: list[Row], proposals) -> tuple[list, list
     if len(rows) == 1 and isinstance(proposals[0], DraftTree):  # one sequence's tree, in tree layout
         tree, unseen = proposals[0], rows[0].sequence[target.length :]
         feed = torch.cat([unseen, tree.tokens])
-        layout = tree_feed(target.length, *feed_layout(len(unseen), tree.parents))
+        layout = tree_feed(target.length, *feed_layout(len(unseen), tree.parents, feed.device))
         return [feed], [target.forward(feed, keep=len(tree.tokens) + 1, rows=layout)]
     feeds = [
         torch.cat([row.sequence[target.lengths[i] :], p[0]])

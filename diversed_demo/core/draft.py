@@ -60,7 +60,7 @@ class StandaloneDraft:
         while nodes := grower.to_expand():
             tokens = sequence.new_tensor([grower.tokens[i] for i in nodes])
             positions = sequence.new_tensor([len(sequence) - 1 + grower.depth_of[i] for i in nodes])
-            visible = tree_visible(grower, nodes, entries, self.lm.length)
+            visible = tree_visible(grower, nodes, entries, self.lm.length, sequence.device)
             logits, last, _ = self.lm.forward(tokens, keep=len(nodes), rows=(positions, visible))
             grower.expanded(nodes, sampler.probs(logits), last)
         return grower.tree(lambda ids: ids.to(sequence.device), lambda probs: probs)
@@ -141,7 +141,7 @@ class FeatureDraft:
             features = torch.stack([grower.rows[row][1] for row in parents])
             tokens = self.token_ids[torch.tensor([grower.tokens[i] for i in nodes])]
             positions = sequence.new_tensor([end + grower.depth_of[i] - 1 for i in nodes])
-            visible = tree_visible(grower, nodes, entries, used)
+            visible = tree_visible(grower, nodes, entries, used, sequence.device)
             hidden, logits = self._layer(features, tokens, used, rows=(positions, visible))
             used += len(nodes)
             grower.expanded(nodes, sampler.probs(logits), hidden)
@@ -208,9 +208,9 @@ class FeatureDraft:
             )
 
 
-def tree_visible(grower, nodes: list[int], entries: dict, used: int) -> torch.Tensor:
-    """What the rows expanding `nodes` see of a draft's cache [m, used + m]: the verified slots, their
-    ancestors' entries (`entries`: node -> slot, filled in here with theirs) and their own."""
+def tree_visible(grower, nodes: list[int], entries: dict, used: int, device=None) -> torch.Tensor:
+    """What the rows expanding `nodes` see of a draft's cache [m, used + m], on `device`: the verified slots,
+    their ancestors' entries (`entries`: node -> slot, filled in here with theirs) and their own."""
     visible = torch.zeros(len(nodes), used + len(nodes), dtype=torch.bool)
     visible[:, : used - len(entries)] = True
     for j, node in enumerate(nodes):
@@ -220,7 +220,7 @@ def tree_visible(grower, nodes: list[int], entries: dict, used: int) -> torch.Te
             ancestor = grower.parents[ancestor]
         entries[node] = used + j
         visible[j, used + j] = True
-    return visible
+    return visible.to(device)  # built on the host, element by element; moved once
 
 
 def draft_confidence(q: torch.Tensor, index, sampler: Sampler, copied=None) -> torch.Tensor:

@@ -68,15 +68,16 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def feed_layout(prefix: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def feed_layout(prefix: int, parents: list[int], device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A target feed of `prefix` unseen sequence tokens followed by a tree's nodes: each row's position past
     the first (offsets [k]: the prefix's in turn, a node's its depth past the last) and what the rows see
-    of each other (sees [k, k]: the prefix causally, a node the whole prefix, its ancestors and itself)."""
+    of each other (sees [k, k]: the prefix causally, a node the whole prefix, its ancestors and itself),
+    both on `device`."""
     k = prefix + len(parents)
     offsets = torch.tensor(list(range(prefix)) + [prefix - 1 + d for d in depths(parents)])
     sees = torch.ones(k, k, dtype=torch.bool).tril()
     sees[prefix:, prefix:] = ancestor_mask(parents)
-    return offsets, sees
+    return offsets.to(device), sees.to(device)
 
 
 @dataclass

@@ -46,7 +46,7 @@ def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> tor
 
 def total_variation(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """TV(p, q) = ½·Σ|p − q|; the rejection probability of exact SD at that position."""
-    return 0.5 * (target_probs - draft_probs).abs_().sum(dim=-1)  # abs in place on the difference
+    return 0.5 * (target_probs - draft_probs).abs_().sum(dim=-1)  # in place: one [n, V] buffer fewer
 
 
 def verify_block(draft_tokens, draft_probs, target_probs, ensemble_weight, generator=None):

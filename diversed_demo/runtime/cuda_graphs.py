@@ -3,7 +3,8 @@
 Eager, a small model's pass on a GPU is bound by the host: each of its many small kernels is launched from
 Python, and the GPU waits (docs/measurements/speed.md has the figures). A CUDA graph launches the whole
 pass at once. A graph replays fixed tensors, so each row count k ≤ K_MAX gets its own graph, captured at
-start, over static inputs (and, for the draft's step, a mask as wide as its cache); the keys and values
+start, over static inputs, among them the slots each row sees as a mask as wide as the cache (a draft
+tree's rows see their ancestors only); the keys and values
 live in a static cache, written in place. Any transformers causal LM runs over transformers' own
 StaticCache (HFStaticPass), an EAGLE-3 draft over its StaticDraftStep; a standalone draft is graphed as the
 target is. Both are lent to decodes through compiled_pass.CompiledPass, as the CPU's compiled pass is, and
@@ -16,14 +17,16 @@ import torch
 from torch import nn
 from transformers import StaticCache
 
-from ..core.cache import cache_keyword
+from ..core.cache import CachedLM, cache_keyword, tree_feed
+from ..core.tree import ancestor_mask, feed_layout
 from .block_attention import feed_rows
 from .compiled_draft import step_agrees_with_eager
-from .compiled_pass import MAX_LEN, CompiledPass, agrees_with_eager
+from .compiled_pass import MAX_LEN, TOLERANCE, CompiledPass, agrees_with_eager
 from .static_draft import StaticDraftStep
 from .static_pass import K_MAX
 
 EVERY_ROW_COUNT = tuple(range(1, K_MAX + 1))  # a graph each, each checked against the eager pass
+CHECK_TREE = [-1, -1, 0, 0, 2]  # a draft tree's parents: siblings at two depths, so a row seeing them shows
 
 
 class HFStaticPass(nn.Module):
@@ -138,7 +141,9 @@ def attach_graphs(pair, log=print, graphs: bool = True) -> None:
             if isinstance(graphed.module, StaticDraftStep):
                 agreed = step_agrees_with_eager(model, graphed, sizes=EVERY_ROW_COUNT)
             else:
-                agreed = agrees_with_eager(model, graphed, graphed.module.aux_layer_ids, EVERY_ROW_COUNT)
+                aux_ids = graphed.module.aux_layer_ids
+                chains = agrees_with_eager(model, graphed, aux_ids, EVERY_ROW_COUNT)
+                agreed = chains and tree_agrees_with_eager(model, graphed, aux_ids)
         except Exception as err:  # an architecture or version these graphs do not serve: eager
             log(f"the {name} stays eager on this GPU ({type(err).__name__}: {err})")
             continue
@@ -147,6 +152,29 @@ def attach_graphs(pair, log=print, graphs: bool = True) -> None:
             continue
         setattr(pair, slot, graphed)
         log(f"the {name} runs as CUDA graphs")
+
+
+def tree_agrees_with_eager(model, graphed: CompiledPass, aux_layer_ids) -> bool:
+    """Whether a draft tree's pass on `graphed` scores each node as the eager model scores a chain over the
+    node's path, to bf16 rounding: the model's attention must honour the mask (a row sees its ancestors
+    only), which a causal mask built from the slots does not say and an eager attention adding a boolean
+    mask as 0 and 1 does not do. The chains need no mask, so the reference cannot share the fault."""
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.arange(1, 33, device=model.device) % vocab
+    feed = torch.arange(40, 41 + len(CHECK_TREE), device=model.device) % vocab  # the unseen token, the nodes
+    eager = CachedLM(model, vocab, aux_layer_ids)
+    with torch.inference_mode():
+        eager.forward(prompt[:-1], keep=1)
+        graphed.load(list(eager.cache), len(prompt) - 1)
+        rows = tree_feed(len(prompt) - 1, *feed_layout(1, CHECK_TREE, model.device))
+        logits, _, _ = graphed.forward(feed, len(prompt) - 1, rows=rows)
+        for node, sees in enumerate(ancestor_mask(CHECK_TREE)):
+            eager.rollback(len(prompt) - 1)
+            path = feed[1:][sees.to(feed.device)]  # the node's ancestors, then the node
+            reference, _, _ = eager.forward(torch.cat([feed[:1], path]), keep=1)
+            if (logits[node + 1, :vocab].float() - reference[0].float()).abs().max() > TOLERANCE:
+                return False
+    return True
 
 
 def graphed_pass(module: nn.Module, device: torch.device, graphs: bool = True) -> CompiledPass:

@@ -1,6 +1,7 @@
 """The decoder on tiny random Llama pairs: exactness, the law of emitted tokens, KV rollback, bad input."""
 
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -179,17 +180,16 @@ def first_two(pair, prompt, **settings) -> tuple[tuple[int, ...], str | None]:
     ("accepted", "rejected" or None), the decode stopped there as a visitor's Stop stops it: what comes
     later cannot change them, and the law tests draw thousands."""
     emitted, first_draft = [], None
-    stream = speculative_generate(pair, prompt, **settings)
-    for event in stream:
-        if not isinstance(event, TokenEvent):  # the summary: the decode ended first
-            break
-        if first_draft is None and event.kind in ("accepted", "rejected"):
-            first_draft = event.kind
-        if event.kind != "rejected":
-            emitted.append(event.token_id)
-        if len(emitted) == 2:
-            break
-    stream.close()
+    with contextlib.closing(speculative_generate(pair, prompt, **settings)) as stream:
+        for event in stream:
+            if not isinstance(event, TokenEvent):  # the summary: the decode ended first
+                break
+            if first_draft is None and event.kind in ("accepted", "rejected"):
+                first_draft = event.kind
+            if event.kind != "rejected":
+                emitted.append(event.token_id)
+            if len(emitted) == 2:
+                break
     return tuple(emitted), first_draft
 
 

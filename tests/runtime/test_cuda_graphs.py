@@ -91,6 +91,31 @@ def test_a_pass_that_disagrees_is_not_attached(monkeypatch):
     assert pair.draft_pass is not None  # the draft's check is its own
 
 
+def test_graphs_whose_tree_rows_see_their_siblings_are_not_attached(monkeypatch):
+    """The attach check scores a draft tree against chains over each node's path: a pass that lets a node
+    see its siblings (as transformers' own mask from the slots did) stays eager."""
+    from diversed_demo.runtime import cuda_graphs
+
+    pair = copy.deepcopy(tiny_pair())
+    for model in (pair.target, pair.draft):  # logits on a real model's scale, past the check's bf16 slack
+        model.lm_head.weight.data.mul_(20)
+    forward = cuda_graphs.HFStaticPass.forward
+    monkeypatch.setattr(  # the old fault: the slots' causal mask, whatever the tree's
+        cuda_graphs.HFStaticPass,
+        "forward",
+        lambda self, tokens, positions, mask: forward(
+            self,
+            tokens,
+            positions,
+            torch.arange(mask.shape[1]) <= positions[0] + torch.arange(len(tokens))[:, None],
+        ),
+    )
+    lines = []
+    attach_graphs(pair, log=lines.append, graphs=False)
+    assert pair.target_pass is None and pair.draft_pass is None, lines
+    assert any("target's pass" in line and "eager" in line for line in lines)
+
+
 def test_a_model_spread_over_several_devices_stays_eager():
     pair = copy.deepcopy(tiny_feature_pair())
     pair.target.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}  # as accelerate marks one

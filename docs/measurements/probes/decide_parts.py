@@ -70,7 +70,8 @@ modes = {
 rule = decode.weight_rule
 for round_ in ("warm", "timed"):
     for mode, settings in modes.items():
-        totals.clear(), steps.clear()
+        totals.clear()
+        steps.clear()
         decode.weight_rule = (lambda config, greedy: head_parts(head)) if mode == "head" else rule
         generate(pair, PROMPT, max_new_tokens=128, temperature=0, **settings)
         if round_ == "timed":

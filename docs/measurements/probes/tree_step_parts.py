@@ -35,7 +35,8 @@ pair = load_pair(compiled="wait")
 prompt = "Write a long story about a lighthouse keeper who finds a message in a bottle, by the sea."
 for tree in ("on", "4,4,4,15"):
     for _ in range(2):
-        totals.clear(), calls.clear()
+        totals.clear()
+        calls.clear()
         start = time.perf_counter()
         summary, _ = generate(pair, prompt, max_new_tokens=96, temperature=0, mode="exact", tree=tree)
         speed = summary.new_tokens / (time.perf_counter() - start)
