@@ -448,33 +448,32 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
     generate(page, 0.5, seed=8)
     if not page.locator("#replay-file").is_visible():  # the fold, if a redraw closed it: open it again
         page.get_by_text("Trace: download this run").click()
-    upload(page, "replay-file", trace_path)
-    page.locator("#replay").click()
-    page.wait_for_selector("#stats .dd-stats[data-state=done][data-replay][data-seed='7']")
+    replay(page, trace_path, page.locator("#stats .dd-stats[data-state=done][data-replay][data-seed='7']"))
     assert page.locator("#tokens").inner_html() == decoded
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "nope"}')
-    replay_says(page, bad, "not a DIVERSED trace")
+    replay(page, bad, page.get_by_text("not a DIVERSED trace").first)
 
 
-def replay_says(page, path, message: str) -> None:
-    """Choose `path` for Replay, press it and wait for `message`. A late redraw on a loaded machine can drop
-    the chosen file after it showed (`upload`), and Replay then asks for a file instead (CI met it once);
-    a visitor chooses again, and so does this, up to three times."""
+def replay(page, path, shown) -> None:
+    """Choose `path` for Replay, press it and wait until `shown` (a locator) is visible. A late redraw on a
+    loaded machine can drop the chosen file after it showed (`upload`), and Replay then asks for a file
+    instead (CI met it twice, with the good trace and with the bad one); a visitor chooses again, and so
+    does this, up to three times."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
     for _ in range(2):
         upload(page, "replay-file", path)  # the file chosen before cleared first
         page.locator("#replay").click()
         try:
-            page.get_by_text(message).first.wait_for(timeout=20_000)
+            shown.wait_for(timeout=20_000)
             return
         except PlaywrightTimeoutError:
             continue
     upload(page, "replay-file", path)
     page.locator("#replay").click()
-    page.get_by_text(message).first.wait_for()
+    shown.wait_for()
 
 
 def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
