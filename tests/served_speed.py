@@ -2,8 +2,9 @@
 all runs on the model thread (runtime/model_thread.py: a second thread with its own OpenMP team would slow
 both). Prints JSON: per mode the best seconds of a decode through the app's Decode handler and through
 `generate` on the same prompt, alternating (the host's other guests only ever add time, so the best of
-several rounds is each path's own speed); then the first example's Compare speed-ups over target-only,
-each mode's median over COMPARES Compares.
+several rounds is each path's own speed); then the first example's Compare speed-ups over target-only, as
+the page's Compare (its handler, every update rendered) reports them in its trace, each mode's median over
+COMPARES Compares.
 Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
 
 from __future__ import annotations
@@ -11,16 +12,20 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from pathlib import Path
 
 from diversed_demo.core.generate import generate
 from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.ui.examples import load_examples
 from diversed_demo.ui.opening import measured_opening
-from diversed_demo.ui.runs import resolve_head, speedup, stream_comparison
+from diversed_demo.ui.render import RUN_LABELS
+from diversed_demo.ui.runs import resolve_head, speedup
+from diversed_demo.ui.tabs.compare import on_compare
 from diversed_demo.ui.tabs.decode import on_generate
+from diversed_demo.ui.trace import load_trace, read_trace, run_labels
 
-COMPARES = 3  # the Compare's speed-ups: each mode's median over this many (one run alone is noisy here)
+COMPARES = 5  # the Compare's speed-ups: each mode's median over this many (one run alone is noisy here)
 ROUNDS = 7  # best of: on a shared 2-core host one decode in three may meet a burst of load
 
 
@@ -46,6 +51,30 @@ def app_decode_s(pair, prompt, settings) -> float:
     return done
 
 
+def compare_speedups(pair, examples, prompt, settings) -> dict[str, float]:
+    """Each mode's speed-up over target-only in one Compare through the page's handler, read from the trace
+    it gives the visitor (its last update)."""
+    *_, files = list(
+        on_compare(
+            pair,
+            examples,
+            prompt,
+            settings.ensemble_weight,
+            settings.head_name,
+            4,
+            settings.max_new_tokens,
+            settings.temperature,
+            settings.seed,
+            settings.lam,
+            auto_n=True,
+        )
+    )[-1]
+    text = Path(next(f for f in files if f.endswith(".json"))).read_text()
+    labels = set(run_labels(read_trace(text)))
+    runs = {mode: load_trace(text, label) for mode, label in RUN_LABELS.items() if label in labels}
+    return {mode: speedup(run, runs["ar"]) for mode, run in runs.items()}
+
+
 def library_decode_s(pair, prompt, settings, head) -> float:
     start = time.perf_counter()
     generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
@@ -68,14 +97,7 @@ def main() -> None:
             app.append(app_decode_s(pair, example.prompt, settings))
             library.append(MODEL_THREAD.call(library_decode_s, pair, example.prompt, settings, head))
         figures["decode_s"][mode] = {"app": min(app), "library": min(library)}
-    settings = start.settings.replace(n_draft="auto")
-    speedups = []
-    for _ in range(COMPARES):
-        comparison = MODEL_THREAD.call(
-            lambda: list(stream_comparison(pair, example.prompt, settings, example))[-1]
-        )
-        base = comparison.runs["ar"]
-        speedups.append({mode: speedup(run, base) for mode, run in comparison.runs.items()})
+    speedups = [compare_speedups(pair, examples, example.prompt, start.settings) for _ in range(COMPARES)]
     figures["compare_speedup"] = {mode: statistics.median(s[mode] for s in speedups) for mode in speedups[0]}
     print(json.dumps(figures))
 

@@ -38,8 +38,14 @@ def test_the_apps_decode_runs_within_a_tenth_of_the_librarys_speed(figures, mode
     assert seconds["library"] / seconds["app"] >= 0.9, figures
 
 
+# What a visitor's first Compare must show (issue 52): exact SD paying, DIVERSED paying more.
+EXACT_SPEEDUP, DIVERSED_SPEEDUP = 1.2, 1.4
+
+
 def test_the_first_compare_shows_speculative_decoding_paying(figures):
-    """Exact SD never slower than the target alone, DIVERSED faster still: each mode's median over three
-    Compares of the first example (docs/measurements/speed.md, "The app's decode")."""
+    """Exact SD at least EXACT_SPEEDUP× the target alone, DIVERSED at least DIVERSED_SPEEDUP× and faster
+    than exact SD: each mode's median over five Compares of the first example through the page's handler,
+    read from the trace it gives the visitor (docs/measurements/speed.md, "The app's decode")."""
     speedups = figures["compare_speedup"]
-    assert speedups["exact"] >= 1.0 and speedups["dynamic"] >= max(1.2, speedups["exact"]), figures
+    assert speedups["exact"] >= EXACT_SPEEDUP, figures
+    assert speedups["dynamic"] >= max(DIVERSED_SPEEDUP, speedups["exact"]), figures
