@@ -29,14 +29,9 @@ COMPARES = 5  # the Compare's speed-ups: each mode's median over this many (one 
 ROUNDS = 7  # best of: on a shared 2-core host one decode in three may meet a burst of load
 
 
-def app_decode_s(pair, prompt, settings) -> float:
-    """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's: until
-    the update that shows it done (its last, with the chart and trace files)."""
-    start, done = time.perf_counter(), None
-    for _tokens, stats, *_ in on_generate(
-        pair,
-        prompt,
-        settings.mode,
+def sidebar_values(settings) -> tuple:
+    """The sidebar's inputs as the page sends them for `settings` (N step by step: the slider's 4 unread)."""
+    return (
         settings.ensemble_weight,
         settings.head_name,
         4,
@@ -44,7 +39,15 @@ def app_decode_s(pair, prompt, settings) -> float:
         settings.temperature,
         settings.seed,
         settings.lam,
-        auto_n=True,
+    )
+
+
+def app_decode_s(pair, prompt, settings) -> float:
+    """Seconds for one decode through the app's Decode handler, every update rendered, as a visitor's: until
+    the update that shows it done (its last, with the chart and trace files)."""
+    start, done = time.perf_counter(), None
+    for _tokens, stats, *_ in on_generate(
+        pair, prompt, settings.mode, *sidebar_values(settings), auto_n=True
     ):
         if done is None and 'data-state="done"' in stats:
             done = time.perf_counter() - start
@@ -54,21 +57,7 @@ def app_decode_s(pair, prompt, settings) -> float:
 def compare_speedups(pair, examples, prompt, settings) -> dict[str, float]:
     """Each mode's speed-up over target-only in one Compare through the page's handler, read from the trace
     it gives the visitor (its last update)."""
-    *_, files = list(
-        on_compare(
-            pair,
-            examples,
-            prompt,
-            settings.ensemble_weight,
-            settings.head_name,
-            4,
-            settings.max_new_tokens,
-            settings.temperature,
-            settings.seed,
-            settings.lam,
-            auto_n=True,
-        )
-    )[-1]
+    *_, files = list(on_compare(pair, examples, prompt, *sidebar_values(settings), auto_n=True))[-1]
     text = Path(next(f for f in files if f.endswith(".json"))).read_text()
     labels = set(run_labels(read_trace(text)))
     runs = {mode: load_trace(text, label) for mode, label in RUN_LABELS.items() if label in labels}
