@@ -219,7 +219,7 @@ def start_row(pair, prompt_ids: list[int], config: DecodeConfig, rows: int = 1) 
     _, _, temperature, top_p = config.batch_settings
     sampler = Sampler(temperature, top_p, torch.Generator(device=device).manual_seed(config.seed))
     draft = make_draft(pair, config.mode)
-    weigh = weight_rule(config, sampler.greedy)
+    weigh = weight_rule(config, sampler.greedy, getattr(pair, "head_kernel", None))
     length = draft_length(config, getattr(pair, "costs", None))
     if draws_trees(pair, config, draft, rows):
         lookup, tree = None, TreeShape(*(tree_shape(config.tree) or ()))

@@ -146,14 +146,19 @@ class CostHead(nn.Module):
         return (cost > lam * tv).float()
 
 
-def weight_rule(config, greedy: bool):
+def weight_rule(config, greedy: bool, kernel=None):
     """w_t for every mode from one callable
     (target_probs [n, V], draft_probs [n, V], draft_tokens [n], target_hidden [n, H], draft_hidden [n, Hd])
     -> [n]: exact is w = 1, static a constant, cost the per-token rule at λ, dynamic the head (a CostHead
-    at the config's λ)."""
+    at the config's λ). `kernel`: the pair's `head_kernel`, a greedy head's rule in one native call where
+    it takes the head."""
     if config.mode == "dynamic" and isinstance(config.head, CostHead):
         return lambda p, q, x, target_hidden, draft_hidden: config.head.weights(
             p, q, config.lam, target_hidden, draft_hidden
+        )
+    if config.mode == "dynamic" and greedy and kernel is not None and kernel.takes(config.head):
+        return lambda p, q, x, target_hidden, draft_hidden: kernel.greedy_weights(
+            config.head, p, q, target_hidden, draft_hidden
         )
     if config.mode == "dynamic" and getattr(config.head, "reads_pq", False):
         costs = greedy_position_costs if greedy else position_costs

@@ -80,6 +80,9 @@ class ModelPair:
     costs: dict | None = None
     target_pass: object | None = None
     draft_pass: object | None = None
+    # A greedy head's w_t in one native call (runtime/greedy_head.py: `takes(head)`, `greedy_weights(head,
+    # p, q, target_hidden, draft_hidden)`), where the runtime built it; the head's own operations elsewhere.
+    head_kernel: object | None = None
     # What the runtime builds aside while the pair serves (a faster kernel's operands, compiled passes),
     # swapped in between decodes: nothing changes under a running decode.
     upgrades: Upgrades = field(default_factory=lambda: Upgrades(), repr=False)

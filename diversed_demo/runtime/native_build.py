@@ -1,6 +1,6 @@
-"""The project's C++ kernels (amx_gguf.cpp, fused_attention.cpp): compiled here once per machine and PyTorch
-into the user cache (g++, seconds), loaded as PyTorch operators, and let go of (to be compiled again) when a
-cached library is damaged."""
+"""The project's C++ kernels (amx_gguf.cpp, fused_attention.cpp, greedy_head.cpp): compiled here once per
+machine and PyTorch into the user cache (g++, seconds), loaded as PyTorch operators, and let go of (to be
+compiled again) when a cached library is damaged."""
 
 from __future__ import annotations
 

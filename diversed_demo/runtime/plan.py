@@ -32,6 +32,7 @@ from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
 from ..models.pair import ModelPair
+from . import greedy_head
 from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
@@ -267,13 +268,42 @@ def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> 
         lowest_priority()
     if pair.runtime.amx.pending and pair.runtime.amx.upgrade():
         upgrade_target(pair, log)
-    attach_or_build(pair, wait, log, done=lambda: passes_attached(pair, log))
+    attach_or_build(pair, wait, log, done=lambda: passes_attached(pair, log, wait))
 
 
-def passes_attached(pair: ModelPair, log) -> None:
-    """Once nothing more will be attached: say so in `pair.runtime`, then choose chains or trees."""
+def passes_attached(pair: ModelPair, log, wait: bool = True) -> None:
+    """Once nothing more will be attached: say so in `pair.runtime`, give it the greedy head kernel, then
+    choose chains or trees."""
     pair.offer_upgrade(lambda: note_passes(pair, "compiled")).wait()
+    attach_head_kernel(pair, log, wait)
     choose_drafts(pair, log)
+
+
+def attach_head_kernel(pair: ModelPair, log, wait: bool = True) -> None:
+    """Hand the pair the greedy head kernel (runtime/greedy_head.py) between decodes: at once where an
+    earlier start built it, else once g++ has built it (in the background at the lowest priority, unless
+    `wait`). Loaded and checked on the thread that decodes: torch work on a background thread would give it
+    an OpenMP team of its own (model_thread.py)."""
+    if pair.device.type != "cpu" or not greedy_head.wanted():
+        return
+
+    def hand_over() -> None:
+        if greedy_head.ensure():
+            pair.offer_upgrade(lambda: setattr(pair, "head_kernel", greedy_head))
+            log("a greedy head's rule runs in one native call")
+
+    def build() -> None:
+        if not greedy_head.build(background=True):
+            return
+        if pair.runtime.on_model_thread:
+            MODEL_THREAD.submit(hand_over)
+        else:
+            hand_over()
+
+    if wait or greedy_head.built():
+        hand_over()
+    else:
+        threading.Thread(target=build, daemon=True, name="head-kernel-build").start()
 
 
 def upgrade_target(pair: ModelPair, log) -> None:
