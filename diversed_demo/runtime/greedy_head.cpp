@@ -6,7 +6,6 @@
 // ATen's vectorised `amax` over blocks, then scan one block; the first layer is one BLAS product; the rest
 // is a few loops a row.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -29,15 +28,16 @@ std::vector<std::pair<float, int64_t>> first_argmax(const at::Tensor& x) {
   const float* data = x.data_ptr<float>();
   at::Tensor maxima;
   if (blocks) maxima = at::amax(x.narrow(1, 0, blocks * BLOCK).view({n, blocks, BLOCK}), 2).contiguous();
+  const float* block_max = blocks ? maxima.data_ptr<float>() : nullptr;
   std::vector<std::pair<float, int64_t>> found(n);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = data + i * vocab;
     float best = -INFINITY;
-    for (int64_t b = 0; b < blocks; ++b) best = std::max(best, maxima.data_ptr<float>()[i * blocks + b]);
+    for (int64_t b = 0; b < blocks; ++b) best = std::max(best, block_max[i * blocks + b]);
     for (int64_t k = blocks * BLOCK; k < vocab; ++k) best = std::max(best, row[k]);
     int64_t start = blocks * BLOCK;  // the tail, unless a block holds the maximum
     for (int64_t b = 0; b < blocks; ++b) {
-      if (maxima.data_ptr<float>()[i * blocks + b] == best) {
+      if (block_max[i * blocks + b] == best) {
         start = b * BLOCK;
         break;
       }
@@ -77,7 +77,13 @@ at::Tensor greedy_weights(const at::Tensor& p, const at::Tensor& q, const at::Te
                           const at::Tensor& draft_hidden, const at::Tensor& w1, const at::Tensor& b1,
                           const at::Tensor& w2, double b2, double w_min, double eps) {
   TORCH_CHECK(p.scalar_type() == at::kFloat && q.scalar_type() == at::kFloat, "p and q must be float32");
-  TORCH_CHECK(p.dim() == 2 && p.sizes() == q.sizes(), "p and q must be [n, V] alike");
+  TORCH_CHECK(p.dim() == 2 && p.sizes() == q.sizes() && p.size(1) > 0, "p and q must be [n, V] alike");
+  TORCH_CHECK(target_hidden.size(0) == p.size(0) && draft_hidden.size(0) == p.size(0),
+              "one row of hidden states a row of p");
+  TORCH_CHECK(w1.scalar_type() == at::kFloat && b1.scalar_type() == at::kFloat &&
+                  w2.scalar_type() == at::kFloat && w1.dim() == 2 && b1.numel() == w1.size(0) &&
+                  w2.numel() == w1.size(0),
+              "the MLP's weights must be float32, w1 [units, features], b1 and w2 [units]");
   const auto pc = p.contiguous(), w2c = w2.contiguous();
   const auto target = first_argmax(pc), draft = first_argmax(q.contiguous());
   const auto hidden = at::cat({target_hidden, draft_hidden}, 1).to(at::kFloat).contiguous();

@@ -3,10 +3,11 @@ for an EnsembleHead that reads them (core/head.py), in place of about 26 small P
 slowed by the caches the target's pass leaves cold (docs/measurements/speed.md, "Where a step's time goes").
 
 Portable C++ (no instruction set assumed), compiled into the user cache like the other kernels
-(runtime/native_build.py) and loaded as the operator `diversed_head::greedy_weights`. The runtime builds
-it in the background and hands it to the pair between decodes (`plan.build_passes`); until then, and
-where it does not build or compute right, the head's own operations serve. Its w_t agree with theirs to
-float rounding (a sum's order differs), so a greedy decode may part from theirs only at an exact tie of ν.
+(runtime/native_build.py) and loaded as the operator `diversed_head::greedy_weights`. With the compiled
+passes, the runtime builds it aside and hands it to the pair between decodes as `pair.head_kernel`
+(`plan.attach_head_kernel`); until then, with the passes off, and where it does not build or compute
+right, the head's own operations serve. Its w_t agree with theirs to float rounding (a sum's order
+differs), so a greedy decode may part from theirs only at a near-tie of ν.
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ def build(background: bool = False) -> bool:
     return True
 
 
-def ensure(background: bool = False) -> bool:
+def ensure() -> bool:
     """Load the kernel, compiling it first where it is not built; whether it serves."""
     if not wanted():
         return False
     if not loaded():
-        if not built() and not build(background):
+        if not built() and not build():
             return False
         native_build.load_built(library_path(), WHAT)
     return loaded() and computes_right()
@@ -77,11 +78,11 @@ def takes(head) -> bool:
     if not isinstance(head, EnsembleHead) or not head.reads_pq or len(head.mlp) != 3:
         return False
     first, gelu, last = head.mlp
+    weights = (first.weight, first.bias, last.weight, last.bias)
     return (
         isinstance(gelu, nn.GELU)
         and gelu.approximate == "none"
-        and first.weight.dtype == torch.float32
-        and first.weight.device.type == "cpu"
+        and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in weights)
     )
 
 
@@ -110,12 +111,13 @@ def reference_weights(head: EnsembleHead, p, q, target_hidden, draft_hidden) -> 
 def computes_right() -> bool:
     """A random head on random rows against its own operations, to float rounding: over a vocabulary
     shorter than a block and one of two blocks and a tail, with the maximum tied across blocks (the first
-    index wins, as with torch.max) and in the tail."""
+    index wins, as with torch.max; the check fails if w_t does not see it) and in the tail."""
     generator = torch.Generator().manual_seed(0)
     head = EnsembleHead(24, 16, hidden_size=8, w_min=0.1, pq_features=True)
-    with torch.no_grad():
-        for parameter in head.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    with torch.no_grad():  # a logit of about unit scale, so that a wrong term moves w_t
+        for layer in (head.mlp[0], head.mlp[2]):
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) / layer.in_features**0.5)
+        head.mlp[0].weight[:, -2] *= 30  # TV's column
     hidden = [torch.randn(5, width, generator=generator).bfloat16() for width in (24, 16)]
     for vocab in (300, 2100):
         p, q = (torch.softmax(3 * torch.randn(5, vocab, generator=generator), -1) for _ in range(2))
@@ -131,3 +133,11 @@ def computes_right() -> bool:
         if not torch.allclose(fused, expected, atol=1e-5, rtol=1e-4):
             return False
     return True
+
+
+class Kernel:
+    """What the runtime hands a pair (`pair.head_kernel`): `takes(head)` and `greedy_weights(head, p, q,
+    target_hidden, draft_hidden)`, this module's."""
+
+    takes = staticmethod(takes)
+    greedy_weights = staticmethod(greedy_weights)

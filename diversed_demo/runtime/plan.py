@@ -271,7 +271,7 @@ def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> 
     attach_or_build(pair, wait, log, done=lambda: passes_attached(pair, log, wait))
 
 
-def passes_attached(pair: ModelPair, log, wait: bool = True) -> None:
+def passes_attached(pair: ModelPair, log, wait: bool) -> None:
     """Once nothing more will be attached: say so in `pair.runtime`, give it the greedy head kernel, then
     choose chains or trees."""
     pair.offer_upgrade(lambda: note_passes(pair, "compiled")).wait()
@@ -279,31 +279,37 @@ def passes_attached(pair: ModelPair, log, wait: bool = True) -> None:
     choose_drafts(pair, log)
 
 
-def attach_head_kernel(pair: ModelPair, log, wait: bool = True) -> None:
+def attach_head_kernel(pair: ModelPair, log, wait: bool) -> None:
     """Hand the pair the greedy head kernel (runtime/greedy_head.py) between decodes: at once where an
     earlier start built it, else once g++ has built it (in the background at the lowest priority, unless
-    `wait`). Loaded and checked on the thread that decodes: torch work on a background thread would give it
-    an OpenMP team of its own (model_thread.py)."""
+    `wait`). Loaded and checked on the thread that decodes: torch work on another thread would give that
+    one an OpenMP team of its own (model_thread.py)."""
     if pair.device.type != "cpu" or not greedy_head.wanted():
         return
 
+    def swap() -> None:
+        pair.head_kernel = greedy_head.Kernel()
+        log(ATTACHED)
+
     def hand_over() -> None:
         if greedy_head.ensure():
-            pair.offer_upgrade(lambda: setattr(pair, "head_kernel", greedy_head))
-            log("a greedy head's rule runs in one native call")
+            pair.offer_upgrade(swap)
 
-    def build() -> None:
-        if not greedy_head.build(background=True):
-            return
-        if pair.runtime.on_model_thread:
-            MODEL_THREAD.submit(hand_over)
+    def on_the_decoding_thread() -> None:
+        if pair.runtime.on_model_thread and not MODEL_THREAD.is_current():
+            failed = lambda done: done.exception() and log(f"{ATTACHED}: not ({done.exception()})")  # noqa: E731
+            MODEL_THREAD.submit(hand_over).add_done_callback(failed)
         else:
             hand_over()
 
     if wait or greedy_head.built():
-        hand_over()
+        on_the_decoding_thread()
     else:
+        build = lambda: greedy_head.build(background=True) and on_the_decoding_thread()  # noqa: E731
         threading.Thread(target=build, daemon=True, name="head-kernel-build").start()
+
+
+ATTACHED = "a greedy head's rule runs in one native call"
 
 
 def upgrade_target(pair: ModelPair, log) -> None:
