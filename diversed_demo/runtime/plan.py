@@ -295,18 +295,24 @@ def attach_head_kernel(pair: ModelPair, log, wait: bool) -> None:
         if greedy_head.ensure():
             pair.offer_upgrade(swap)
 
+    def failed(done) -> None:
+        if done.exception() is not None:
+            log(f"the {greedy_head.WHAT} is not used ({done.exception()})")
+
     def on_the_decoding_thread() -> None:
         if pair.runtime.on_model_thread and not MODEL_THREAD.is_current():
-            failed = lambda done: done.exception() and log(f"{ATTACHED}: not ({done.exception()})")  # noqa: E731
             MODEL_THREAD.submit(hand_over).add_done_callback(failed)
         else:
             hand_over()
 
+    def build_aside() -> None:
+        if greedy_head.build(background=True):
+            on_the_decoding_thread()
+
     if wait or greedy_head.built():
         on_the_decoding_thread()
     else:
-        build = lambda: greedy_head.build(background=True) and on_the_decoding_thread()  # noqa: E731
-        threading.Thread(target=build, daemon=True, name="head-kernel-build").start()
+        threading.Thread(target=build_aside, daemon=True, name="head-kernel-build").start()
 
 
 ATTACHED = "a greedy head's rule runs in one native call"
