@@ -91,7 +91,8 @@ first-compare: install
 	for start in 1 2 3 4 5; do $(BIN)/python tests/first_compare.py; done
 
 # The first minute from an empty cache: seconds to a served page, a visitor's decode during the background
-# build against the steady speed (tests/cold_start.py).
+# build against eager alone and the steady speed, the served first example against `generate`
+# (tests/cold_start.py).
 cold-start: install
 	$(BIN)/python tests/cold_start.py
 

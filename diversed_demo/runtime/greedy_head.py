@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.cost_rule import greedy_position_costs
-from ..core.head import EnsembleHead, pq_terms
+from ..core.config import DecodeConfig
+from ..core.head import EnsembleHead, weight_rule
 from . import native_build
 
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -104,8 +104,9 @@ def greedy_weights(head: EnsembleHead, p, q, target_hidden, draft_hidden) -> tor
 
 
 def reference_weights(head: EnsembleHead, p, q, target_hidden, draft_hidden) -> torch.Tensor:
-    """The same w_t by the head's own operations (core/head.weight_rule's greedy path)."""
-    return head.ensemble_weight(target_hidden, draft_hidden, pq_terms(*greedy_position_costs(p, q)))
+    """The same w_t by the head's own operations: the decoder's greedy weight rule without a kernel."""
+    weigh = weight_rule(DecodeConfig(mode="dynamic", head=head), greedy=True)
+    return weigh(p, q, None, target_hidden, draft_hidden)
 
 
 def computes_right() -> bool:
