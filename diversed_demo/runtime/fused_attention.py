@@ -1,13 +1,15 @@
-"""Attention for a decode's few query rows in one C++ loop on AVX-512 with BF16 (fused_attention.cpp), for
-the compiled target pass: a row's bits depend neither on the rows beside it nor on masked slots between
-the slots it sees, so a verification (a chain's or a tree's) gives each position a one-token pass's
-logits, and a one-token pass costs a seventh of `attend_in_blocks`' (docs/measurements/speed.md).
+"""Attention for a decode's few query rows in one C++ loop on AVX-512 with BF16 or on AVX2 with FMA
+(fused_attention.cpp), for the target's static pass and the draft's step: a row's bits depend neither on the
+rows beside it nor on masked slots between the slots it sees, so a verification (a chain's or a tree's) gives
+each position a one-token pass's logits, and a one-token pass costs a seventh of `attend_in_blocks`'
+(docs/measurements/speed.md).
 
-Compiled into the user cache like the AMX kernel (runtime/native_build.py) and loaded as the PyTorch
-operator `diversed_attention::attend`. It serves where the CPU has AVX-512 with BF16 (Intel Xeons since
-Cooper Lake, AMD since Zen 4), the pass runs in bf16 with heads of 32, 64 or 128, the build succeeds and it
-computes right; elsewhere `attend_in_blocks` does. Which of the two a compiled pass runs is fixed when the
-pass is built (`StaticPass.fused`) and is part of its package's key.
+Compiled into the user cache like the AMX kernel (runtime/native_build.py), for the best of the two
+instruction sets the CPU has, and loaded as the PyTorch operator `diversed_attention::attend`. It serves
+where the CPU has AVX-512 with BF16 (Intel Xeons since Cooper Lake, AMD since Zen 4) or AVX2 with FMA (x86
+CPUs since 2013-2015), the pass runs in bf16 with heads of 32, 64 or 128, the build succeeds and it computes
+right; elsewhere `attend_in_blocks` does. Which of the two a compiled pass runs is fixed when the pass is
+built (`StaticPass.fused`) and is part of its package's key.
 """
 
 from __future__ import annotations
@@ -24,15 +26,26 @@ from .block_attention import attend_in_blocks, feed_rows, mask_bias, padded_mask
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_FUSED_ATTENTION"  # "0": attention in blocks even where this kernel would serve
-CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
-FLAGS = [*native_build.BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+# The instruction sets the kernel is written for, the better first: the CPU flags each needs, g++'s flags
+AVX512 = (
+    {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
+    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
+)
+AVX2 = ({"avx2", "fma"}, ["-mavx2", "-mfma"])
 HEAD_DIMS = (32, 64, 128)
 WHAT = "fused attention kernel"
 
 
+def flags() -> list[str] | None:
+    """g++'s flags for this CPU's best instruction set the kernel has, or None where it has neither."""
+    cpu = native_build.cpu_flags()
+    chosen = next((extra for needs, extra in (AVX512, AVX2) if needs <= cpu), None)
+    return None if chosen is None else [*native_build.BASE_FLAGS, *chosen]
+
+
 def serves(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether this machine and a pass of this dtype and head size take the kernel (if it builds)."""
-    machine = sys.platform == "linux" and CPU_FLAGS <= native_build.cpu_flags()
+    machine = sys.platform == "linux" and flags() is not None
     return machine and os.environ.get(SWITCH) != "0" and dtype == torch.bfloat16 and head_dim in HEAD_DIMS
 
 
@@ -51,7 +64,7 @@ def loaded() -> bool:
 
 
 def library_path() -> Path:
-    return native_build.library_path(SOURCE, FLAGS)
+    return native_build.library_path(SOURCE, flags() or [])
 
 
 def load_if_built() -> None:
@@ -69,7 +82,7 @@ def ensure(background: bool = False) -> bool:
     load_if_built()
     if not loaded():
         try:
-            native_build.compile_library(SOURCE, FLAGS, library_path(), background)
+            native_build.compile_library(SOURCE, flags() or [], library_path(), background)
             torch.ops.load_library(str(library_path()))
             register_fake()
         except (OSError, RuntimeError, subprocess.CalledProcessError) as err:

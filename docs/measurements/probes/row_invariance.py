@@ -46,7 +46,12 @@ static_pass.int4_product = spied(
     "4-bit products", static_pass.int4_product, lambda a, i: (a[0][i : i + 1], *a[1:])
 )
 static_pass.rms_norm = spied("rms norm", static_pass.rms_norm, lambda a, i: (a[0][i : i + 1], *a[1:]))
-static_pass.attend_in_blocks = spied("attention", static_pass.attend_in_blocks, attention_row)
+static_pass.attend_in_blocks = spied("attention in blocks", static_pass.attend_in_blocks, attention_row)
+static_pass.fused_attention.attend = spied(
+    "fused attention",
+    static_pass.fused_attention.attend,
+    lambda a, i: (a[0][i : i + 1], *a[1:3], a[3][i : i + 1]),
+)
 lm = CachedLM(pair.target, pair.vocab_size, runner=pair.target_pass)
 with torch.inference_mode():
     lm.forward(torch.arange(100, 400), 1)
