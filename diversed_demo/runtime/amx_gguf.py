@@ -1,14 +1,16 @@
-"""Products on a GGUF's quantised weights on Intel AMX (amx_gguf.cpp): the 4-bit projections, where a pass
-over up to 16 tokens costs about what one token's does (PyTorch's int4 kernel pays again for every 4 rows)
-and a prompt's pass runs faster than on the dense weights, and the 8-bit (Q8_0) LM head, which streams half
-the bytes of its dense bf16 copy (docs/measurements/speed.md).
+"""Products on a GGUF's quantised weights in the project's own kernel: the 4-bit projections, where a pass
+over several tokens converts each block once (PyTorch's int4 kernel pays again for every 4 rows) and a
+prompt's pass runs faster than on the dense weights, and the 8-bit (Q8_0) LM head, which streams half the
+bytes of its dense bf16 copy (docs/measurements/speed.md).
 
-The kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, about 10 s: at a
-first start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
-runtime/compiled_build.py) and loaded as the PyTorch operator `diversed::amx_mm`, so the compiled pass
-can call it too. It serves only where the CPU has AMX (Sapphire Rapids and later Xeons), Linux lends the
-process its tiles, the build succeeds and the product is the faster here; everywhere else PyTorch's int4
-kernel and the dense LM head do.
+Two instruction sets, one operator (`diversed::amx_mm`) on the same records: Intel AMX (amx_gguf.cpp:
+tile products of the exact bf16 weights, Sapphire Rapids and later Xeons, where Linux lends the process its
+tiles) and, elsewhere on x86, AVX2 with FMA (avx2_gguf.cpp: float32 FMAs of the GGUF's own values). The
+kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, 10-20 s: at a first
+start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
+runtime/compiled_build.py) and loaded as a PyTorch operator, so the compiled pass can call it too. It serves
+where the build succeeds, it computes right and its product is the faster here; everywhere else PyTorch's
+int4 kernel and the dense LM head do.
 """
 
 from __future__ import annotations
@@ -24,22 +26,35 @@ import torch
 from . import native_build
 from .native_build import cpu_flags
 
-SOURCE = Path(__file__).with_suffix(".cpp")
 SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would serve; "1": this one untimed
+# The kernel's instruction sets, the better first: the CPU flags each needs, its source, g++'s flags
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
-FLAGS = [*native_build.BASE_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
-FLAGS += ["-mf16c", "-mamx-tile", "-mamx-bf16"]
+AMX_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16"]
+AMX = (CPU_FLAGS, Path(__file__).with_suffix(".cpp"), AMX_FLAGS)
+AVX2_FLAGS = {"avx2", "fma", "f16c"}
+AVX2 = (AVX2_FLAGS, Path(__file__).with_name("avx2_gguf.cpp"), ["-mavx2", "-mfma", "-mf16c"])
 # bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
 # 8-bit, 512 of codes and 16 fp16 scales
 Q4_RECORD, Q8_RECORD = 320, 544
 
 
+def instruction_set() -> tuple[str, Path, list[str]] | None:
+    """(its name, its source, g++'s flags) of the best instruction set this CPU gives the kernel, or None."""
+    cpu = cpu_flags()
+    for name, (needs, source, flags) in (("AMX", AMX), ("AVX2", AVX2)):
+        if needs <= cpu:
+            return name, source, [*native_build.BASE_FLAGS, *flags]
+    return None
+
+
 def library_path() -> Path:
-    return native_build.library_path(SOURCE, FLAGS)
+    _, source, flags = instruction_set() or ("", AVX2[1], [])
+    return native_build.library_path(source, flags)
 
 
 def build(path: Path, background: bool = False) -> None:
-    native_build.compile_library(SOURCE, FLAGS, path, background)
+    _, source, flags = instruction_set()
+    native_build.compile_library(source, flags, path, background)
 
 
 class AmxKernel:
@@ -69,7 +84,7 @@ class AmxKernel:
             return self.decision
 
     def decide(self, wait: bool) -> bool:
-        if os.environ.get(SWITCH) == "0" or not CPU_FLAGS <= cpu_flags() or sys.platform != "linux":
+        if os.environ.get(SWITCH) == "0" or instruction_set() is None or sys.platform != "linux":
             return False
         path = library_path()
         try:
@@ -105,7 +120,7 @@ class AmxKernel:
 
 
 def load_built(path: Path) -> None:
-    native_build.load_built(path, "AMX kernel")
+    native_build.load_built(path, f"{name()} kernel")
 
 
 def loaded() -> bool:
@@ -115,9 +130,17 @@ def loaded() -> bool:
         return False
 
 
+def name() -> str:
+    """The kernel as the runtime names it: "AMX" or "AVX2", by this CPU."""
+    return (instruction_set() or ("native",))[0]
+
+
 def say_why(err: Exception) -> None:
     detail = getattr(err, "stderr", "") or err
-    print(f"the AMX kernel for the GGUF weights is not used ({str(detail).strip()[-300:]})", file=sys.stderr)
+    print(
+        f"the {name()} kernel for the GGUF weights is not used ({str(detail).strip()[-300:]})",
+        file=sys.stderr,
+    )
 
 
 def register_fake() -> None:
@@ -138,12 +161,18 @@ def computes_right() -> bool:
     q4 = torch.randint(0, 16, (64, 64), generator=generator)
     q8 = torch.randint(-127, 128, (64, 64), generator=generator)
     for records, codes, minima in ((pack_q4(q4, d, m), q4, m), (pack_q8(q8, d), q8, 0 * m)):
-        dense = (codes.view(64, 2, 32) * d[..., None] + minima[..., None]).view(64, 64).bfloat16()
-        expected = rows.float() @ dense.float().T
+        dense = (codes.view(64, 2, 32) * d[..., None] + minima[..., None]).view(64, 64)
+        expected = rows.float() @ as_multiplied(dense).T
         for count in (3, len(rows)):
             if not torch.allclose(amx_product(rows[:count], records).float(), expected[:count], 1e-2, 1e-2):
                 return False
     return True
+
+
+def as_multiplied(weights: torch.Tensor) -> torch.Tensor:
+    """A GGUF's float32 weights as this CPU's kernel multiplies them: rounded to bf16 on AMX (the dense bf16
+    model's weights), as they are on AVX2 (the GGUF's own values)."""
+    return weights.bfloat16().float() if name() == "AMX" else weights
 
 
 def check_fp16(*tensors: torch.Tensor) -> None:

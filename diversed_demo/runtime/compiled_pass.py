@@ -111,6 +111,7 @@ PASS_SOURCES = (
     "runtime/gguf_int4.py",
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
+    "runtime/avx2_gguf.cpp",
     "runtime/fused_attention.py",
     "runtime/fused_attention.cpp",
     "runtime/lean_layer.py",
@@ -125,7 +126,8 @@ def source_digests(files) -> list[str]:
 
 
 def int4_operand_count(model) -> int:
-    """How many operands the target's 4-bit products take: 1 on the AMX kernel, 2 on PyTorch's, 0 without."""
+    """How many operands the target's 4-bit products take: 1 on the project's kernel (AMX or AVX2), 2 on
+    PyTorch's, 0 without."""
     return len(getattr(model.get_decoder().layers[0], "qkv", ()))
 
 

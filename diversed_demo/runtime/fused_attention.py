@@ -43,6 +43,11 @@ def flags() -> list[str] | None:
     return None if chosen is None else [*native_build.BASE_FLAGS, *chosen]
 
 
+def name() -> str:
+    """The instruction set the kernel is built for here, in words."""
+    return "AVX-512 BF16" if AVX512[0] <= native_build.cpu_flags() else "AVX2"
+
+
 def serves(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether this machine and a pass of this dtype and head size take the kernel (if it builds)."""
     machine = sys.platform == "linux" and flags() is not None

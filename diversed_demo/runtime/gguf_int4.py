@@ -35,7 +35,7 @@ from .class_swap import swap_class
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass, within
-# the rows where int4 is the faster (docs/measurements/speed.md). The AMX kernel takes any number.
+# the rows where int4 is the faster (docs/measurements/speed.md). The project's kernel takes any number.
 INT4_ROWS = 8
 OPERANDS = 2  # the cached operands' format: 2 adds the AMX kernel's 8-bit LM head
 LAYER_NAMES = {  # llama.cpp's tensor names in a block -> transformers' module names in a Llama layer

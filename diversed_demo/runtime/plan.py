@@ -32,7 +32,7 @@ from ..common.priority import lowest_priority
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
 from ..models.pair import ModelPair
-from . import greedy_head
+from . import amx_gguf, fused_attention, greedy_head
 from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
@@ -228,7 +228,7 @@ def fast_target(model, gguf: Path | None, amx: AmxKernel) -> str:
 
 
 def on_blocks(model, lean: int) -> str:
-    kernel = "AMX" if int4_operand_count(model) == 1 else "PyTorch's int4"
+    kernel = f"the project's {amx_gguf.name()}" if int4_operand_count(model) == 1 else "PyTorch's int4"
     return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
 
 
@@ -254,8 +254,8 @@ def start_passes(pair: ModelPair, compiled: str = "background", log=say) -> None
     wait = compiled == "wait"
     pair.runtime.passes = "eager while the compiled ones are built"
     work = functools.partial(build_passes, pair, wait, log)
-    if pair.runtime.amx.pending and not wait:  # first the AMX kernel (seconds): the pass compiles over it
-        log("building the AMX kernel in the background (about 10 s), then the compiled pass")
+    if pair.runtime.amx.pending and not wait:  # first the GGUF kernel (seconds): the pass compiles over it
+        log(f"building the {amx_gguf.name()} kernel in the background (10-20 s), then the compiled pass")
         threading.Thread(
             target=work, kwargs={"background": True}, daemon=True, name="amx-kernel-build"
         ).start()
@@ -319,9 +319,10 @@ ATTACHED = "a greedy head's rule runs in one native call"
 
 
 def upgrade_target(pair: ModelPair, log) -> None:
-    """Move the target's 4-bit products onto the AMX kernel, built since the pair loaded: its operands are
-    packed here, aside, then swapped in whole between decodes (`ModelPair.offer_upgrade`); returns once
-    they are in, so that the compiled pass is built and checked over them."""
+    """Move the target's 4-bit products onto the project's kernel (AMX or AVX2), built since the pair
+    loaded: its operands are packed here, aside, then swapped in whole between decodes
+    (`ModelPair.offer_upgrade`); returns once they are in, so that the compiled pass is built and checked
+    over them."""
     model = pair.target
     operands = quantised_operands(model, model.gguf_path, pair.runtime.amx)
     if not operands:
@@ -332,11 +333,11 @@ def upgrade_target(pair: ModelPair, log) -> None:
         pair.runtime.target = on_blocks(model, use_lean_layers(model))
 
     pair.offer_upgrade(swap).wait()
-    log("the 4-bit products run on the AMX kernel")
+    log(f"the 4-bit products run on the {amx_gguf.name()} kernel")
 
 
 def note_passes(pair: ModelPair, how: str) -> None:
     parts = [name for name, runner in (("target", pair.target_pass), ("draft", pair.draft_pass)) if runner]
     pair.runtime.passes = f"{how}: {' and '.join(parts)}" if parts else "eager"
     if getattr(getattr(pair.target_pass, "module", None), "fused", False):
-        pair.runtime.attention = "the fused kernel (AVX-512 BF16) in the compiled pass"
+        pair.runtime.attention = f"the fused kernel ({fused_attention.name()}) in the compiled pass"

@@ -1,5 +1,6 @@
-"""The AMX 4-bit product (runtime/amx_gguf.py): the dense bf16 weights' product, a row's result independent of
-the rows beside it, and PyTorch's kernel wherever AMX cannot serve."""
+"""The project's GGUF kernel (runtime/amx_gguf.py, on AMX or AVX2): the product of the weights it
+multiplies (the dense bf16 model's on AMX, the GGUF's own on AVX2), a row's result independent of the rows
+beside it, and PyTorch's kernel wherever it cannot serve."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from diversed_demo.runtime import amx_gguf, gguf_int4
 from diversed_demo.runtime.gguf_int4 import dequantised, int4_kernel
 
 needs_amx = pytest.mark.skipif(
-    not amx_gguf.AmxKernel().available(wait=True), reason="this CPU has no AMX (or the kernel did not build)"
+    not amx_gguf.AmxKernel().available(wait=True),
+    reason="this CPU has neither AMX nor AVX2 (or the kernel did not build)",
 )
 
 
@@ -26,9 +28,9 @@ def q4_blocks(n_rows=96, n_cols=192, seed=0):
 
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 3, 8, 16, 17, 48, 83])  # beyond 16: chunks of 16, an odd last one
-def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
+def test_the_4bit_product_is_the_product_of_the_ggufs_weights(rows):
     codes, d, m = q4_blocks()
-    weights = dequantised(codes, d, m).bfloat16()  # what the dense bf16 model holds
+    weights = amx_gguf.as_multiplied(dequantised(codes, d, m))  # on AMX what the dense bf16 model holds
     hidden = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
     expected = hidden.double() @ weights.double().T
     out = amx_gguf.amx_product(hidden, amx_gguf.pack_q4(codes, d, m))
@@ -39,12 +41,12 @@ def test_the_amx_product_is_the_dense_bf16_weights_product(rows):
 
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 5, 16, 40])
-def test_the_8bit_product_is_the_dense_bf16_weights_product(rows):
+def test_the_8bit_product_is_the_product_of_the_ggufs_weights(rows):
     """A Q8_0 LM head: 32 signed codes and one fp16 scale a block."""
     generator = torch.Generator().manual_seed(rows)
     codes = torch.randint(-128, 128, (96, 192), generator=generator)
     d = (torch.rand(96, 6, generator=generator) / 100).half().float()
-    weights = dequantised(codes, d, 0 * d).bfloat16()
+    weights = amx_gguf.as_multiplied(dequantised(codes, d, 0 * d))
     hidden = torch.randn(rows, 192, generator=generator).bfloat16()
     out = amx_gguf.amx_product(hidden, amx_gguf.pack_q8(codes, d))
     torch.testing.assert_close(out.double(), hidden.double() @ weights.double().T, rtol=2**-8, atol=1e-4)
@@ -83,7 +85,7 @@ def test_switched_off_the_pytorch_kernel_serves(fresh_choice, monkeypatch):
     assert int4_kernel(torch.bfloat16, fresh_choice) == "aten"
 
 
-def test_a_cpu_without_amx_gets_the_pytorch_kernel(fresh_choice, monkeypatch):
+def test_a_cpu_without_amx_or_avx2_gets_the_pytorch_kernel(fresh_choice, monkeypatch):
     monkeypatch.setattr(amx_gguf, "cpu_flags", lambda: {"avx512f", "avx512bw"})
     assert not fresh_choice.available()
     assert int4_kernel(torch.bfloat16, fresh_choice) == "aten"

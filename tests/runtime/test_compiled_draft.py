@@ -99,7 +99,7 @@ def test_drafting_on_the_fused_attention_proposes_what_attention_in_blocks_does(
     wider pair departs from either by more bf16 rounding than the test above allows)."""
     pair = wide_bf16_pair
     if not (fused_step(pair.draft) and fused_attention.ensure()):
-        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
+        pytest.skip("this CPU has neither AVX-512 with BF16 nor AVX2 (or the kernel did not build)")
     pair.draft_pass = CompiledPass(StaticDraftStep(pair.draft, 256, fused=False))
     in_blocks = scripted_proposals(pair, SEQUENCE, START, ADVANCES)
     pair.draft_pass = CompiledPass(StaticDraftStep(pair.draft, 256, fused=True))

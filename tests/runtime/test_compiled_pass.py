@@ -43,7 +43,7 @@ def fused_kernel() -> bool:
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_decode_through_the_static_pass_computes_the_eager_one(lean_model, fused):
     if fused and not fused_kernel():
-        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
+        pytest.skip("this CPU has neither AVX-512 with BF16 nor AVX2 (or the kernel did not build)")
     feeds, rollbacks = random_feeds(0, lean_model.config.vocab_size, passes=12)
     eager, held = decode_like(lean_model, feeds, rollbacks)
     assert not held
@@ -96,7 +96,7 @@ def test_a_pass_that_fails_mid_decode_hands_the_decode_over_to_eager(lean_model)
     assert calls == 4 and not held  # eager from the failed pass on
     for (a, a_hidden, _), (b, b_hidden, _) in zip(eager, handed_over, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)
-        torch.testing.assert_close(b_hidden, a_hidden, rtol=0.03, atol=0.03)
+        torch.testing.assert_close(b_hidden, a_hidden, rtol=0.03, atol=0.05)  # one bf16 step, as above
     assert not failing.acquire(object())  # later decodes stay eager
 
 
@@ -170,7 +170,7 @@ def test_a_tree_pass_gives_each_node_what_a_pass_over_its_path_gives_it(lean_mod
     vocab, prompt = model.config.vocab_size, torch.arange(4, 24)
     tokens = torch.tensor([7, 9, 11, 13, 15, 17])
     if kind == "static-fused" and not fused_kernel():
-        pytest.skip("this CPU has no AVX-512 with BF16 (or the kernel did not build)")
+        pytest.skip("this CPU has neither AVX-512 with BF16 nor AVX2 (or the kernel did not build)")
     static = kind.startswith("static")
     fused = kind == "static-fused"
     runner = (lambda: CompiledPass(StaticPass(model, AUX, 128, fused))) if static else (lambda: None)

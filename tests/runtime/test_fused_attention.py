@@ -12,7 +12,7 @@ from diversed_demo.runtime.block_attention import feed_rows, padded_mask
 
 needs_kernel = pytest.mark.skipif(
     not (fused_attention.serves(torch.bfloat16, 64) and fused_attention.ensure()),
-    reason="this CPU has no AVX-512 with BF16 (or the kernel did not build)",
+    reason="this CPU has neither AVX-512 with BF16 nor AVX2 (or the kernel did not build)",
 )
 pytestmark = needs_kernel
 
