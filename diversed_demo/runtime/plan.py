@@ -29,6 +29,7 @@ from pathlib import Path
 from ..common import priority
 from ..common.files import read_json_object, write_text
 from ..common.priority import lowest_priority
+from ..core.prompt import encode_prompt
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
 from ..models.pair import ModelPair
@@ -37,9 +38,9 @@ from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count, package_path
-from .costs import tree_speed
+from .costs import measure_costs, tree_speed
 from .cuda_graphs import attach_graphs
-from .dtype_choice import choice_note, measured_dtype
+from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
 from .int8_draft import use_int8_draft
 from .lean_layer import use_lean_layers
@@ -92,25 +93,30 @@ BUILDER_END_S = 5.0  # the most the model thread waits for the background thread
 
 
 def choose_drafts(pair: ModelPair, log) -> None:
-    """Between decodes, time greedy exact SD on TREE_PROBES with chains and with trees, on the compiled
-    passes, and draft trees (where a decode's tree setting is "auto") if they decode TREE_GAIN faster;
-    chains otherwise, and where the pass cannot take a tree's rows (transformers' own static cache). The
-    timing (seconds) is kept beside the compiled passes: later starts on them read it."""
+    """Between decodes, on the compiled passes: time the draft's and the verification's costs (c, v[N]) that
+    the draft length weighs (those the dtype choice timed were of the eager passes, at a first start before
+    the kernels were built), and greedy exact SD on TREE_PROBES with chains and with trees; draft trees
+    (where a decode's tree setting is "auto") if they decode TREE_GAIN faster; chains otherwise, and where
+    the pass cannot take a tree's rows (transformers' own static cache). The timings (seconds) are kept
+    beside the compiled passes: later starts on them read them."""
     runner = pair.target_pass
     if runner is None or not isinstance(runner.module, StaticPass):
         return
 
     def measure() -> None:
         kept = tree_timing_path(pair)
-        speed = (read_json_object(kept)[0] or {}).get("tree_speed")
-        if not isinstance(speed, (int, float)):
+        timed = read_json_object(kept)[0] or {}
+        speed, costs = timed.get("tree_speed"), timed.get("costs")
+        if not isinstance(speed, (int, float)) or not isinstance(costs, dict):
             try:
                 with priority.decoding():  # as a decode runs: any background build stopped
+                    costs = compiled_costs(pair)
                     speed = tree_speed(pair, TREE_PROBES)
             except Exception as error:  # run where a decode ends: the decode must not fail for it
                 log(f"drafts: chains (timing trees against chains failed: {error})")
                 return
-            write_text(kept, json.dumps({"tree_speed": speed}) + "\n")
+            write_text(kept, json.dumps({"tree_speed": speed, "costs": costs}) + "\n")
+        pair.costs = {"c": float(costs["c"]), "v": {int(n): float(v) for n, v in costs["v"].items()}}
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
@@ -125,6 +131,13 @@ def choose_drafts(pair: ModelPair, log) -> None:
         queued.add_done_callback(failed)
     else:
         pair.offer_upgrade(measure)
+
+
+def compiled_costs(pair: ModelPair) -> dict:
+    """c and v[N] for N = 1..6 on the passes the pair decodes on now (a second or two)."""
+    prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())
+    costs = measure_costs(pair, prompt_ids, list(range(1, 7)), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
+    return {"c": costs["c"], "v": costs["v"]}
 
 
 def tree_timing_path(pair: ModelPair) -> Path:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
 from tiny import save_tiny_pair
 
+from diversed_demo.core.draft import StandaloneDraft
 from diversed_demo.runtime import plan
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.runtime.static_pass import StaticPass
@@ -33,6 +35,7 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
     def broken(*args, **kwargs):
         raise RuntimeError("no pass here")
 
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: COSTS)
     monkeypatch.setattr(plan, "tree_speed", broken)
     lines = []
     with pair.in_use():  # a decode running: the timing waits for its end
@@ -44,20 +47,40 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
 
 
 TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
+COSTS = {"c": 0.25, "v": {"1": 1.1, "2": 1.3}}  # as a JSON file keeps them
 
 
 @pytest.mark.parametrize("speed, drafts", TIMED)
 def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeypatch, speed, drafts):
     """A wider pass that costs little is not enough: trees are chosen by their decodes' measured speed. The
-    timing is kept beside the compiled passes: a later start on them reads it instead of decoding again."""
+    timing, and the costs the draft length weighs timed on the same passes, are kept beside the compiled
+    passes: a later start on them reads them instead of timing again."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     target, draft = save_tiny_pair(tmp_path)
     timings = []
     monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append(timed) or speed)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or COSTS)
     for _start in range(2):
         pair = load_pair(target, draft, "cpu", "float32", compiled="off")
         pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
         plan.choose_drafts(pair, lambda line: None)
         assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
         assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)
-    assert len(timings) == 1
+        assert pair.costs == {"c": 0.25, "v": {1: 1.1, 2: 1.3}}
+    assert len(timings) == 2  # the costs and the trees, once
+
+
+def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeypatch):
+    """c and v[N] come from the pair's own passes: a pair whose draft steps cost more gets a larger c."""
+    target, draft = save_tiny_pair(tmp_path)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    costs = plan.compiled_costs(pair)
+    assert costs["c"] > 0 and sorted(costs["v"]) == [1, 2, 3, 4, 5, 6]
+    propose = StandaloneDraft.propose
+
+    def slower(self, sequence, n, *args, **kwargs):  # each drafted token 10 ms more
+        time.sleep(0.01 * n)
+        return propose(self, sequence, n, *args, **kwargs)
+
+    monkeypatch.setattr(StandaloneDraft, "propose", slower)
+    assert plan.compiled_costs(pair)["c"] > costs["c"] + 0.5
