@@ -31,8 +31,8 @@ def build_from_command_line(target: str, aux: str, draft_dir: str, int8: str, *p
     if draft_dir != "-" and any(path not in builds for path in wanted):
         try:
             draft = load_eagle3(draft_dir, model)
-            if int8 == "1":  # as the app's draft runs, whatever a timing in this process would say
-                use_int8_draft(draft, when_faster=False)
+            if int8 != "dense":  # as the app's draft runs, whatever a timing in this process would say
+                use_int8_draft(draft, when_faster=False, kernel=int8 == "blocks")
             builds[draft_package_path(draft)] = functools.partial(build_draft_package, draft)
         except Exception as err:
             print(f"the draft in {draft_dir} did not load ({err!r})", flush=True)

@@ -18,8 +18,9 @@ import torch
 
 from ..common import priority
 from . import amx_gguf
-from .compiled_draft import attach_draft, draft_compilable, draft_package_path, uses_int8
+from .compiled_draft import attach_draft, draft_compilable, draft_package_path
 from .compiled_pass import attach, int4_operand_count, package_path
+from .int8_draft import products
 from .static_pass import compilable
 
 
@@ -106,7 +107,7 @@ def start_build(pair, paths: list[Path], log: Path) -> subprocess.Popen:
     env[amx_gguf.SWITCH] = "1" if int4_operand_count(pair.target) == 1 else "0"  # the app's kernel, untimed
     aux = ",".join(map(str, getattr(pair.draft, "aux_layer_ids", None) or []))
     draft_dir = str(getattr(pair.draft, "directory", "-"))
-    int8 = str(int(draft_compilable(pair.draft) and uses_int8(pair.draft)))
+    int8 = products(pair.draft) if draft_compilable(pair.draft) else "dense"
     command = [
         sys.executable,
         "-m",

@@ -24,6 +24,7 @@ from .compiled_pass import (
     load_checked,
     source_digests,
 )
+from .int8_draft import products
 from .static_draft import StaticDraftStep
 
 # The files whose code (or build settings) the compiled step holds: a change to any builds a new package.
@@ -35,6 +36,9 @@ STEP_SOURCES = (
     "runtime/fused_attention.py",
     "runtime/fused_attention.cpp",
     "runtime/int8_draft.py",
+    "runtime/amx_gguf.py",
+    "runtime/amx_gguf.cpp",
+    "runtime/avx2_gguf.cpp",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
     "models/eagle.py",
@@ -57,10 +61,6 @@ def fused_step(draft) -> bool:
     return fused_attention.serves(draft.fc.weight.dtype, attn.head_dim)
 
 
-def uses_int8(draft) -> bool:
-    return hasattr(draft.lm_head, "int8")
-
-
 def draft_package_path(draft) -> Path:
     """What a package is valid for: the draft's config and weights, its products' kind, the step's code,
     PyTorch, the CPU's vector instructions and the thread count."""
@@ -71,7 +71,7 @@ def draft_package_path(draft) -> Path:
     identity = {
         "config": draft.config,
         "weights": weights.hexdigest(),
-        "int8": uses_int8(draft),
+        "int8": products(draft),
         "max_len": MAX_LEN,
         "k_max": K_MAX,
         "torch": torch.__version__,

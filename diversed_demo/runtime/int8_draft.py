@@ -1,9 +1,13 @@
-"""The draft's projections as 8-bit weight-only products on the CPU (one scale per output row).
+"""The draft's projections as 8-bit weight-only products on the CPU: on the project's GGUF kernel where it
+serves (amx_gguf.py: Q8_0 blocks, one fp16 scale per 32 weights, products of any number of rows), else on
+PyTorch's int8 kernel (one scale per output row; passes over more than INT8_ROWS rows, the draft's prompt,
+keep the dense weight).
 
 Against a 4-bit target a bf16 draft is no longer cheap: it streams its weights for every drafted token,
-mostly from memory since the target's pass evicted them. At 8 bits it streams half. Any draft keeps decoding
-exact (verification decides), so the rounding only moves the acceptance rate, which the bench reports.
-Passes over more rows (the draft's prompt) keep the dense weight.
+mostly from memory since the target's pass evicted them. At 8 bits it streams half; on a CPU without bf16
+instructions (AVX2) the dense bf16 product is slower still (docs/measurements/speed.md). Any draft keeps
+decoding exact (verification decides), so the rounding only moves the acceptance rate, which the bench
+reports.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import functools
 import torch
 
 from ..common.timing import runs_faster
+from . import amx_gguf
 from .class_swap import swap_class
 
 # At most this many rows use the 8-bit product (a drafting step's one, a restart's few): beyond, the dense
@@ -31,36 +36,62 @@ def quantise_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def int8_product(rows: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """rows [M, K] · (codes · scales)ᵀ -> [M, N]."""
+def quantise_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> the GGUF kernel's Q8_0 records: per block of 32 weights an fp16 scale d and codes
+    round(w / d) in ±127, symmetric."""
+    blocks = weight.float().unflatten(1, (-1, 32))
+    d = (blocks.abs().amax(-1) / 127).clamp_min(2**-24).half().float()  # the smallest fp16 above 0
+    codes = (blocks / d[..., None]).round().clamp(-127, 127).flatten(1)
+    return amx_gguf.pack_q8(codes, d)
+
+
+def int8_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
+    """rows [M, K] · (the 8-bit weight [N, K])ᵀ -> [M, N], on the kernel its operands are for: the GGUF
+    kernel's records, or PyTorch's codes and per-row scales."""
+    if len(operands) == 1:
+        return amx_gguf.amx_product(rows, *operands)
+    codes, scales = operands
     return torch._weight_int8pack_mm(rows.contiguous(), codes, scales)
 
 
 class Int8Linear(torch.nn.Linear):
-    """nn.Linear whose products of at most INT8_ROWS rows in the scales' dtype use `int8` (codes, scales)."""
+    """nn.Linear whose products in the draft's dtype use `int8`: the GGUF kernel's records (any number of
+    rows), or PyTorch's (codes, scales) for at most INT8_ROWS rows."""
 
-    int8: tuple[torch.Tensor, torch.Tensor]
+    int8: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        if len(rows) > INT8_ROWS or input.dtype != self.int8[1].dtype:
+        on_rows = len(self.int8) == 2
+        if (on_rows and len(rows) > INT8_ROWS) or input.dtype != self.weight.dtype:
             return torch.nn.functional.linear(input, self.weight, self.bias)
         return int8_product(rows, *self.int8).view(*input.shape[:-1], self.out_features)
 
 
-def use_int8_draft(draft: torch.nn.Module, when_faster: bool = True) -> int:
+def use_int8_draft(draft: torch.nn.Module, when_faster: bool = True, kernel: bool = False) -> int:
     """Switch a draft's bias-free linear layers to Int8Linear where it runs in bf16 or fp16 on the CPU and
-    the 8-bit product is the faster here (`int8_pays`, unless told not to measure); returns how many were
-    switched."""
+    the 8-bit product is the faster here (`int8_pays`, unless told not to measure); on the GGUF kernel with
+    `kernel` (loaded: `AmxKernel.available`) where the draft is bf16 and every layer fits its records.
+    Returns how many were switched."""
     weight = next(draft.parameters())
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
-    if when_faster and not int8_pays(weight.dtype):
-        return 0
     linears = [m for m in draft.modules() if type(m) is torch.nn.Linear and m.bias is None]
+    fits = all(m.out_features % 32 == 0 and m.in_features % 32 == 0 for m in linears)
+    blocks = kernel and fits and weight.dtype == torch.bfloat16 and (not when_faster or blocks_pay())
+    if not blocks and when_faster and not int8_pays(weight.dtype):
+        return 0
     for module in linears:
-        swap_class(module, Int8Linear, int8=quantise_rows(module.weight.detach()))
+        dense = module.weight.detach()
+        swap_class(module, Int8Linear, int8=(quantise_blocks(dense),) if blocks else quantise_rows(dense))
     return len(linears)
+
+
+def products(draft: torch.nn.Module) -> str:
+    """What a draft's products run on, as `use_int8_draft` left them: "blocks" (the GGUF kernel), "rows"
+    (PyTorch's int8 kernel) or "dense"."""
+    operands = getattr(draft.lm_head, "int8", None)
+    return "dense" if operands is None else "blocks" if len(operands) == 1 else "rows"
 
 
 @functools.cache
@@ -74,3 +105,14 @@ def int8_pays(dtype: torch.dtype = torch.bfloat16) -> bool:
     hidden = torch.randn(1, 576, generator=generator).to(dtype)
     linear = torch.nn.functional.linear
     return runs_faster(lambda: int8_product(hidden, codes, scales), lambda: linear(hidden, dense), 6, 2)
+
+
+@functools.cache
+def blocks_pay() -> bool:
+    """`int8_pays` for the GGUF kernel's 8-bit blocks (loaded), against the dense bf16 product."""
+    generator = torch.Generator().manual_seed(0)
+    dense = (torch.randn(32768, 576, generator=generator) / 24).bfloat16()
+    records = quantise_blocks(dense)
+    hidden = torch.randn(1, 576, generator=generator).bfloat16()
+    linear = torch.nn.functional.linear
+    return runs_faster(lambda: int8_product(hidden, records), lambda: linear(hidden, dense), 6, 2)

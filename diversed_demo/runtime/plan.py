@@ -42,7 +42,7 @@ from .costs import measure_costs, tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
-from .int8_draft import use_int8_draft
+from .int8_draft import products, use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
 from .model_thread import MODEL_THREAD
@@ -223,7 +223,7 @@ def speed_up(pair: ModelPair, gguf: Path | None = None, amx: AmxKernel | None = 
         dtype=dtype_name(pair),
         dtype_why=f"the default on {pair.device.type}",
         target=fast_target(pair.target, gguf, amx),
-        draft=fast_draft(pair.draft),
+        draft=fast_draft(pair.draft, amx),
         attention="grouped SDPA" if any(attention) else "transformers' SDPA",
         amx=amx,
     )
@@ -245,10 +245,12 @@ def on_blocks(model, lean: int) -> str:
     return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
 
 
-def fast_draft(draft) -> str:
-    """The draft's products that are faster here swapped in: what it runs on, in words."""
-    if use_int8_draft(draft):
-        return "8-bit weights"
+def fast_draft(draft, amx: AmxKernel) -> str:
+    """The draft's products that are faster here swapped in (on the GGUF kernel where it serves already):
+    what it runs on, in words."""
+    if use_int8_draft(draft, kernel=amx.available()):
+        on = f" on the project's {amx_gguf.name()} kernel" if products(draft) == "blocks" else ""
+        return f"8-bit weights{on}"
     if use_fast_linear(draft):
         return "few-row fp32 products"
     return "dense"

@@ -52,12 +52,13 @@ class StaticDraftStep(nn.Module):
             "lm_head": (draft.lm_head,),
         }
         self.int8 = all(hasattr(m, "int8") for ms in products.values() for m in ms)
-        for name, modules in products.items():  # stacked output rows: exact for per-row 8-bit scales too
+        self.n_int8 = (
+            len(draft.lm_head.int8) if self.int8 else 0
+        )  # 1: the GGUF kernel's records; 2: PyTorch's
+        for name, modules in products.items():  # stacked output rows: exact for per-row or per-block scales
             self.register_buffer(name, torch.cat([m.weight.detach() for m in modules]), persistent=False)
-            if self.int8:
-                codes, scales = zip(*(m.int8 for m in modules))
-                self.register_buffer(f"{name}_codes", torch.cat(codes), persistent=False)
-                self.register_buffer(f"{name}_scales", torch.cat(scales), persistent=False)
+            for j, parts in enumerate(zip(*(m.int8 for m in modules)) if self.int8 else ()):
+                self.register_buffer(f"{name}_int8_{j}", torch.cat(parts), persistent=False)
         self.register_buffer("embed", draft.embed_tokens.weight.detach(), persistent=False)
         for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
             self.register_buffer(name, getattr(layer, name).weight.detach(), persistent=False)
@@ -116,5 +117,5 @@ class StaticDraftStep(nn.Module):
 
     def _product(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         if self.int8 and rows.shape[0] <= K_MAX:
-            return int8_product(rows, getattr(self, f"{name}_codes"), getattr(self, f"{name}_scales"))
+            return int8_product(rows, *(getattr(self, f"{name}_int8_{j}") for j in range(self.n_int8)))
         return F.linear(rows, getattr(self, name))

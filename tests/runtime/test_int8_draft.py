@@ -10,7 +10,7 @@ from conftest import PROMPTS, tiny_feature_pair
 
 from diversed_demo.core.draft import FeatureDraft
 from diversed_demo.core.sampling import Sampler
-from diversed_demo.runtime import int8_draft
+from diversed_demo.runtime import amx_gguf, int8_draft
 from diversed_demo.runtime.int8_draft import INT8_ROWS, Int8Linear, quantise_rows, use_int8_draft
 
 
@@ -28,6 +28,33 @@ def test_int8_linear_computes_its_codes_few_rows_and_the_dense_weight_beyond(row
     weight = codes.float() * scales.float()[:, None] if rows <= INT8_ROWS else dense.float()
     expected = x.float() @ weight.T
     assert torch.allclose(layer(x).float(), expected, atol=0.05, rtol=0.02)
+
+
+needs_kernel = pytest.mark.skipif(
+    not amx_gguf.AmxKernel().available(wait=True), reason="the GGUF kernel does not serve on this CPU"
+)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, INT8_ROWS, 2 * INT8_ROWS + 3])
+def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_any_row_count(rows):
+    """Q8_0 blocks (an fp16 scale per 32 weights) on the kernel: within half a step of each weight, and the
+    product of those weights however many rows there are (a draft's prompt too)."""
+    g = torch.Generator().manual_seed(1)
+    layer = torch.nn.Linear(64, 96, bias=False).bfloat16()
+    layer.weight.data = (torch.randn(96, 64, generator=g) / 8).bfloat16()
+    draft = torch.nn.Sequential(layer)
+    draft.lm_head = layer
+    assert (
+        use_int8_draft(draft, when_faster=False, kernel=True) == 1 and int8_draft.products(draft) == "blocks"
+    )
+    (records,) = layer.int8
+    unit = torch.eye(64).bfloat16()
+    weights = int8_draft.int8_product(unit, records).float().T  # the kernel's own weights, column by column
+    steps = layer.weight.float().abs().unflatten(1, (2, 32)).amax(-1, keepdim=True) / 127
+    assert ((weights - layer.weight.float()).unflatten(1, (2, 32)).abs() <= steps / 2 + 1e-3).all()
+    x = torch.randn(rows, 64, generator=g).bfloat16()
+    torch.testing.assert_close(layer(x).float(), x.float() @ weights.T, atol=0.02, rtol=2**-7)
 
 
 def test_only_a_bf16_draft_on_the_cpu_where_it_pays_is_switched(monkeypatch):
