@@ -134,17 +134,18 @@ def choose_drafts(pair: ModelPair, log) -> None:
 
 
 def compiled_costs(pair: ModelPair) -> dict:
-    """c and v[N] for N = 1..6 on the passes the pair decodes on now (a second or two)."""
+    """c and v[N] for N = 1..6 on the passes the pair decodes on now (a few seconds): medians of three rounds,
+    as a first round pays the passes' first calls (one round read c at 0.29 where three read 0.16, EPYC)."""
     prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())
-    costs = measure_costs(pair, prompt_ids, list(range(1, 7)), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
+    costs = measure_costs(pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=24)
     return {"c": costs["c"], "v": costs["v"]}
 
 
 def tree_timing_path(pair: ModelPair) -> Path:
-    """Where `choose_drafts` keeps its timing: beside the target's compiled pass, for this draft (the pass's
-    key already names the code, the CPU and the thread count)."""
+    """Where `choose_drafts` keeps its timings: beside the target's compiled pass, for this draft and what its
+    products run on (the pass's key already names the code, the CPU and the thread count)."""
     aux = list(getattr(pair.draft, "aux_layer_ids", None) or [])
-    draft = hashlib.sha256(str(pair.draft_name).encode()).hexdigest()[:12]
+    draft = hashlib.sha256(f"{pair.draft_name}:{products(pair.draft)}".encode()).hexdigest()[:12]
     return package_path(pair.target, aux).with_suffix(f".drafts-{draft}.json")
 
 
