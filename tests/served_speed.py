@@ -4,7 +4,7 @@ both). Prints JSON: per mode the best seconds of a decode through the app's Deco
 `generate` on the same prompt, alternating (the host's other guests only ever add time, so the best of
 several rounds is each path's own speed); then the first example's Compare speed-ups over target-only, as
 the page's Compare (its handler, every update rendered) reports them in its trace, each mode's median over
-COMPARES Compares.
+COMPARES Compares, and the speed-up the pair's measured costs (c, v[N]) allow each mode's acceptance.
 Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from diversed_demo.core.generate import generate
 from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
+from diversed_demo.runtime.theory import analytic_speedup
 from diversed_demo.ui.examples import load_examples
 from diversed_demo.ui.opening import measured_opening
 from diversed_demo.ui.render import RUN_LABELS
@@ -54,14 +55,20 @@ def app_decode_s(pair, prompt, settings) -> float:
     return done
 
 
-def compare_speedups(pair, examples, prompt, settings) -> dict[str, float]:
-    """Each mode's speed-up over target-only in one Compare through the page's handler, read from the trace
-    it gives the visitor (its last update)."""
+def compare_runs(pair, examples, prompt, settings) -> dict:
+    """Each mode's run in one Compare through the page's handler, read from the trace it gives the visitor
+    (its last update)."""
     *_, files = list(on_compare(pair, examples, prompt, *sidebar_values(settings), auto_n=True))[-1]
     text = Path(next(f for f in files if f.endswith(".json"))).read_text()
     labels = set(run_labels(read_trace(text)))
-    runs = {mode: load_trace(text, label) for mode, label in RUN_LABELS.items() if label in labels}
-    return {mode: speedup(run, runs["ar"]) for mode, run in runs.items()}
+    return {mode: load_trace(text, label) for mode, label in RUN_LABELS.items() if label in labels}
+
+
+def bound(pair, run) -> float:
+    """The speed-up the pair's measured costs allow a run of this acceptance, at its best N (theory.py)."""
+    alpha = min(max(run.stats().acceptance_rate or 0.0, 0.0), 1.0)
+    costs = pair.costs
+    return max(analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items())
 
 
 def library_decode_s(pair, prompt, settings, head) -> float:
@@ -86,8 +93,13 @@ def main() -> None:
             app.append(app_decode_s(pair, example.prompt, settings))
             library.append(MODEL_THREAD.call(library_decode_s, pair, example.prompt, settings, head))
         figures["decode_s"][mode] = {"app": min(app), "library": min(library)}
-    speedups = [compare_speedups(pair, examples, example.prompt, start.settings) for _ in range(COMPARES)]
+    compares = [compare_runs(pair, examples, example.prompt, start.settings) for _ in range(COMPARES)]
+    speedups = [{mode: speedup(run, runs["ar"]) for mode, run in runs.items()} for runs in compares]
     figures["compare_speedup"] = {mode: statistics.median(s[mode] for s in speedups) for mode in speedups[0]}
+    modes = [mode for mode in compares[0] if mode != "ar"]
+    figures["compare_bound"] = {
+        m: statistics.median(bound(pair, runs[m]) for runs in compares) for m in modes
+    }
     print(json.dumps(figures))
 
 
