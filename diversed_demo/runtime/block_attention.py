@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 BLOCK = 64  # cache slots a sum runs over at a time
 MIN_BLOCKS = 2  # masks at least this wide: an exported graph then serves every width in one piece
-# Query rows a product takes at least: on an AVX2 CPU (AMD EPYC, Zen 3) MKL's fp32 product sums a row of 3
-# (one token's grouped heads) in another order than a row of 6 or more, which all agree (speed.md).
+# Rows of zeros added to a product's query rows: on an AVX2 CPU (AMD EPYC, Zen 3) MKL's fp32 product sums a
+# product of 3 rows (one token's grouped heads) in another order than one of 6 or more, which all agree
+# (speed.md), so every product takes at least this many.
 MIN_ROWS = 8
 
 
@@ -64,8 +65,9 @@ def attend_in_blocks(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     n_kv, width = keys.shape[0], bias.shape[1]
     group = n_q // n_kv
     rows = query.reshape(k, n_kv, group, dim).permute(1, 0, 2, 3).reshape(n_kv, k * group, dim).float()
-    padding = max(0, MIN_ROWS - k * group)  # rows of zeros, seeing every slot: dropped at the end
-    rows, bias = F.pad(rows, (0, 0, 0, padding)), F.pad(bias, (0, 0, 0, padding))
+    # MIN_ROWS rows of zeros, seeing every slot, dropped at the end (always: a graph exported for any k
+    # then takes no guard on k)
+    rows, bias = F.pad(rows, (0, 0, 0, MIN_ROWS)), F.pad(bias, (0, 0, 0, MIN_ROWS))
     scores = torch.matmul(rows, keys[:, :width].float().transpose(-1, -2)) * dim**-0.5  # [n_kv, k·group, W]
     scores = (scores + bias).unflatten(-1, (-1, BLOCK)).transpose(1, 2)
     value_blocks = values[:, :width].float().unflatten(1, (-1, BLOCK))

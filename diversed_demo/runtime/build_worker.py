@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..models.loading import gguf_file, load_eagle3, load_target
+from . import amx_gguf
 from .amx_gguf import AmxKernel
 from .compiled_draft import build_draft_package, draft_package_path
 from .compiled_pass import build_package, package_path
@@ -31,6 +32,8 @@ def build_from_command_line(target: str, aux: str, draft_dir: str, int8: str, *p
     if draft_dir != "-" and any(path not in builds for path in wanted):
         try:
             draft = load_eagle3(draft_dir, model)
+            if int8 == "blocks":  # the kernel the app loaded, whatever DIVERSED_AMX says of the target
+                amx_gguf.load_if_built()
             if int8 != "dense":  # as the app's draft runs, whatever a timing in this process would say
                 use_int8_draft(draft, when_faster=False, kernel=int8 == "blocks")
             builds[draft_package_path(draft)] = functools.partial(build_draft_package, draft)

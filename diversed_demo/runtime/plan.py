@@ -107,7 +107,8 @@ def choose_drafts(pair: ModelPair, log) -> None:
         kept = tree_timing_path(pair)
         timed = read_json_object(kept)[0] or {}
         speed, costs = timed.get("tree_speed"), timed.get("costs")
-        if not isinstance(speed, (int, float)) or not isinstance(costs, dict):
+        whole = isinstance(costs, dict) and isinstance(costs.get("v"), dict) and "c" in costs
+        if not isinstance(speed, (int, float)) or not whole:
             try:
                 with priority.decoding():  # as a decode runs: any background build stopped
                     costs = compiled_costs(pair)

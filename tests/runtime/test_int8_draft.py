@@ -54,6 +54,7 @@ def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_any_row_count(row
     steps = layer.weight.float().abs().unflatten(1, (2, 32)).amax(-1, keepdim=True) / 127
     assert ((weights - layer.weight.float()).unflatten(1, (2, 32)).abs() <= steps / 2 + 1e-3).all()
     x = torch.randn(rows, 64, generator=g).bfloat16()
+    assert torch.equal(layer(x), int8_draft.int8_product(x, records))  # not the dense weight, at any count
     torch.testing.assert_close(layer(x).float(), x.float() @ weights.T, atol=0.02, rtol=2**-7)
 
 
