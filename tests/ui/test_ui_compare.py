@@ -265,5 +265,7 @@ def test_a_finished_runs_panel_and_an_unchanged_table_are_not_sent_again(pair, m
     assert sum('data-state="done"' in panel for panel in target_only) == 1
     assert len(target_only) < len(streamed) / 2
     tables = [update[-3] for update in streamed if isinstance(update[-3], pd.DataFrame)]
-    assert 1 <= len(tables) <= 4 and all(isinstance(panel, str) for panel in last[:6])
+    # the empty table at the start, then at most one a finished run (target-only and the table's four rows):
+    # how many of those the stream shows apart depends on how fast the runs go
+    assert 1 <= len(tables) <= 2 + len(last[-3]) and all(isinstance(panel, str) for panel in last[:6])
     assert isinstance(last[-3], pd.DataFrame) and len(last[-3]) == 4
