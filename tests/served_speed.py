@@ -66,7 +66,8 @@ def compare_runs(pair, examples, prompt, settings) -> dict:
 
 def bound(pair, run) -> float:
     """The speed-up the pair's measured costs allow a run of this acceptance, at its best N (theory.py)."""
-    alpha = min(max(run.stats.counts.verified_acceptance or 0.0, 0.0), 1.0)  # per token, as bench_report
+    # per token, as bench_report (the run's counts from its events: a trace's summary holds no rejections)
+    alpha = min(max(run.counts.verified_acceptance or 0.0, 0.0), 1.0)
     costs = pair.costs
     return max(analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items())
 

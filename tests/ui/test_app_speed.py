@@ -40,21 +40,16 @@ def test_the_apps_decode_runs_within_a_tenth_of_the_librarys_speed(figures, mode
 
 # What a visitor's first Compare must show (issue 52): exact SD paying, DIVERSED paying more.
 EXACT_SPEEDUP, DIVERSED_SPEEDUP = 1.2, 1.4
-# The share of the bound a decode reaches (issue 52's bound efficiency): where the pair's measured costs
-# allow a figure only above it, this machine cannot show that figure (on a 2-core AVX2 EPYC a token's rows
-# cost their float32 FMAs and exact SD's bound is about 1.05: docs/measurements/speed.md)
-BOUND_SHARE = 0.9
 NOT_SLOWER = 0.85  # drafting never makes a Compare slower than the target alone, to the host's noise (±10%)
 
 
 def test_the_first_compare_shows_speculative_decoding_paying(figures):
     """Exact SD at least EXACT_SPEEDUP× the target alone, DIVERSED at least DIVERSED_SPEEDUP× and faster
     than exact SD: each mode's median over five Compares of the first example through the page's handler,
-    read from the trace it gives the visitor (docs/measurements/speed.md, "The app's decode"). Judged where
-    the machine's own costs allow the figures at BOUND_SHARE of its bound."""
-    speedups, bounds = figures["compare_speedup"], figures["compare_bound"]
-    if min(bounds["exact"] / EXACT_SPEEDUP, bounds["dynamic"] / DIVERSED_SPEEDUP) < 1 / BOUND_SHARE:
-        pytest.skip(f"this CPU's measured costs bound the Compare's speed-ups at {bounds}")
+    read from the trace it gives the visitor (docs/measurements/speed.md, "The app's decode"). The figures
+    report the bound the pair's measured costs allow each mode (`compare_bound`): on a 2-core AVX2 EPYC it
+    is about 1.2-1.3, and this test fails there (speed.md, "A CPU without AVX-512")."""
+    speedups = figures["compare_speedup"]
     assert speedups["exact"] >= EXACT_SPEEDUP, figures
     assert speedups["dynamic"] >= max(DIVERSED_SPEEDUP, speedups["exact"]), figures
 
