@@ -99,20 +99,21 @@ def int8_pays(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the 8-bit product beats the dense one at one row on this machine, timed once per process
     through a weight larger than the CPU's caches (32768×576), as a draft's weights are read after a target
     pass: it depends on the CPU."""
-    generator = torch.Generator().manual_seed(0)
-    dense = (torch.randn(32768, 576, generator=generator) / 24).to(dtype)
-    codes, scales = quantise_rows(dense)
-    hidden = torch.randn(1, 576, generator=generator).to(dtype)
-    linear = torch.nn.functional.linear
-    return runs_faster(lambda: int8_product(hidden, codes, scales), lambda: linear(hidden, dense), 6, 2)
+    return beats_dense(dtype, quantise_rows)
 
 
 @functools.cache
 def blocks_pay() -> bool:
     """`int8_pays` for the GGUF kernel's 8-bit blocks (loaded), against the dense bf16 product."""
+    return beats_dense(torch.bfloat16, lambda dense: (quantise_blocks(dense),))
+
+
+def beats_dense(dtype: torch.dtype, quantise) -> bool:
+    """Whether one row's product on `quantise(weight)`'s operands beats the dense weight's (a fraction of a
+    second)."""
     generator = torch.Generator().manual_seed(0)
-    dense = (torch.randn(32768, 576, generator=generator) / 24).bfloat16()
-    records = quantise_blocks(dense)
-    hidden = torch.randn(1, 576, generator=generator).bfloat16()
+    dense = (torch.randn(32768, 576, generator=generator) / 24).to(dtype)
+    operands = quantise(dense)
+    hidden = torch.randn(1, 576, generator=generator).to(dtype)
     linear = torch.nn.functional.linear
-    return runs_faster(lambda: int8_product(hidden, records), lambda: linear(hidden, dense), 6, 2)
+    return runs_faster(lambda: int8_product(hidden, *operands), lambda: linear(hidden, dense), 6, 2)

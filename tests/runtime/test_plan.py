@@ -71,7 +71,8 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
 
 
 def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeypatch):
-    """c and v[N] come from the pair's own passes: a pair whose draft steps cost more gets a larger c."""
+    """c and v[N] are timed on the passes the pair decodes on now (here eager, as a pair without compiled
+    passes runs): a pair whose draft steps cost more gets a larger c."""
     target, draft = save_tiny_pair(tmp_path)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     costs = plan.compiled_costs(pair)
