@@ -3,9 +3,10 @@ over several tokens converts each block once (PyTorch's int4 kernel pays again f
 prompt's pass runs faster than on the dense weights, and the 8-bit (Q8_0) LM head, which streams half the
 bytes of its dense bf16 copy (docs/measurements/speed.md).
 
-Two instruction sets, one operator (`diversed::amx_mm`) on the same records: Intel AMX (amx_gguf.cpp:
+Three instruction sets, one operator (`diversed::amx_mm`) on the same records: Intel AMX (amx_gguf.cpp:
 tile products of the exact bf16 weights, Sapphire Rapids and later Xeons, where Linux lends the process its
-tiles) and, elsewhere on x86, AVX2 with FMA (avx2_gguf.cpp: float32 FMAs of the GGUF's own values). The
+tiles), AVX-512 BF16 (vector_gguf.cpp: dot products of the same bf16 weights, AMD Zen 4 and later) and,
+elsewhere on x86, AVX2 with FMA (vector_gguf.cpp: float32 FMAs of the GGUF's own values). The
 kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, 10-20 s: at a first
 start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
 runtime/compiled_build.py) and loaded as a PyTorch operator, so the compiled pass can call it too. It serves
@@ -15,6 +16,7 @@ int4 kernel and the dense LM head do.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -31,8 +33,21 @@ SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would 
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
 AMX_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16"]
 AMX = (CPU_FLAGS, Path(__file__).with_suffix(".cpp"), AMX_FLAGS)
+VECTOR = Path(__file__).with_name("vector_gguf.cpp")  # one source, its instruction set chosen by the flags
+AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma", "f16c"}
+AVX512 = (
+    AVX512_FLAGS,
+    VECTOR,
+    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"],
+)
 AVX2_FLAGS = {"avx2", "fma", "f16c"}
-AVX2 = (AVX2_FLAGS, Path(__file__).with_name("avx2_gguf.cpp"), ["-mavx2", "-mfma", "-mf16c"])
+AVX2 = (AVX2_FLAGS, VECTOR, ["-mavx2", "-mfma", "-mf16c"])
+KERNELS = (("AMX", AMX), ("AVX-512 BF16", AVX512), ("AVX2", AVX2))  # the better first
+BF16_WEIGHTS = ("AMX", "AVX-512 BF16")  # kernels that multiply the dense bf16 model's weights
+# The most rows a product takes on the kernel, more the dense bf16 weight: AVX-512 BF16's dot products lose
+# to oneDNN's dense bf16 product beyond a verification's rows (Zen 4, 2 threads: 2.6 against 2.7 ms at 16
+# rows, 11.4 against 6.2 at 64; docs/measurements/speed.md). AMX and AVX2 are the faster at every length.
+MOST_ROWS = {"AVX-512 BF16": 8}
 # bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
 # 8-bit, 512 of codes and 16 fp16 scales
 Q4_RECORD, Q8_RECORD = 320, 544
@@ -41,14 +56,14 @@ Q4_RECORD, Q8_RECORD = 320, 544
 def instruction_set() -> tuple[str, Path, list[str]] | None:
     """(its name, its source, g++'s flags) of the best instruction set this CPU gives the kernel, or None."""
     cpu = cpu_flags()
-    for name, (needs, source, flags) in (("AMX", AMX), ("AVX2", AVX2)):
+    for name, (needs, source, flags) in KERNELS:
         if needs <= cpu:
             return name, source, [*native_build.BASE_FLAGS, *flags]
     return None
 
 
 def library_path() -> Path:
-    _, source, flags = instruction_set() or ("", AVX2[1], [])
+    _, source, flags = instruction_set() or ("", VECTOR, [])
     return native_build.library_path(source, flags)
 
 
@@ -139,8 +154,14 @@ def loaded() -> bool:
 
 
 def name() -> str:
-    """The kernel as the runtime names it: "AMX" or "AVX2", by this CPU."""
+    """The kernel as the runtime names it: "AMX", "AVX-512 BF16" or "AVX2", by this CPU."""
     return (instruction_set() or ("native",))[0]
+
+
+@functools.cache
+def most_rows() -> int:
+    """The most rows one product takes on this CPU's kernel (MOST_ROWS); more take the dense weight."""
+    return MOST_ROWS.get(name(), sys.maxsize)
 
 
 def say_why(err: Exception) -> None:
@@ -178,9 +199,9 @@ def computes_right() -> bool:
 
 
 def as_multiplied(weights: torch.Tensor) -> torch.Tensor:
-    """A GGUF's float32 weights as this CPU's kernel multiplies them: rounded to bf16 on AMX (the dense bf16
-    model's weights), as they are on AVX2 (the GGUF's own values)."""
-    return weights.bfloat16().float() if name() == "AMX" else weights
+    """A GGUF's float32 weights as this CPU's kernel multiplies them: rounded to bf16 on AMX and AVX-512 BF16
+    (the dense bf16 model's weights), as they are on AVX2 (the GGUF's own values)."""
+    return weights.bfloat16().float() if name() in BF16_WEIGHTS else weights
 
 
 def check_fp16(*tensors: torch.Tensor) -> None:

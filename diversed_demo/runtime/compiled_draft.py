@@ -38,7 +38,7 @@ STEP_SOURCES = (
     "runtime/int8_draft.py",
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
-    "runtime/avx2_gguf.cpp",
+    "runtime/vector_gguf.cpp",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
     "models/eagle.py",

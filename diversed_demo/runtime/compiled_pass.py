@@ -111,7 +111,7 @@ PASS_SOURCES = (
     "runtime/gguf_int4.py",
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
-    "runtime/avx2_gguf.cpp",
+    "runtime/vector_gguf.cpp",
     "runtime/fused_attention.py",
     "runtime/fused_attention.cpp",
     "runtime/lean_layer.py",

@@ -59,10 +59,11 @@ def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
 
 def uses_quantised(operands: tuple[torch.Tensor, ...], rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product of these rows [M, ·] runs on the quantised operands rather than the dense weight,
-    which also serves products that need a gradient (the kernels have none)."""
+    which also serves products that need a gradient (the kernels have none) and those longer than the kernel
+    takes (`INT4_ROWS` on PyTorch's, `amx_gguf.most_rows` on the project's)."""
     if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
         return False
-    return len(operands) == 1 or len(rows) <= INT4_ROWS
+    return len(rows) <= (amx_gguf.most_rows() if len(operands) == 1 else INT4_ROWS)
 
 
 def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
