@@ -4,7 +4,8 @@ both). Prints JSON: per mode the best seconds of a decode through the app's Deco
 `generate` on the same prompt, alternating (the host's other guests only ever add time, so the best of
 several rounds is each path's own speed); then the first example's Compare speed-ups over target-only, as
 the page's Compare (its handler, every update rendered) reports them in its trace, each mode's median over
-COMPARES Compares, and the speed-up the pair's measured costs (c, v[N]) allow each mode's acceptance.
+COMPARES Compares, the speed-up the pair's measured costs (c, v[N]) allow each mode's acceptance, and what
+that allows in wall time beside the prompt's pass, which every mode pays alike.
 Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def bound(pair, run) -> float:
     return max(analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items())
 
 
+def attainable(bound_: float, prompt_share: float) -> float:
+    """The speed-up over target-only a mode of i.i.d. bound `bound_` can show in wall time, where every mode
+    pays the same prompt pass, `prompt_share` of target-only's time (Amdahl)."""
+    return 1.0 / (prompt_share + (1.0 - prompt_share) / bound_)
+
+
+def prompt_share(run) -> float:
+    """Of a finished run's wall time, the share its first pass (over the prompt) took."""
+    return run.events[0].verify_ms / 1e3 / run.elapsed_s
+
+
 def library_decode_s(pair, prompt, settings, head) -> float:
     start = time.perf_counter()
     generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
@@ -100,6 +112,10 @@ def main() -> None:
     modes = [mode for mode in compares[0] if mode != "ar"]
     figures["compare_bound"] = {
         m: statistics.median(bound(pair, runs[m]) for runs in compares) for m in modes
+    }
+    figures["compare_attainable"] = {
+        m: statistics.median(attainable(bound(pair, r[m]), prompt_share(r["ar"])) for r in compares)
+        for m in modes
     }
     print(json.dumps(figures))
 
