@@ -70,7 +70,7 @@ def bound(pair, run) -> float:
     # per token, as bench_report (the run's counts from its events: a trace's summary holds no rejections)
     alpha = min(max(run.counts.verified_acceptance or 0.0, 0.0), 1.0)
     costs = pair.costs
-    return max(analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items())
+    return max(analytic_speedup(alpha, n, costs["c"], v, costs.get("r", 0.0)) for n, v in costs["v"].items())
 
 
 def attainable(bound_: float, prompt_share: float) -> float:

@@ -1,15 +1,16 @@
 """How many tokens a step drafts: a fixed N, or, with n_draft="auto", as many as pay, token by token.
 
-Terms: in target-token units a drafted token costs c and the target's pass over j drafts and the bonus
-position v_j (v_0 = 1: a target-only step). A step that drafts j tokens then costs T_j = j·c + v_j and
-emits E_j = 1 + P_1 + … + P_j tokens on average, where P_i = α_1·…·α_i is the chance that the first i
-drafts are all kept. One more draft adds P_j·ᾱ tokens (ᾱ: the next draft's chance, before it is seen) for
-c + v_{j+1} − v_j, so drafting goes on while
+Terms: in target-token units a drafted token costs c, a step that drafts pays r once besides (the draft's
+first pass reads the tokens verified since its last), and the target's pass over j drafts and the bonus
+position v_j (v_0 = 1: a target-only step). A step that drafts j ≥ 1 tokens then costs T_j = r + j·c + v_j
+(T_0 = 1) and emits E_j = 1 + P_1 + … + P_j tokens on average, where P_i = α_1·…·α_i is the chance that the
+first i drafts are all kept. One more draft adds P_j·ᾱ tokens (ᾱ: the next draft's chance, before it is
+seen) for T_{j+1} − T_j, so drafting goes on while
 
-    P_j·ᾱ / (c + v_{j+1} − v_j)  ≥  E_j / T_j,
+    P_j·ᾱ / (T_{j+1} − T_j)  ≥  E_j / T_j,
 
 the step's rate so far; as EAGLE-2 and SpecDec++ do, a drafted path stops where its confidence falls. At
-j = 0 the rule reads ᾱ ≥ c + v_1 − 1: where drafting returns less than it costs, the step drafts nothing
+j = 0 the rule reads ᾱ ≥ r + c + v_1 − 1: where drafting returns less than it costs, the step drafts nothing
 and decoding runs at the target's own pace.
 
 α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
@@ -72,7 +73,7 @@ class AdaptiveLength:
 
     def __init__(self, costs: dict | None, w_prior: float):
         costs = costs or {}
-        self.c = float(costs.get("c", DEFAULT_C))
+        self.c, self.r = float(costs.get("c", DEFAULT_C)), float(costs.get("r", 0.0))
         measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
         self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]
         # per rank (0: a first child, 1: a later one) and bin of confidence; plain floats: a tree's nodes
@@ -101,11 +102,15 @@ class AdaptiveLength:
         prior = 1.0 - self._w() * 0.5
         return (sum(self.kept[0]) + PRIOR_WEIGHT * prior) / (sum(self.seen[0]) + PRIOR_WEIGHT)
 
+    def _cost(self, drafted: int) -> float:
+        """T_j: a step's cost in target tokens when it drafts `drafted` tokens."""
+        return (self.r if drafted else 0.0) + drafted * self.c + self.v[drafted]
+
     def _pays(self, drafted: int) -> bool:
         if drafted >= self.limit:
             return False
-        gain = self.path * self.mean_chance() / (self.c + self.v[drafted + 1] - self.v[drafted])
-        return gain >= self.tokens / (drafted * self.c + self.v[drafted])
+        gain = self.path * self.mean_chance() / (self._cost(drafted + 1) - self._cost(drafted))
+        return gain >= self.tokens / self._cost(drafted)
 
     def start(self, room: int) -> int:
         """The most this step may draft (0: it drafts nothing), given `room` for drafts."""

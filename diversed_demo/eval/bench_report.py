@@ -99,21 +99,22 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
 
 def bound_efficiency(overall: dict, n_of: dict, costs: dict, prompt_share: float = 0.0) -> dict:
     """{mode: achieved speedup ÷ analytic bound}. Each drafting mode's row gets its "step_bound",
-    (1 − α^{N+1}) / ((1 − α)(N·c + v)) at the measured acceptance α, draft cost c and verify cost v[N] (for a
+    (1 − α^{N+1}) / ((1 − α)(r + N·c + v)) at the measured acceptance α, draft costs c and r and verify cost
+    v[N] (for a
     length chosen step by step, "auto", the best fixed N's bound at the per-token acceptance verified), and
     its "analytic_bound", the wall-clock speed-up that allows where the prompts' passes, `prompt_share` of
     target-only's time, cost every mode the same: 1 / (share + (1 − share) / step_bound)."""
-    efficiency = {}
+    efficiency, r = {}, costs.get("r", 0.0)
     for name, row in overall.items():
         if row["acceptance_rate"] is None:
             continue
         n = n_of[name]
         if n == "auto":
             alpha = row["verified_acceptance"] or 0.0
-            bound = max(analytic_speedup(alpha, m, costs["c"], v) for m, v in costs["v"].items())
+            bound = max(analytic_speedup(alpha, m, costs["c"], v, r) for m, v in costs["v"].items())
         else:  # accepted/drafted counts drafts after a rejection too: the bound needs per-token α
             alpha = alpha_from_acceptance(row["acceptance_rate"], n)
-            bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n])
+            bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n], r)
         row["step_bound"] = bound
         row["analytic_bound"] = 1 / (prompt_share + (1 - prompt_share) / bound)
         efficiency[name] = row["speedup"] / row["analytic_bound"]
@@ -362,7 +363,7 @@ def settings_lines(report: dict) -> list[str]:
         f"{s['dtype']}, {where(s)}; n_draft "
         + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
         + (" (auto: chosen step by step)" if "auto" in s["n_draft"].values() else "")
-        + f"; c = {c['c']:.3f}, v = "
+        + f"; c = {c['c']:.3f}, r = {c.get('r', 0.0):.3f}, v = "
         + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
         + ".",
     ]

@@ -39,14 +39,32 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16, runner=None) -
     return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 
-def draft_token_ms(pair, prompt_ids: list[int], n_draft: int = 4, max_new_tokens: int = 48) -> float:
-    """Drafting time per drafted token inside real (greedy exact) decoding, for either kind of draft:
-    it includes what a step's drafting costs besides the draft's forwards (a feature draft's restart from
-    the target's features, sampling), which is what the analytic bound's N·c must price."""
+DRAFT_LENGTHS = (1, 4)  # the fixed draft lengths whose steps' drafting times give c and r apart
+
+
+def draft_step_ms(pair, prompt_ids: list[int], n_draft: int, max_new_tokens: int) -> tuple[float, float]:
+    """(ms, drafted tokens) of a drafting step on average inside real (greedy exact) decoding at N =
+    `n_draft`, for either kind of draft: with what a step's drafting costs besides the draft's forwards (a
+    feature draft's restart from the target's features, sampling)."""
     config = DecodeConfig(mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=0)
     _, events = generate(pair, prompt_ids, config)
     steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
-    return sum(ms for ms, _ in steps.values()) / max(sum(n for _, n in steps.values()), 1)
+    count = max(len(steps), 1)
+    return sum(ms for ms, _ in steps.values()) / count, sum(n for _, n in steps.values()) / count
+
+
+def draft_step_costs(pair, prompt_ids: list[int], max_new_tokens: int = 48) -> tuple[float, float]:
+    """(ms a drafted token, ms a drafting step pays once) from steps at the two DRAFT_LENGTHS: a line
+    through their (tokens, ms). Where the host's noise tilts it (a step's own cost below 0), all of a
+    step's time is priced per token, as the longer length's average."""
+    (short_ms, short_n), (long_ms, long_n) = (
+        draft_step_ms(pair, prompt_ids, n, max_new_tokens) for n in DRAFT_LENGTHS
+    )
+    per_token = (long_ms - short_ms) / max(long_n - short_n, 1e-9)
+    fixed = short_ms - per_token * short_n
+    if fixed < 0 or per_token <= 0:
+        return long_ms / max(long_n, 1e-9), 0.0
+    return per_token, fixed
 
 
 def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:
@@ -78,21 +96,24 @@ def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> floa
 def measure_costs(
     pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16, draft_tokens: int = 48
 ) -> dict:
-    """c = draft token ÷ target token; v[N] = target pass over N + 1 tokens ÷ target token (interleaved;
-    each a median of `calls` passes, on the passes decodes run on, the draft's over a greedy decode of
-    `draft_tokens`)."""
+    """c = draft token ÷ target token, r = a drafting step's own cost ÷ target token (its first draft pass
+    reads the tokens verified since the last: DRAFT_LENGTHS apart); v[N] = target pass over N + 1 tokens ÷
+    target token (interleaved; each a median of `calls` passes, on the passes decodes run on, the draft's
+    over greedy decodes of `draft_tokens`)."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
     passes, draft = [], []
     for _ in range(rounds):
         sizes = [1] + [n + 1 for n in n_drafts]
         passes.append(pass_ms(pair.target, prompt_ids, sizes, calls, runner=pair.target_pass))
-        draft.append(draft_token_ms(pair, prompt_ids, max_new_tokens=draft_tokens))
-    t, d = statistics.median(p[1] for p in passes), statistics.median(draft)
+        draft.append(draft_step_costs(pair, prompt_ids, max_new_tokens=draft_tokens))
+    t = statistics.median(p[1] for p in passes)
+    d, r = (statistics.median(x[j] for x in draft) for j in (0, 1))
     verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}
     return {
         "target_ms": t,
         "draft_ms": d,
         "c": d / t,
+        "r": r / t,
         "verify_ms": verify_ms,
         "v": {n: ms / t for n, ms in verify_ms.items()},
     }
@@ -117,9 +138,10 @@ def choose_n_draft(pair, modes: dict, costs: dict, prompts: list) -> dict[str, d
         if config.mode == "ar":
             continue
         alpha = calibration_alpha(pair, config, prompts)
-        bounds = {n: analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items()}
+        r = costs.get("r", 0.0)
+        bounds = {n: analytic_speedup(alpha, n, costs["c"], v, r) for n, v in costs["v"].items()}
         chosen[name] = {
-            "n_draft": fastest_n_draft(alpha, costs["c"], costs["v"]),
+            "n_draft": fastest_n_draft(alpha, costs["c"], costs["v"], r),
             "calibration_alpha": alpha,
             "bounds": bounds,
         }

@@ -107,7 +107,7 @@ def choose_drafts(pair: ModelPair, log) -> None:
         kept = tree_timing_path(pair)
         timed = read_json_object(kept)[0] or {}
         speed, costs = timed.get("tree_speed"), timed.get("costs")
-        whole = isinstance(costs, dict) and isinstance(costs.get("v"), dict) and "c" in costs
+        whole = isinstance(costs, dict) and isinstance(costs.get("v"), dict) and {"c", "r"} <= costs.keys()
         if not isinstance(speed, (int, float)) or not whole:
             try:
                 with priority.decoding():  # as a decode runs: any background build stopped
@@ -117,7 +117,11 @@ def choose_drafts(pair: ModelPair, log) -> None:
                 log(f"drafts: chains (timing trees against chains failed: {error})")
                 return
             write_text(kept, json.dumps({"tree_speed": speed, "costs": costs}) + "\n")
-        pair.costs = {"c": float(costs["c"]), "v": {int(n): float(v) for n, v in costs["v"].items()}}
+        pair.costs = {
+            "c": float(costs["c"]),
+            "r": float(costs.get("r", 0.0)),
+            "v": {int(n): float(v) for n, v in costs["v"].items()},
+        }
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
@@ -139,7 +143,7 @@ def compiled_costs(pair: ModelPair) -> dict:
     as a first round pays the passes' first calls (one round read c at 0.29 where three read 0.16, EPYC)."""
     prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())
     costs = measure_costs(pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=24)
-    return {"c": costs["c"], "v": costs["v"]}
+    return {"c": costs["c"], "r": costs["r"], "v": costs["v"]}
 
 
 def tree_timing_path(pair: ModelPair) -> Path:
@@ -198,7 +202,7 @@ def chosen_costs(choice: dict) -> dict | None:
     figures = choice["figures"].get(choice["dtype"])
     if not figures:
         return None
-    return {"c": figures["c"], "v": {int(n): v for n, v in figures["v"].items()}}
+    return {"c": figures["c"], "r": figures.get("r", 0.0), "v": {int(n): v for n, v in figures["v"].items()}}
 
 
 def dtype_name(pair: ModelPair) -> str:

@@ -4,13 +4,14 @@ dial."""
 from __future__ import annotations
 
 
-def analytic_speedup(alpha: float, n_draft: int, c: float, v: float = 1.0) -> float:
+def analytic_speedup(alpha: float, n_draft: int, c: float, v: float = 1.0, r: float = 0.0) -> float:
     """Expected speedup over target-only decoding (Leviathan et al., 2023): expected tokens per step,
-    (1 − α^{N+1}) / (1 − α) with limit N + 1 at α = 1, over the step's cost N·c + v in target-token units."""
+    (1 − α^{N+1}) / (1 − α) with limit N + 1 at α = 1, over the step's cost r + N·c + v in target-token units
+    (r: what a step that drafts pays once, the draft's pass over the tokens verified since its last)."""
     if not 0 <= alpha <= 1:
         raise ValueError(f"α must be in [0, 1], not {alpha}")
     tokens = n_draft + 1 if alpha == 1 else (1 - alpha ** (n_draft + 1)) / (1 - alpha)
-    return tokens / (n_draft * c + v)
+    return tokens / ((r if n_draft else 0.0) + n_draft * c + v)
 
 
 def alpha_from_acceptance(rate: float, n_draft: int) -> float:
@@ -31,6 +32,6 @@ def alpha_from_acceptance(rate: float, n_draft: int) -> float:
     return (low + high) / 2
 
 
-def fastest_n_draft(alpha: float, c: float, v: dict[int, float]) -> int:
+def fastest_n_draft(alpha: float, c: float, v: dict[int, float], r: float = 0.0) -> int:
     """The draft length with the largest analytic speedup among those whose pass cost v[N] was measured."""
-    return max(v, key=lambda n: analytic_speedup(alpha, n, c, v[n]))
+    return max(v, key=lambda n: analytic_speedup(alpha, n, c, v[n], r))

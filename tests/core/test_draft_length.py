@@ -40,6 +40,17 @@ def test_drafting_stops_where_it_would_cost_more_than_it_returns():
     assert AdaptiveLength(CHEAP, w_prior=1.0).start(room=2) == 2  # never past the budget
 
 
+def test_a_step_that_must_pay_its_drafts_catch_up_drafts_only_where_that_pays():
+    """A drafting step's own cost r (the draft's pass over the tokens verified since its last) counts once a
+    step: at an exact rule's prior ᾱ = 0.5, a draft that pays at r = 0 (0.5 ≥ c + v_1 − 1 = 0.3) does not at
+    r = 0.3, and once a step drafts, r makes its later drafts no dearer."""
+    costs = {"c": 0.2, "v": {j: 1.0 + 0.1 * j for j in range(1, 8)}}
+    assert AdaptiveLength(costs, w_prior=1.0).start(room=7) == 7
+    assert AdaptiveLength({**costs, "r": 0.3}, w_prior=1.0).start(room=7) == 0
+    cheap = AdaptiveLength({**CHEAP, "r": 0.2}, w_prior=1.0)
+    assert cheap.start(room=7) == 7 and cheap.go_on(1, 0.95) and cheap.go_on(2, 0.95)
+
+
 def test_a_laxer_rule_expects_more_and_drafts_longer():
     costs = {"c": 0.3, "v": {j: 1.0 + 0.05 * j for j in range(1, 8)}}
 

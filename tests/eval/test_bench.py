@@ -155,7 +155,7 @@ def test_auto_n_draft_decodes_step_by_step_and_is_held_to_the_best_fixed_bound(p
     for name in ("exact", "static:0.1"):
         row = report["overall"][name]
         alpha = row["verified_acceptance"]
-        best = max(analytic_speedup(alpha, n, costs["c"], v) for n, v in costs["v"].items())
+        best = max(analytic_speedup(alpha, n, costs["c"], v, costs["r"]) for n, v in costs["v"].items())
         assert row["step_bound"] == pytest.approx(best)
         # the prompts' passes cost every mode alike, so they pull the wall-clock bound towards 1
         share = report["prompt_share"]

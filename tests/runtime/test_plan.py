@@ -47,7 +47,7 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
 
 
 TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
-COSTS = {"c": 0.25, "v": {"1": 1.1, "2": 1.3}}  # as a JSON file keeps them
+COSTS = {"c": 0.25, "r": 0.05, "v": {"1": 1.1, "2": 1.3}}  # as a JSON file keeps them
 
 
 @pytest.mark.parametrize("speed, drafts", TIMED)
@@ -66,7 +66,7 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
         plan.choose_drafts(pair, lambda line: None)
         assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
         assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)
-        assert pair.costs == {"c": 0.25, "v": {1: 1.1, 2: 1.3}}
+        assert pair.costs == {"c": 0.25, "r": 0.05, "v": {1: 1.1, 2: 1.3}}
     assert len(timings) == 2  # the costs and the trees, once
 
 
@@ -76,7 +76,7 @@ def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeyp
     target, draft = save_tiny_pair(tmp_path)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     costs = plan.compiled_costs(pair)
-    assert costs["c"] > 0 and sorted(costs["v"]) == [1, 2, 3, 4, 5, 6]
+    assert costs["c"] > 0 and costs["r"] >= 0 and sorted(costs["v"]) == [1, 2, 3, 4, 5, 6]
     propose = StandaloneDraft.propose
 
     def slower(self, sequence, n, *args, **kwargs):  # each drafted token 10 ms more
