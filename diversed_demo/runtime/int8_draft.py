@@ -78,14 +78,32 @@ def use_int8_draft(draft: torch.nn.Module, when_faster: bool = True, kernel: boo
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
     linears = [m for m in draft.modules() if type(m) is torch.nn.Linear and m.bias is None]
-    fits = all(m.out_features % 32 == 0 and m.in_features % 32 == 0 for m in linears)
-    blocks = kernel and fits and weight.dtype == torch.bfloat16 and (not when_faster or blocks_pay())
+    blocks = kernel and fit_blocks(linears, weight) and (not when_faster or blocks_pay())
     if not blocks and when_faster and not int8_pays(weight.dtype):
         return 0
     for module in linears:
         dense = module.weight.detach()
         swap_class(module, Int8Linear, int8=(quantise_blocks(dense),) if blocks else quantise_rows(dense))
     return len(linears)
+
+
+def fit_blocks(linears: list, weight: torch.Tensor) -> bool:
+    """Whether these layers of a draft whose weights are like `weight` can take the kernel's Q8_0 records:
+    bf16, and every row and input count a multiple of a record's 32."""
+    fits = all(m.out_features % 32 == 0 and m.in_features % 32 == 0 for m in linears)
+    return fits and weight.dtype == torch.bfloat16
+
+
+def blocks_aside(draft: torch.nn.Module) -> dict:
+    """{layer: its weights as the GGUF kernel's records} for a draft on PyTorch's per-row 8-bit products
+    where the kernel (loaded since the draft was made fast) is timed the faster (`blocks_pay`), built without
+    touching the draft: `plan.upgrade_target` swaps them in between decodes. Empty otherwise."""
+    if products(draft) != "rows":
+        return {}
+    linears = [m for m in draft.modules() if isinstance(m, Int8Linear)]
+    if not fit_blocks(linears, next(draft.parameters())) or not blocks_pay():
+        return {}
+    return {m: (quantise_blocks(m.weight.detach()),) for m in linears}
 
 
 def products(draft: torch.nn.Module) -> str:

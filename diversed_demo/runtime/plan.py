@@ -42,7 +42,7 @@ from .costs import measure_costs, tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
-from .int8_draft import products, use_int8_draft
+from .int8_draft import blocks_aside, products, use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
 from .model_thread import MODEL_THREAD
@@ -251,12 +251,17 @@ def on_blocks(model, lean: int) -> str:
     return f"the GGUF's 4-bit weights on {kernel} kernel, {lean} lean layers"
 
 
+def int8_words(draft) -> str:
+    """An 8-bit draft's products, in words."""
+    on = f" on the project's {amx_gguf.name()} kernel" if products(draft) == "blocks" else ""
+    return f"8-bit weights{on}"
+
+
 def fast_draft(draft, amx: AmxKernel) -> str:
     """The draft's products that are faster here swapped in (on the GGUF kernel where it serves already):
     what it runs on, in words."""
     if use_int8_draft(draft, kernel=amx.available()):
-        on = f" on the project's {amx_gguf.name()} kernel" if products(draft) == "blocks" else ""
-        return f"8-bit weights{on}"
+        return int8_words(draft)
     if use_fast_linear(draft):
         return "few-row fp32 products"
     return "dense"
@@ -340,18 +345,23 @@ ATTACHED = "a greedy head's rule runs in one native call"
 
 
 def upgrade_target(pair: ModelPair, log) -> None:
-    """Move the target's 4-bit products onto the project's kernel (AMX or AVX2), built since the pair
-    loaded: its operands are packed here, aside, then swapped in whole between decodes
-    (`ModelPair.offer_upgrade`); returns once they are in, so that the compiled pass is built and checked
-    over them."""
+    """Move the target's 4-bit products, and the draft's 8-bit ones, onto the project's kernel, built since
+    the pair loaded: their operands are packed here, aside, then swapped in whole between decodes
+    (`ModelPair.offer_upgrade`); returns once they are in, so that the compiled passes are built and
+    checked over them (a later start's pair is made on the kernel at once)."""
     model = pair.target
     operands = quantised_operands(model, model.gguf_path, pair.runtime.amx)
     if not operands:
         return
+    blocks = blocks_aside(pair.draft)
 
     def swap() -> None:
         switch_to_operands(model, operands)
         pair.runtime.target = on_blocks(model, use_lean_layers(model))
+        for layer, records in blocks.items():
+            layer.int8 = records
+        if blocks:
+            pair.runtime.draft = int8_words(pair.draft)
 
     pair.offer_upgrade(swap).wait()
     log(f"the 4-bit products run on the {amx_gguf.name()} kernel")

@@ -93,3 +93,24 @@ def test_an_int8_draft_proposes_what_its_dense_self_does(monkeypatch):
     assert torch.equal(tokens, dense_tokens)
     distance = 0.5 * (q - dense_q).abs().sum(-1)
     assert 0 < distance.max() < 0.05  # the 8-bit products ran, and moved q only a little
+
+
+@needs_kernel
+def test_a_draft_on_rows_gets_its_blocks_aside_for_the_kernel_built_since(monkeypatch):
+    """A first start's draft runs on PyTorch's per-row products until the kernel is built; then its records
+    are built without touching it (a decode may be running) and, swapped in, serve as a later start's do."""
+    monkeypatch.setattr(int8_draft, "int8_pays", lambda dtype: True)
+    monkeypatch.setattr(int8_draft, "blocks_pay", lambda: True)
+    layer = torch.nn.Linear(64, 96, bias=False).bfloat16()  # a record's 32 rows and inputs fit
+    draft = torch.nn.Sequential(layer)
+    draft.lm_head = layer
+    use_int8_draft(draft, kernel=False)
+    assert int8_draft.products(draft) == "rows"
+    aside = int8_draft.blocks_aside(draft)
+    assert aside and int8_draft.products(draft) == "rows"  # nothing changed yet
+    for layer, records in aside.items():
+        layer.int8 = records
+    assert int8_draft.products(draft) == "blocks" and not int8_draft.blocks_aside(draft)
+    layer, (records,) = next(iter(aside.items()))
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()
+    assert torch.equal(layer(x), int8_draft.int8_product(x, records))
