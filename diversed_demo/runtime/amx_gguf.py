@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.config import PASS_ROWS
 from . import native_build
 from .native_build import cpu_flags
 
@@ -45,9 +46,11 @@ AVX2 = (AVX2_FLAGS, VECTOR, ["-mavx2", "-mfma", "-mf16c"])
 KERNELS = (("AMX", AMX), ("AVX-512 BF16", AVX512), ("AVX2", AVX2))  # the better first
 BF16_WEIGHTS = ("AMX", "AVX-512 BF16")  # kernels that multiply the dense bf16 model's weights
 # The most rows a product takes on the kernel, more the dense bf16 weight: AVX-512 BF16's dot products lose
-# to oneDNN's dense bf16 product beyond a verification's rows (Zen 4, 2 threads: 2.6 against 2.7 ms at 16
-# rows, 11.4 against 6.2 at 64; docs/measurements/speed.md). AMX and AVX2 are the faster at every length.
-MOST_ROWS = {"AVX-512 BF16": 8}
+# to oneDNN's dense bf16 product beyond a pass's rows (Zen 4, 2 threads: 2.6 against 2.7 ms at 16 rows, 11.4
+# against 6.2 at 64; docs/measurements/speed.md). Every decoding pass (a tree's too: PASS_ROWS) stays on
+# the kernel, so a verification gives each row a one-token pass's sums. AMX and AVX2 are the faster at
+# every length.
+MOST_ROWS = {"AVX-512 BF16": PASS_ROWS}
 # bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
 # 8-bit, 512 of codes and 16 fp16 scales
 Q4_RECORD, Q8_RECORD = 320, 544

@@ -95,15 +95,27 @@ def fit_blocks(linears: list, weight: torch.Tensor) -> bool:
 
 
 def blocks_aside(draft: torch.nn.Module) -> dict:
-    """{layer: its weights as the GGUF kernel's records} for a draft on PyTorch's per-row 8-bit products
-    where the kernel (loaded since the draft was made fast) is timed the faster (`blocks_pay`), built without
-    touching the draft: `plan.upgrade_target` swaps them in between decodes. Empty otherwise."""
-    if products(draft) != "rows":
+    """{layer: its weights as the GGUF kernel's records} for a CPU draft not on them yet (PyTorch's per-row
+    8-bit products, or dense where those did not pay) where the kernel, loaded since the draft was made
+    fast, is timed the faster (`blocks_pay`): built without touching the draft, for `use_blocks` between
+    decodes (`plan.upgrade_target`). Empty otherwise."""
+    weight = next(draft.parameters())
+    if products(draft) == "blocks" or weight.device.type != "cpu":
         return {}
-    linears = [m for m in draft.modules() if isinstance(m, Int8Linear)]
-    if not fit_blocks(linears, next(draft.parameters())) or not blocks_pay():
+    kinds = (Int8Linear,) if products(draft) == "rows" else (torch.nn.Linear,)
+    linears = [m for m in draft.modules() if type(m) in kinds and m.bias is None]
+    if not linears or not fit_blocks(linears, weight) or not blocks_pay():
         return {}
     return {m: (quantise_blocks(m.weight.detach()),) for m in linears}
+
+
+def use_blocks(aside: dict) -> None:
+    """Put `blocks_aside`'s records in their layers (a dense layer becomes an Int8Linear)."""
+    for layer, records in aside.items():
+        if type(layer) is Int8Linear:
+            layer.int8 = records
+        else:
+            swap_class(layer, Int8Linear, int8=records)
 
 
 def products(draft: torch.nn.Module) -> str:

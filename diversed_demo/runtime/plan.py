@@ -42,7 +42,7 @@ from .costs import measure_costs, tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
-from .int8_draft import blocks_aside, products, use_int8_draft
+from .int8_draft import blocks_aside, products, use_blocks, use_int8_draft
 from .lean_layer import use_lean_layers
 from .linear import use_fast_linear
 from .model_thread import MODEL_THREAD
@@ -358,8 +358,7 @@ def upgrade_target(pair: ModelPair, log) -> None:
     def swap() -> None:
         switch_to_operands(model, operands)
         pair.runtime.target = on_blocks(model, use_lean_layers(model))
-        for layer, records in blocks.items():
-            layer.int8 = records
+        use_blocks(blocks)
         if blocks:
             pair.runtime.draft = int8_words(pair.draft)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import PROMPTS, tiny_feature_pair
 
+from diversed_demo.core.config import PASS_ROWS
 from diversed_demo.core.draft import FeatureDraft
 from diversed_demo.core.sampling import Sampler
 from diversed_demo.runtime import amx_gguf, int8_draft
@@ -36,7 +37,7 @@ needs_kernel = pytest.mark.skipif(
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, INT8_ROWS, 2 * INT8_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, INT8_ROWS, 2 * INT8_ROWS + 3, PASS_ROWS + 5])
 def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_the_rows_it_takes(rows):
     """Q8_0 blocks (an fp16 scale per 32 weights) on the kernel: within half a step of each weight, and the
     product of those weights for as many rows as the kernel takes (a draft's prompt too on AMX and AVX2),
@@ -108,9 +109,21 @@ def test_a_draft_on_rows_gets_its_blocks_aside_for_the_kernel_built_since(monkey
     assert int8_draft.products(draft) == "rows"
     aside = int8_draft.blocks_aside(draft)
     assert aside and int8_draft.products(draft) == "rows"  # nothing changed yet
-    for layer, records in aside.items():
-        layer.int8 = records
+    int8_draft.use_blocks(aside)
     assert int8_draft.products(draft) == "blocks" and not int8_draft.blocks_aside(draft)
     layer, (records,) = next(iter(aside.items()))
     x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()
     assert torch.equal(layer(x), int8_draft.int8_product(x, records))
+
+
+@needs_kernel
+def test_a_dense_draft_gets_its_blocks_too(monkeypatch):
+    """Where PyTorch's 8-bit products did not pay at a first start, the draft stays dense until the kernel is
+    built; then it moves onto the kernel's blocks as a later start's draft does."""
+    monkeypatch.setattr(int8_draft, "blocks_pay", lambda: True)
+    layer = torch.nn.Linear(64, 96, bias=False).bfloat16()
+    draft = torch.nn.Sequential(layer)
+    draft.lm_head = layer
+    assert int8_draft.products(draft) == "dense"
+    int8_draft.use_blocks(int8_draft.blocks_aside(draft))
+    assert int8_draft.products(draft) == "blocks" and isinstance(layer, Int8Linear)

@@ -113,7 +113,7 @@ def test_the_measured_draft_length_is_the_fastest_for_the_slowest_mode_at_the_co
 
     def slowest(n):
         return min(
-            theory.analytic_speedup(m["calibration_alpha"], n, costs["c"], costs["v"][n])
+            theory.analytic_speedup(m["calibration_alpha"], n, costs["c"], costs["v"][n], costs["r"])
             for m in chosen.values()
         )
 
