@@ -44,7 +44,7 @@ def cpu_capability() -> str:
 def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7)) -> dict:
     """One dtype's measured costs and the tokens per second the analytic bound gives them at α."""
     costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
-    r = costs.get("r", 0.0)  # (a caller's own costs may time no step cost)
+    r = costs["r"]
     n_draft = fastest_n_draft(alpha, costs["c"], costs["v"], r)
     bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"][n_draft], r)
     return {

@@ -119,7 +119,7 @@ def choose_drafts(pair: ModelPair, log) -> None:
             write_text(kept, json.dumps({"tree_speed": speed, "costs": costs}) + "\n")
         pair.costs = {
             "c": float(costs["c"]),
-            "r": float(costs.get("r", 0.0)),
+            "r": float(costs["r"]),
             "v": {int(n): float(v) for n, v in costs["v"].items()},
         }
         pair.runtime.tree_speed = speed

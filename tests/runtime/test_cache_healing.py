@@ -284,7 +284,8 @@ def test_damaged_dtype_choices_are_measured_again(tmp_path, monkeypatch, capsys)
 
     def costs(pair, prompt_ids, n_drafts, **kwargs):  # bf16 twice as fast: no timing in a test
         fast = pair.target.dtype == torch.bfloat16
-        return {"target_ms": 10.0 if fast else 20.0, "c": 0.1, "v": {n: 1.0 + 0.05 * n for n in n_drafts}}
+        costs = {"c": 0.1, "r": 0.05, "v": {n: 1.0 + 0.05 * n for n in n_drafts}}
+        return {"target_ms": 10.0 if fast else 20.0, **costs}
 
     target, draft = save_tiny_pair(tmp_path / "pair")
     choices = tmp_path / "cache" / "dtype-choices.json"

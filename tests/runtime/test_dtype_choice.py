@@ -23,6 +23,7 @@ def fake_costs(fast: str):
         return {
             "target_ms": 10.0 if name == fast else 20.0,
             "c": 0.1,
+            "r": 0.05,
             "v": {n: 1.0 + 0.05 * n for n in n_drafts},
         }
 
@@ -38,7 +39,7 @@ def test_the_dtype_with_the_fastest_bound_is_chosen(saved_pair, monkeypatch, fas
     best = choice["figures"][fast]
     assert best["tokens_per_second"] == pytest.approx(1e3 * best["bound"] / 10.0)
     assert best["bound"] == pytest.approx(
-        max(analytic_speedup(0.6, n, 0.1, 1.0 + 0.05 * n) for n in range(1, 7))
+        max(analytic_speedup(0.6, n, 0.1, 1.0 + 0.05 * n, 0.05) for n in range(1, 7))  # r counted too
     )
     assert choice["figures"][fast]["tokens_per_second"] > max(
         f["tokens_per_second"] for d, f in choice["figures"].items() if d != fast
