@@ -28,7 +28,7 @@ from diversed_demo.ui.tabs.decode import on_generate
 from diversed_demo.ui.trace import load_trace, read_trace, run_labels
 
 COMPARES = 5  # the Compare's speed-ups: each mode's median over this many (one run alone is noisy here)
-ROUNDS = 7  # best of: on a shared 2-core host one decode in three may meet a burst of load
+ROUNDS = 11  # best of: on a shared 2-core host a burst of load may last several decodes
 
 
 def sidebar_values(settings) -> tuple:

@@ -5,6 +5,7 @@ Pure functions of runs and tables; no Gradio and no models here.
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 
@@ -237,18 +238,38 @@ def figure(title: str, height: int, x_title: str, y_title: str) -> go.Figure:
 
 def w_chart(run: DecodeRun | None) -> go.Figure:
     """Strip chart of w_t at each verified draft position, coloured by the drafted token's fate."""
-    fig = figure("w_t per token", 220, "output token", "w_t")
-    fig.update_yaxes(range=[-0.05, 1.05])
-    if run is None:
-        return fig
+    points = w_points_by_fate(run)
+    if not any(xs for xs, _, _ in points.values()):
+        # The same figure for every run without points (target-only's, every time): built once, as a
+        # chart costs milliseconds on the request thread at the end of each decode
+        return empty_w_chart(run is None, run is not None and run.settings.mode == "ar")
+    return w_figure(points, annotate=False)
+
+
+def w_points_by_fate(run: DecodeRun | None) -> dict[str, tuple[list, list, list]]:
+    """Per fate (accepted, rejected): the output positions, w_t and texts of the run's verified drafts."""
     position, points = 0, {kind: ([], [], []) for kind in ("accepted", "rejected")}
-    for event in run.events:
+    for event in run.events if run is not None else ():
         if event.kind in points and event.w is not None:
             xs, ys, texts = points[event.kind]
             xs.append(position)
             ys.append(event.w)
             texts.append(event.text)
         position += event.kind != "rejected"  # a rejected draft sits at the position its resample fills
+    return points
+
+
+@functools.cache
+def empty_w_chart(no_run: bool, target_only: bool) -> go.Figure:
+    """The chart with no points: before any run, or a run that verified none (target-only's says why)."""
+    if no_run:
+        return w_figure({}, annotate=False)
+    return w_figure(w_points_by_fate(None), annotate=target_only)
+
+
+def w_figure(points: dict[str, tuple[list, list, list]], annotate: bool) -> go.Figure:
+    fig = figure("w_t per token", 220, "output token", "w_t")
+    fig.update_yaxes(range=[-0.05, 1.05])
     for kind, (xs, ys, texts) in points.items():
         fig.add_trace(
             go.Scatter(
@@ -261,7 +282,7 @@ def w_chart(run: DecodeRun | None) -> go.Figure:
                 hovertemplate="%{text}<br>w_t = %{y:.3f}<extra></extra>",
             )
         )
-    if run.settings.mode == "ar":
+    if annotate:
         fig.add_annotation(
             text="target only: no draft, no w_t", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper"
         )

@@ -66,6 +66,16 @@ def test_w_chart_has_a_point_per_verified_draft(pair):
     assert plotted == sum(e.kind in ("accepted", "rejected") for e in run.events)
 
 
+def test_a_target_only_chart_has_no_points_and_says_why_however_often_it_is_drawn(pair):
+    *_, target_only = runs.stream_decode(pair, UI_PROMPT, decode_settings().replace(mode="ar"))
+    *_, drafted = runs.stream_decode(pair, UI_PROMPT, decode_settings())
+    for _ in range(2):  # the pointless chart is built once and handed out again: nothing may add to it
+        empty, full = render.w_chart(target_only), render.w_chart(drafted)
+        assert sum(len(trace.x) for trace in empty.data) == 0
+        assert "no draft" in empty.layout.annotations[0].text and not full.layout.annotations
+        assert sum(len(trace.x) for trace in full.data) > 0
+
+
 def test_a_tree_decode_shows_its_last_trees_with_each_candidates_fate_and_numbers(feature_pair):
     from diversed_demo.ui.render import TREE_STEPS, tree_steps_html
     from diversed_demo.ui.runs import APP_CONFIG, stream_decode
