@@ -64,7 +64,13 @@ if __name__ == "__main__":
         # On a first start the compiled decoding passes are built in the background (runtime/plan.py). The
         # model's work all runs on one thread, the one that decodes for visitors (runtime/model_thread.py).
         pair = MODEL_THREAD.call(
-            load_pair, args.target, args.draft, args.device, args.dtype, compiled="background"
+            load_pair,
+            args.target,
+            args.draft,
+            args.device,
+            args.dtype,
+            compiled="background",
+            serve_first=True,
         )
     except PairError as err:
         sys.exit(f"app.py: cannot load the model pair: {err}")

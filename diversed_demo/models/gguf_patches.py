@@ -8,7 +8,9 @@
    `GGUFReader._get_field_parts`.
 2. One parse per conversion (`read_once`): transformers parses a GGUF's metadata three times (tokenizer,
    config, weights) and rebuilds gguf's tensor-name map for each of ~400 submodules, through module
-   attributes it looks up at call time; within a conversion they are replaced by memoised ones.
+   attributes it looks up at call time; within a conversion they are replaced by memoised ones, and gguf's
+   numpy dequantisation of the 4- and 8-bit blocks (row groups in Python) by the same arithmetic in whole
+   torch tensors (`dequantize`: bitwise equal, several times faster).
 
 Neither library offers a public way to do either. Each patch applies only where the library's patched code
 is the code it was written against (`COVERED`: the digest of its source); elsewhere gguf's and transformers'
@@ -26,6 +28,7 @@ import inspect
 
 import gguf
 import numpy as np
+import torch
 
 # The patched code, by the sha256 of its source (first 16 hex digits), as gguf 0.19.0 and transformers
 # 5.24.0 have it.
@@ -108,6 +111,26 @@ def read_gguf(path: str) -> gguf.GGUFReader:
     return GGUFReader(path) if covered(READER) else GGUFReader.__base__(path)
 
 
+def dequantize(data: np.ndarray, qtype) -> np.ndarray:
+    """gguf's `dequantize` of a tensor's blocks, Q4_1 and Q8_0 (the embedded target's) as whole tensors in
+    torch, the same operations in the same order as gguf's numpy code; every other type by gguf's."""
+    if qtype not in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0):
+        return gguf.quants.dequantize(data, qtype)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = torch.from_numpy(np.array(data).reshape(-1, type_size))  # a copy: the memory map is read-only
+    d = blocks[:, :2].contiguous().view(torch.float16).float()
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        x = blocks[:, 2:].contiguous().view(torch.int8).float()
+        weights = x * d
+    else:  # Q4_1: d, m, then 16 bytes holding the block's first 16 weights low, the next 16 high
+        m = blocks[:, 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[:, 4:]
+        x = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
+        weights = (d * x) + m
+    shape = (*data.shape[:-1], data.shape[-1] // type_size * block_size)
+    return weights.numpy().reshape(shape)
+
+
 @contextlib.contextmanager
 def read_once():
     """Within a conversion, transformers' three parses of the GGUF share one (the metadata handed out as a
@@ -119,6 +142,7 @@ def read_once():
         yield
         return
     reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    numpy_dequantize = gguf.dequantize
     metadata = functools.lru_cache(maxsize=2)(lambda path: checkpoint(path, return_tensors=False))
 
     def load_checkpoint(path, return_tensors=False, **kwargs):  # the tokenizer's and the config's reads
@@ -130,6 +154,7 @@ def read_once():
     gguf.GGUFReader = read_gguf
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
     gguf_utils.load_gguf_checkpoint = load_checkpoint
+    gguf.dequantize = dequantize
     try:
         yield
     finally:
@@ -138,3 +163,4 @@ def read_once():
             name_map,
             checkpoint,
         )
+        gguf.dequantize = numpy_dequantize

@@ -2,7 +2,9 @@
 priced by the analytic bound at the measured acceptance, and the fastest in tokens per second wins.
 
 Which dtype wins depends on the CPU (bf16 halves the bytes a token streams, but only some CPUs have the
-instructions that make bf16 arithmetic fast), so it is measured, never assumed.
+instructions that make bf16 arithmetic fast), so it is measured, never assumed. A server's first start
+waits for bf16's timing alone where the CPU has bf16 arithmetic (the project's kernels there are bf16's);
+its next start times the rest and keeps whichever is faster.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ CHOICES_ENV = (
 )
 
 
+def bf16_instructions() -> bool | None:
+    """Whether the CPU has the bf16 arithmetic oneDNN uses (None where this build cannot tell)."""
+    try:  # a private operator: absent from some builds
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def cpu_capability() -> str:
     """The vector instructions PyTorch's CPU kernels use here (e.g. AVX512, AVX2), and whether the CPU
     has bf16 arithmetic."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    try:  # a private operator: absent from some builds
-        bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    except (AttributeError, RuntimeError):
+    capability, bf16 = torch.backends.cpu.get_cpu_capability(), bf16_instructions()
+    if bf16 is None:
         return f"{capability} (bf16 support unknown)"
     return f"{capability}{' with bf16' if bf16 else ', no bf16 instructions'}"
 
@@ -58,10 +66,13 @@ def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7
     }
 
 
-def choose_dtype(load: Callable[[str], object], prompt_ids: list[int], alpha: float, candidates=CANDIDATES):
+def choose_dtype(
+    load: Callable[[str], object], prompt_ids: list[int], alpha: float, candidates=CANDIDATES, timed=None
+):
     """(the pair in the fastest dtype, the choice with every candidate's figures). `load(dtype)` returns
-    the pair in that dtype."""
-    figures = {dtype: dtype_figures(load(dtype), prompt_ids, alpha) for dtype in candidates}
+    the pair in that dtype; `timed` holds figures measured earlier, kept; the other candidates are timed."""
+    timed = timed or {}
+    figures = {d: timed.get(d) or dtype_figures(load(d), prompt_ids, alpha) for d in candidates}
     best = max(figures, key=lambda dtype: figures[dtype]["tokens_per_second"])
     choice = {"dtype": best, "alpha": alpha, "cpu": cpu_capability(), "figures": figures}
     return load(best), choice
@@ -70,13 +81,13 @@ def choose_dtype(load: Callable[[str], object], prompt_ids: list[int], alpha: fl
 def choice_note(choice: dict) -> str:
     """One line on the choice: which dtype, and by how much it beat the others here."""
     figures, best = choice["figures"], choice["dtype"]
-    others = ", ".join(
-        f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best
-    )
+    others = [f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best]
+    others += [f"{dtype} timed at the next start" for dtype in choice.get("untimed", ())]
     cached = ", measured at an earlier start" if choice.get("cached") else ""
+    verdict = "taken at once on a CPU with bf16 arithmetic" if choice.get("untimed") else "the fastest here"
     return (
-        f"{best}: the fastest here ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
-        f"{figures[best]['tokens_per_second']:.0f} tokens/s, {others}{cached})"
+        f"{best}: {verdict} ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
+        f"{figures[best]['tokens_per_second']:.0f} tokens/s, {', '.join(others)}{cached})"
     )
 
 
@@ -123,9 +134,11 @@ def calibration_prompt() -> str:
         return json.loads(lines.readline())["prompt"]
 
 
-def measured_dtype(load: Callable[[str], object], target: str, draft: str | None):
+def measured_dtype(load: Callable[[str], object], target: str, draft: str | None, serve_first=False):
     """(the pair in the dtype measured fastest here, the choice), once per machine and pair: the choice is
-    kept in the user cache. `load(dtype)` returns the pair in that dtype, each dtype loaded once."""
+    kept in the user cache. `load(dtype)` returns the pair in that dtype, each dtype loaded once.
+    `serve_first` (a server's first start): where the CPU has bf16 arithmetic, bf16 (the dtype its kernels
+    are built for) is timed alone and the other candidates at the next start, which completes the choice."""
     loaded = {}
 
     def load_once(name):  # the dtype not chosen is let go with this function
@@ -134,12 +147,20 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
         return loaded[name]
 
     key, choices = choice_key(target, draft), cached_choices()
-    if key in choices and choices[key].get("dtype") in CANDIDATES:
-        return load_once(choices[key]["dtype"]), {**choices[key], "cached": True}
+    kept = choices.get(key) if isinstance(choices.get(key), dict) else {}
+    if kept.get("dtype") in CANDIDATES and not kept.get("untimed"):
+        return load_once(kept["dtype"]), {**kept, "cached": True}
     prompt = calibration_prompt()
-    exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
-    alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
     timing_prompt = encode_prompt(load_once(CANDIDATES[0]).tokenizer, prompt)
-    pair, choice = choose_dtype(load_once, timing_prompt, alpha)
+    first = kept.get("figures") if kept.get("untimed") and "alpha" in kept else None
+    if isinstance(first, dict):  # a first start's choice: its α and bf16's figures stand
+        alpha, timed, candidates = kept["alpha"], first, CANDIDATES
+    else:
+        exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
+        alpha, timed = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt]), None
+        candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
+    pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates, timed)
+    if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:
+        choice["untimed"] = untimed
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
     return pair, choice

@@ -166,12 +166,14 @@ def load_pair(
     fast: bool = True,
     compiled: str = "background",
     log=say,
+    serve_first: bool = False,
 ) -> ModelPair:
     """Load target, draft and their shared tokenizer, made fast here: a new pair each call (whoever serves
     one keeps it). `target`/`draft` are hub ids, local directories or .gguf files; `smollm2-135m` is the
     embedded pair (draft defaults to the shipped one). dtype "auto" is measured on a CPU. compiled:
     "background" (the app's way: eager until the compiled passes are built), "wait" (built before
     returning, as the bench times), "off". fast=False: as transformers runs them, nothing swapped.
+    serve_first (a server's first start): a dtype choice that waits least (dtype_choice.measured_dtype).
     Raises PairError with a readable message on any mismatch."""
     if compiled not in COMPILED:
         raise ValueError(f"compiled must be one of {', '.join(COMPILED)}, not {compiled!r}")
@@ -185,10 +187,12 @@ def load_pair(
         amx.available(wait=True)  # the kernel the products and the compiled pass are built on
     if dtype == "auto" and pick_device(device).type == "cpu":
         making = lambda name: fast_pair(target, draft, device, name, amx)  # noqa: E731
-        pair, choice = measured_dtype(making, target, draft)
+        pair, choice = measured_dtype(making, target, draft, serve_first)
         pair.dtype_choice = choice
         pair.costs = chosen_costs(choice)
         pair.runtime.dtype_why = "measured" + (" at an earlier start" if choice.get("cached") else "")
+        if choice.get("untimed"):
+            pair.runtime.dtype_why = f"timed alone, {', '.join(choice['untimed'])} at the next start"
         log(f"dtype {choice_note(choice)}")
     else:
         pair = fast_pair(target, draft, device, dtype, amx)

@@ -90,12 +90,41 @@ def test_a_gguf_is_parsed_once_per_conversion(tmp_path):
     writer.close()
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint, gguf.dequantize
     with read_once():
+        assert gguf.dequantize is gguf_patches.dequantize
         assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(str(path))
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(
             gguf.MODEL_ARCH.LLAMA, 2
         )
         assert gguf_utils.load_gguf_checkpoint is not originals[2]
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint, gguf.dequantize) == (
+        originals
+    )
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))
+
+
+def assert_dequantised_as_gguf_does(data: np.ndarray, qtype) -> None:
+    ours, theirs = gguf_patches.dequantize(data, qtype), gguf.quants.dequantize(data, qtype)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == np.float32
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))  # bit for bit
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_0", "F16"])
+def test_blocks_dequantise_bit_for_bit_as_ggufs_numpy_code(qtype):
+    """Q4_1 and Q8_0 in torch, the rest by gguf's own: each the same bits as gguf's, on rows of every kind of
+    value (subnormal scales, zeros, large weights)."""
+    qtype = gguf.GGMLQuantizationType[qtype]
+    rows = np.random.default_rng(0).standard_normal((6, 256)).astype(np.float32)
+    rows[1] *= 1e-6
+    rows[2] = 0.0
+    rows[3] *= 1e4
+    assert_dequantised_as_gguf_does(gguf.quants.quantize(rows, qtype), qtype)
+
+
+@pytest.mark.embedded
+def test_the_embedded_ggufs_tensors_dequantise_as_ggufs_code_does():
+    from diversed_demo.models.embedded import embedded_gguf_path
+
+    for tensor in gguf.GGUFReader(embedded_gguf_path()).tensors:
+        assert_dequantised_as_gguf_does(tensor.data, tensor.tensor_type)

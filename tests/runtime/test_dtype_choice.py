@@ -63,6 +63,54 @@ def test_auto_measures_once_then_reuses_the_choice(saved_pair, monkeypatch, tmp_
     assert "earlier start" in choice_note(again.dtype_choice)
 
 
+def counted(measure, timed: list):
+    """`measure` that also notes each dtype it times."""
+
+    def counting(pair, *args, **kwargs):
+        timed.append(str(pair.target.dtype).removeprefix("torch."))
+        return measure(pair, *args, **kwargs)
+
+    return counting
+
+
+def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the_choice(
+    saved_pair, monkeypatch, tmp_path
+):
+    """Where the CPU has bf16 arithmetic a first start serves after bf16's timing; the next start times
+    float32 only, with the first start's α, and keeps the faster (here float32), then never times again."""
+    target, draft = saved_pair
+    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
+    monkeypatch.setattr(dtype_choice, "bf16_instructions", lambda: True)
+    timed = []
+    monkeypatch.setattr(dtype_choice, "measure_costs", counted(fake_costs("float32"), timed))
+    first = load_pair(target, draft, "cpu", serve_first=True)
+    assert timed == ["bfloat16"] and str(first.target.dtype) == "torch.bfloat16"
+    assert first.dtype_choice["untimed"] == ["float32"]
+    assert "float32 timed at the next start" in choice_note(first.dtype_choice)
+    assert "float32 at the next start" in first.runtime.dtype_why
+
+    monkeypatch.setattr(dtype_choice, "calibration_alpha", lambda *a, **k: pytest.fail("α measured again"))
+    second = load_pair(target, draft, "cpu", serve_first=True)
+    assert timed == ["bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
+    assert second.dtype_choice["alpha"] == first.dtype_choice["alpha"]
+    assert set(second.dtype_choice["figures"]) == {"bfloat16", "float32"}
+    assert "untimed" not in second.dtype_choice
+
+    third = load_pair(target, draft, "cpu", serve_first=True)
+    assert timed == ["bfloat16", "float32"] and third.dtype_choice["cached"]
+
+
+def test_without_bf16_arithmetic_a_first_start_times_every_dtype(saved_pair, monkeypatch, tmp_path):
+    target, draft = saved_pair
+    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
+    monkeypatch.setattr(dtype_choice, "bf16_instructions", lambda: False)
+    timed = []
+    monkeypatch.setattr(dtype_choice, "measure_costs", counted(fake_costs("float32"), timed))
+    pair = load_pair(target, draft, "cpu", serve_first=True)
+    assert sorted(timed) == ["bfloat16", "float32"] and str(pair.target.dtype) == "torch.float32"
+    assert "untimed" not in pair.dtype_choice
+
+
 def test_an_explicit_dtype_is_never_measured(saved_pair, monkeypatch):
     target, draft = saved_pair
     monkeypatch.setattr(dtype_choice, "choose_dtype", lambda *a, **k: pytest.fail("measured"))
