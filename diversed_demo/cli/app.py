@@ -33,7 +33,7 @@ def run_app(args) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     # The model's work all runs on one thread, the one that decodes for visitors (runtime/model_thread.py).
-    pair = MODEL_THREAD.call(shared.pair_from_args, args, compiled="background")
+    pair = MODEL_THREAD.call(shared.pair_from_args, args, compiled="background", serve_first=True)
     examples = load_examples()
     app = build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples))
     launch(app, server_name=args.host, server_port=args.port, share=args.share)

@@ -33,13 +33,21 @@ def command_line() -> str:
     return " ".join(["diversed-demo"] + sys.argv[1:])
 
 
-def pair_from_args(args, compiled: str = "off"):
+def pair_from_args(args, compiled: str = "off", serve_first: bool = False):
     """The pair the arguments name, as the runtime runs it here (runtime/plan.py); compiled: when its
-    compiled passes are built ("background", "wait": before returning, as the bench times, or "off")."""
+    compiled passes are built ("background", "wait": before returning, as the bench times, or "off");
+    serve_first: a server's first start (load_pair's)."""
     from ..models.embedded import EMBEDDED
     from ..runtime.plan import load_pair
 
-    pair = load_pair(args.target or EMBEDDED, args.draft, args.device, args.dtype, compiled=compiled)
+    pair = load_pair(
+        args.target or EMBEDDED,
+        args.draft,
+        args.device,
+        args.dtype,
+        compiled=compiled,
+        serve_first=serve_first,
+    )
     print(f"runtime: {pair.runtime}", file=sys.stderr)
     return pair
 

@@ -81,11 +81,12 @@ def test_the_app_command_opens_at_the_draft_length_timed_on_the_pair(pair, carde
     from diversed_demo.cli import shared
     from diversed_demo.ui import app as ui_app
 
-    launched = []
+    launched, loads = [], []
     monkeypatch.setattr(opening, "measure_costs", lambda *args, **kwargs: CPU_COSTS)
-    monkeypatch.setattr(shared, "pair_from_args", lambda args, compiled=None: pair)
+    monkeypatch.setattr(shared, "pair_from_args", lambda args, **how: loads.append(how) or pair)
     monkeypatch.setattr(ui_app, "launch", lambda app, **kwargs: launched.append(app))
     assert cli.main(["app"]) == 0
+    assert loads == [{"compiled": "background", "serve_first": True}]  # a server: its page first
     by_id = app_components(launched[0])
     assert by_id["n-draft"]["value"] <= 2 < carded_head["frontier"]["settings"]["n_draft"]
     values = [str(c["props"].get("value")) for c in launched[0].get_config_file()["components"]]
