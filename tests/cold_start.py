@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 PORT = 7871
+URL = f"http://127.0.0.1:{PORT}/"
 PROMPT = "Explain why the sky is blue in two or three sentences."
 MODES = ("ar", "exact")
 NEW_TOKENS = 96
@@ -76,7 +77,7 @@ def start_app(env: dict, log: Path) -> tuple[subprocess.Popen, float]:
     start = time.perf_counter()
     with open(log, "w") as out:
         app = subprocess.Popen([sys.executable, "app.py"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    while not served(f"http://127.0.0.1:{PORT}/"):
+    while not served(URL):
         if app.poll() is not None:
             sys.exit(f"app.py ended: {log.read_text()[-2000:]}")
         time.sleep(0.2)
@@ -105,7 +106,7 @@ def eager_alone(env: dict, log: Path) -> dict:
     """The first decodes of a start with nothing in the background: tokens/s per mode."""
     app, _ = start_app(dict(env, **NO_BACKGROUND), log)
     try:
-        return {mode: decode_speed(f"http://127.0.0.1:{PORT}/", mode) for mode in MODES}
+        return {mode: decode_speed(URL, mode) for mode in MODES}
     finally:
         stop(app)
 
@@ -114,8 +115,7 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="diversed-cold-"))
     env = dict(os.environ, DIVERSED_CACHE=str(cache), GRADIO_SERVER_PORT=str(PORT))
     env.pop("DIVERSED_DTYPE_CHOICES", None)
-    url = f"http://127.0.0.1:{PORT}/"
-    log = cache / "app.log"
+    url, log = URL, cache / "app.log"
     # The eager reference before and after (a start of its own cache before, this one's after): the host's
     # speed drifts over minutes, so the first decodes are set against both.
     before_cache = Path(tempfile.mkdtemp(prefix="diversed-cold-before-"))

@@ -151,14 +151,15 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     if kept.get("dtype") in CANDIDATES and not kept.get("untimed"):
         return load_once(kept["dtype"]), {**kept, "cached": True}
     prompt = calibration_prompt()
-    timing_prompt = encode_prompt(load_once(CANDIDATES[0]).tokenizer, prompt)
     first = kept.get("figures") if kept.get("untimed") and "alpha" in kept else None
     if isinstance(first, dict):  # a first start's choice: its α and bf16's figures stand
         alpha, timed, candidates = kept["alpha"], first, CANDIDATES
     else:
         exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
-        alpha, timed = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt]), None
+        alpha, timed = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt]), {}
         candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
+    timing = next(dtype for dtype in candidates if dtype not in timed)  # loaded to be timed anyway
+    timing_prompt = encode_prompt(load_once(timing).tokenizer, prompt)
     pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates, timed)
     if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:
         choice["untimed"] = untimed

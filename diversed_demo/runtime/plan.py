@@ -190,9 +190,11 @@ def load_pair(
         pair, choice = measured_dtype(making, target, draft, serve_first)
         pair.dtype_choice = choice
         pair.costs = chosen_costs(choice)
-        pair.runtime.dtype_why = "measured" + (" at an earlier start" if choice.get("cached") else "")
-        if choice.get("untimed"):
-            pair.runtime.dtype_why = f"timed alone, {', '.join(choice['untimed'])} at the next start"
+        untimed = ", ".join(choice.get("untimed", ()))
+        cached = " at an earlier start" if choice.get("cached") else ""
+        pair.runtime.dtype_why = (
+            f"timed alone, {untimed} at the next start" if untimed else f"measured{cached}"
+        )
         log(f"dtype {choice_note(choice)}")
     else:
         pair = fast_pair(target, draft, device, dtype, amx)

@@ -4,7 +4,7 @@ import pytest
 from tiny import save_tiny_pair
 
 from diversed_demo.eval import bench_report
-from diversed_demo.runtime import dtype_choice
+from diversed_demo.runtime import dtype_choice, plan
 from diversed_demo.runtime.dtype_choice import choice_note, choose_dtype
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.runtime.theory import analytic_speedup
@@ -63,14 +63,19 @@ def test_auto_measures_once_then_reuses_the_choice(saved_pair, monkeypatch, tmp_
     assert "earlier start" in choice_note(again.dtype_choice)
 
 
-def counted(measure, timed: list):
-    """`measure` that also notes each dtype it times."""
+def timed_dtypes(monkeypatch, tmp_path, bf16: bool) -> list:
+    """A CPU with (or without) bf16 arithmetic where float32 times faster: the list each dtype timed is noted
+    in, choices kept under tmp_path."""
+    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
+    monkeypatch.setattr(dtype_choice, "bf16_instructions", lambda: bf16)
+    timed, measure = [], fake_costs("float32")
 
     def counting(pair, *args, **kwargs):
         timed.append(str(pair.target.dtype).removeprefix("torch."))
         return measure(pair, *args, **kwargs)
 
-    return counting
+    monkeypatch.setattr(dtype_choice, "measure_costs", counting)
+    return timed
 
 
 def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the_choice(
@@ -79,10 +84,7 @@ def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the
     """Where the CPU has bf16 arithmetic a first start serves after bf16's timing; the next start times
     float32 only, with the first start's α, and keeps the faster (here float32), then never times again."""
     target, draft = saved_pair
-    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
-    monkeypatch.setattr(dtype_choice, "bf16_instructions", lambda: True)
-    timed = []
-    monkeypatch.setattr(dtype_choice, "measure_costs", counted(fake_costs("float32"), timed))
+    timed = timed_dtypes(monkeypatch, tmp_path, bf16=True)
     first = load_pair(target, draft, "cpu", serve_first=True)
     assert timed == ["bfloat16"] and str(first.target.dtype) == "torch.bfloat16"
     assert first.dtype_choice["untimed"] == ["float32"]
@@ -90,7 +92,10 @@ def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the
     assert "float32 at the next start" in first.runtime.dtype_why
 
     monkeypatch.setattr(dtype_choice, "calibration_alpha", lambda *a, **k: pytest.fail("α measured again"))
+    loaded, fast_pair = [], plan.fast_pair
+    monkeypatch.setattr(plan, "fast_pair", lambda *a: loaded.append(a[3]) or fast_pair(*a))
     second = load_pair(target, draft, "cpu", serve_first=True)
+    assert loaded == ["float32"]  # bf16, timed before, is not loaded again
     assert timed == ["bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
     assert second.dtype_choice["alpha"] == first.dtype_choice["alpha"]
     assert set(second.dtype_choice["figures"]) == {"bfloat16", "float32"}
@@ -102,10 +107,7 @@ def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the
 
 def test_without_bf16_arithmetic_a_first_start_times_every_dtype(saved_pair, monkeypatch, tmp_path):
     target, draft = saved_pair
-    monkeypatch.setenv("DIVERSED_DTYPE_CHOICES", str(tmp_path / "choices.json"))
-    monkeypatch.setattr(dtype_choice, "bf16_instructions", lambda: False)
-    timed = []
-    monkeypatch.setattr(dtype_choice, "measure_costs", counted(fake_costs("float32"), timed))
+    timed = timed_dtypes(monkeypatch, tmp_path, bf16=False)
     pair = load_pair(target, draft, "cpu", serve_first=True)
     assert sorted(timed) == ["bfloat16", "float32"] and str(pair.target.dtype) == "torch.float32"
     assert "untimed" not in pair.dtype_choice
