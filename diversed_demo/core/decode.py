@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .cache import MAX_FEED, CachedLM, tree_feed
 from .config import AUTO, TREE_OFF, DecodeConfig, tree_shape
-from .draft import make_draft
+from .draft import make_draft, no_drafts
 from .draft_length import AdaptiveLength, FixedLength, draft_length
 from .draft_tree import DraftTree, Grower, TreeShape
 from .head import weight_rule
@@ -171,7 +171,7 @@ def propose(
     the draft's choices; one that copies whole blocks proposes up to `room` copies alone where the text has
     them (lookup.py)."""
     if draft is None or n <= 0 or not draft.ready(len(sequence)):
-        return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
+        return no_drafts(sequence, vocab_size)
     if lookup is not None:
         lookup.start(sequence)
         # The draft feeds the positions it skips at its next proposal: in one pass of at most MAX_FEED.
@@ -243,8 +243,7 @@ def propose_tree(row: Row, room: int, vocab_size: int):
     drafts nothing or the draft has no features yet."""
     limit = row.length.start(room) if row.draft.ready(len(row.sequence)) else 0
     if limit <= 0:
-        sequence = row.sequence
-        return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
+        return no_drafts(row.sequence, vocab_size)
     shape = dataclasses.replace(row.tree, depth=min(row.tree.depth, limit))
     grower = Grower(shape, row.length, row.sampler.greedy, row.sampler.generator)
     tree = row.draft.propose_tree(row.sequence, grower, row.sampler)

@@ -43,12 +43,16 @@ class StandaloneDraft:
             token, q = sampler(logits[0])
             if lookup is not None:
                 token = lookup.choose(token)
+            if length is not None and not length.keeps(j + 1, float(draft_confidence(q, token, sampler))):
+                break
             tokens.append(token.view(1))
             probs.append(q)
             hidden.append(last[0])
             feed = token.view(1)
-            if length is not None and not length.go_on(j + 1, float(draft_confidence(q, token, sampler))):
+            if length is not None and not length.go_on(j + 1):
                 break
+        if not tokens:
+            return no_drafts(sequence, self.lm.vocab_size)
         return torch.cat(tokens), torch.stack(probs), torch.stack(hidden)
 
     def propose_tree(self, sequence: torch.Tensor, grower, sampler: Sampler):
@@ -112,17 +116,21 @@ class FeatureDraft:
             index, small_q = sampler(logits)
             own = self.token_ids[index]
             token = own if lookup is None else lookup.choose(own)
-            tokens.append(token.view(1))
-            small_probs.append(small_q)
-            states.append(hidden[0])
             if length is not None:
                 confidence = draft_confidence(
                     small_q, index, sampler, None if token is own else self.token_ids == token
                 )
-                if not length.go_on(step + 1, float(confidence)):
+                if not length.keeps(step + 1, float(confidence)):
                     break
+            tokens.append(token.view(1))
+            small_probs.append(small_q)
+            states.append(hidden[0])
+            if length is not None and not length.go_on(step + 1):
+                break
             if step < n - 1:  # the draft's own output stands in for the next position's target features
                 hidden, logits = self._step(hidden, token.view(1), end + step)
+        if not tokens:
+            return no_drafts(sequence, self.model.vocab_size)
         probs = self.model.full_probs(torch.stack(small_probs))  # over the whole vocabulary, once a block
         return torch.cat(tokens), probs, torch.stack(states)
 
@@ -156,7 +164,8 @@ class FeatureDraft:
     def _layer(self, features, token_ids, start: int, rows=None):
         """The draft's layer over rows fed into its cache's slots from `start`: a chain's, at positions start,
         start + 1, …, or a tree's, `rows` = (positions [m], visible [m, start + m]: the slots each sees):
-        (hidden states [m, H], logits over the draft vocabulary [m, Vd])."""
+        (hidden states [m, H], logits over the draft vocabulary: a tree's [m, Vd]; a chain's [m, Vd] from a
+        compiled step, else [1, Vd], its last row's, the only one a chain drafts from)."""
         if start == 0 and self.compiled is None:
             self._enter_compiled()
         if self.compiled is not None and start + len(token_ids) >= self.compiled.module.max_len:
@@ -175,7 +184,7 @@ class FeatureDraft:
         else:
             positions, attend = rows[0], lambda q, k, v: cached_attention(self.cache, q, k, v, rows[1])
         hidden = self.model.layer(features[None], token_ids[None], positions[None], attend)[0]
-        return hidden, self.model.draft_logits(hidden)
+        return hidden, self.model.draft_logits(hidden if rows is not None else hidden[-1:])
 
     def _enter_compiled(self) -> None:
         compiled, self.step = self.step, None  # asked for once, at a decode's first proposal
@@ -221,6 +230,11 @@ def tree_visible(grower, nodes: list[int], entries: dict, used: int, device=None
         entries[node] = used + j
         visible[j, used + j] = True
     return visible.to(device)  # built on the host, element by element; moved once
+
+
+def no_drafts(sequence: torch.Tensor, vocab_size: int):
+    """A proposal of no drafts (tokens [0], q [0, V], no hidden states): the step is the target's own."""
+    return sequence.new_empty(0), torch.empty(0, vocab_size, device=sequence.device), None
 
 
 def draft_confidence(q: torch.Tensor, index, sampler: Sampler, copied=None) -> torch.Tensor:

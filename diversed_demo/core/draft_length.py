@@ -11,7 +11,14 @@ seen) for T_{j+1} − T_j, so drafting goes on while
 
 the step's rate so far; as EAGLE-2 and SpecDec++ do, a drafted path stops where its confidence falls. At
 j = 0 the rule reads ᾱ ≥ r + c + v_1 − 1: where drafting returns less than it costs, the step drafts nothing
-and decoding runs at the target's own pace.
+and decoding runs at the target's own pace. Once the j-th draft is drafted its cost is spent, and its own
+chance α_j is known: it is put to the target only where it pays its place in the pass,
+
+    P_{j−1}·α_j / (v_j − v_{j−1})  ≥  E_{j−1} / (r + j·c + v_{j−1}),
+
+else the step verifies the j − 1 before it (none: a target-only step). The choice reads the drafts up to
+the j-th, never a later one, so whether a position is verified never depends on its own token: sampled
+verification keeps the target's law.
 
 α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
 prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
@@ -85,7 +92,7 @@ class AdaptiveLength:
 
     @property
     def stopper(self) -> AdaptiveLength:
-        """What the draft asks, token by token, whether to go on (`go_on`)."""
+        """What the draft asks, token by token, whether to keep a draft (`keeps`) and to go on (`go_on`)."""
         return self
 
     def _w(self) -> float:
@@ -124,11 +131,25 @@ class AdaptiveLength:
             counts[:] = [c * FORGET for c in counts]
         return 0
 
-    def go_on(self, drafted: int, confidence: float) -> bool:
-        """Whether to draft another token after the `drafted`-th, which the draft gave `confidence`."""
+    def keeps(self, drafted: int, confidence: float) -> bool:
+        """Whether the `drafted`-th draft, which the draft gave `confidence`, is put to the target (the rule
+        above); one that is not counts, as evidence, at the chance the rule gave it, so that ᾱ does not
+        rise on the drafts it was sure enough to verify alone."""
+        chance = self.chance(confidence)
+        sunk = self.r + drafted * self.c
+        place = self.v[drafted] - self.v[drafted - 1]
+        if self.path * chance * (sunk + self.v[drafted - 1]) < self.tokens * place:
+            b = min(int(confidence * BINS), BINS - 1)
+            self.kept[0][b] += chance
+            self.seen[0][b] += 1.0
+            return False
         self.confidences.append(confidence)
-        self.path *= self.chance(confidence)
+        self.path *= chance
         self.tokens += self.path
+        return True
+
+    def go_on(self, drafted: int) -> bool:
+        """Whether to draft another token after the `drafted`-th (kept: `keeps`)."""
         return self._pays(drafted)
 
     def learn(self, verdict) -> None:

@@ -7,7 +7,8 @@ dispatch. As one graph they fuse (docs/measurements/speed.md). A step feeds p â‰
 the token after each, positions, a mask), writes their keys and values at the slots the mask gives them,
 and returns the draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits over the
 draft vocabulary for every row [p, Vd] (`Eagle3Draft.draft_logits`: a draft tree expands several nodes
-at once). The features are fused (`Eagle3Draft.fuse`) or the draft's own output, as in
+at once), for the last row alone where p > K_MAX (a prompt's feed: its other rows' logits are never read,
+and over the 8k vocabulary they cost as much as the layer). The features are fused (`Eagle3Draft.fuse`) or the draft's own output, as in
 `core.draft.FeatureDraft`.
 
 Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
@@ -98,7 +99,9 @@ class StaticDraftStep(nn.Module):
             2, -1
         )
         hidden = hidden + self._product("down", F.silu(gate) * up)
-        return hidden, self._product("lm_head", rms_norm(hidden, self.final_norm, self.eps))
+        # a feed longer than a step (the prompt's features) is a chain's: only its last row drafts
+        heads = hidden if p <= K_MAX else hidden[-1:]
+        return hidden, self._product("lm_head", rms_norm(heads, self.final_norm, self.eps))
 
     def _attend(self, query: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """query [p, n_q, D] over the used slots: the fused kernel or float32 products for a step (the

@@ -8,11 +8,14 @@ import pytest
 import torch
 from conftest import PROMPTS
 from stats import chi_square_pvalue
-from test_decode import first_two_law
+from test_decode import first_two_law, next_distributions
+from tiny import tiny_model, tiny_pair
 
+from diversed_demo.core import draft as draft_module
 from diversed_demo.core.config import DecodeConfig
 from diversed_demo.core.draft_length import AUTO_MAX, AdaptiveLength, FixedLength, draft_length
 from diversed_demo.core.generate import generate
+from diversed_demo.models.eagle import Eagle3Draft
 
 CHEAP = {"c": 0.01, "v": {j: 1.0 for j in range(1, 8)}}  # drafting costs almost nothing
 DEAR = {"c": 2.0, "v": {j: 1.0 + j for j in range(1, 8)}}  # a drafted token costs two target tokens
@@ -22,6 +25,11 @@ def verdict(n_accepted: int, accept_probs, w=None):
     accept_probs = torch.tensor(accept_probs, dtype=torch.float32)
     w = torch.ones_like(accept_probs) if w is None else torch.tensor(w)
     return types.SimpleNamespace(n_accepted=n_accepted, accept_probs=accept_probs, w=w, tree=None)
+
+
+def drafts_on(length: AdaptiveLength, drafted: int, confidence: float) -> bool:
+    """Whether the rule keeps the `drafted`-th draft, of `confidence`, and drafts another after it."""
+    return length.keeps(drafted, confidence) and length.go_on(drafted)
 
 
 def test_the_config_takes_auto_and_the_rule_follows_it():
@@ -34,8 +42,8 @@ def test_the_config_takes_auto_and_the_rule_follows_it():
 def test_drafting_stops_where_it_would_cost_more_than_it_returns():
     cheap = AdaptiveLength(CHEAP, w_prior=1.0)
     assert cheap.start(room=20) == AUTO_MAX  # a free draft pays up to the pass's room
-    assert cheap.go_on(1, 0.95) and cheap.go_on(2, 0.95)
-    assert not cheap.go_on(3, 0.0)  # a draft the draft is unsure of: the path's chance is gone
+    assert drafts_on(cheap, 1, 0.95) and drafts_on(cheap, 2, 0.95)
+    assert not drafts_on(cheap, 3, 0.0)  # a draft the draft is unsure of: the path's chance is gone
     assert AdaptiveLength(DEAR, w_prior=1.0).start(room=20) == 0  # the step drafts nothing
     assert AdaptiveLength(CHEAP, w_prior=1.0).start(room=2) == 2  # never past the budget
 
@@ -48,7 +56,24 @@ def test_a_step_that_must_pay_its_drafts_catch_up_drafts_only_where_that_pays():
     assert AdaptiveLength(costs, w_prior=1.0).start(room=7) == 7
     assert AdaptiveLength({**costs, "r": 0.3}, w_prior=1.0).start(room=7) == 0
     cheap = AdaptiveLength({**CHEAP, "r": 0.2}, w_prior=1.0)
-    assert cheap.start(room=7) == 7 and cheap.go_on(1, 0.95) and cheap.go_on(2, 0.95)
+    assert cheap.start(room=7) == 7 and drafts_on(cheap, 1, 0.95) and drafts_on(cheap, 2, 0.95)
+
+
+def test_a_draft_that_would_not_pay_its_place_in_the_pass_is_not_verified():
+    """Once drafted, a draft's own chance decides whether it is put to the target: at v_j − v_{j−1} = 0.3 a
+    first draft of chance 0.1 returns less than its place costs (0.1 < 0.3 ÷ (1 + r + c)), one of 0.9
+    more; a dropped draft ends the step's drafting and counts at its chance, so ᾱ falls with it."""
+    costs = {"c": 0.1, "v": {j: 1.0 + 0.3 * j for j in range(1, 8)}}
+    length = AdaptiveLength(costs, w_prior=1.0)
+    length.start(room=7)
+    before = length.mean_chance()
+    assert not length.keeps(1, 0.1)
+    assert length.confidences == [] and length.mean_chance() < before
+    length.start(room=7)
+    assert length.keeps(1, 0.9) and length.confidences == [0.9]
+    # a chain's later draft pays its place against the step's tokens so far: at chance 0.9 ⋅ 0.3 it does not
+    assert not length.keeps(2, 0.3)
+    assert FixedLength(3).stopper is None  # a fixed N verifies every draft
 
 
 def test_a_laxer_rule_expects_more_and_drafts_longer():
@@ -58,7 +83,7 @@ def test_a_laxer_rule_expects_more_and_drafts_longer():
         length = AdaptiveLength(costs, w_prior)
         length.start(room=7)
         n = 1
-        while length.go_on(n, 0.5):
+        while drafts_on(length, n, 0.5):
             n += 1
         return n
 
@@ -70,7 +95,7 @@ def test_evidence_moves_the_estimate_and_a_skipped_stretch_forgets_it():
     prior = length.chance(0.55)
     for _ in range(20):  # every draft the draft was fairly sure of is turned down
         length.start(room=7)
-        length.go_on(1, 0.55)
+        drafts_on(length, 1, 0.55)
         length.learn(verdict(0, [0.0]))
     assert length.chance(0.55) < prior / 3
     assert length.start(room=7) == 0  # drafting no longer pays
@@ -120,3 +145,61 @@ def test_sampled_exact_with_auto_follows_the_target(any_pair):
     assert chi_square_pvalue(counts, law) > 0.001
     if any_pair.draft.__class__.__name__ != "Eagle3Draft":  # a feature draft's first step drafts nothing
         assert len(lengths) > 1  # the draft's length did vary
+
+
+def trimmed_law(pair, prompt: list[int], samples: int, threshold: float, first_only: bool = False):
+    """The chi-square p-value of sampled exact SD's first two tokens (or first, `first_only`) against the
+    target's law, where a draft's place in the pass costs what a draft of chance `threshold` returns (chance
+    ⋅ (1 + c) ≥ v_1 − 1; at c = 0.05 a first look pays up to a threshold of 0.43), and how many drafts the rule
+    kept and dropped ({True: kept, False: dropped})."""
+    law, _ = first_two_law(pair, prompt, 1.0, eos=2)
+    if first_only:
+        law = collections.Counter({key[:1]: 0.0 for key in law})
+        for key, chance in first_two_law(pair, prompt, 1.0, eos=2)[0].items():
+            law[key[:1]] += chance
+    pair.costs = {"c": 0.05, "v": {j: 1.0 + 1.05 * threshold * j for j in range(1, 8)}}
+    counts, verdicts = collections.Counter(), collections.Counter()
+    keeps = AdaptiveLength.keeps
+
+    def counted(self, drafted, confidence):
+        kept = keeps(self, drafted, confidence)
+        verdicts[kept] += 1
+        return kept
+
+    AdaptiveLength.keeps = counted
+    try:
+        for seed in range(samples):
+            summary, _ = generate(pair, prompt, mode="exact", n_draft="auto", max_new_tokens=3, seed=seed)
+            counts[tuple(summary.token_ids[: 1 if first_only else 2])] += 1
+    finally:
+        pair.costs, AdaptiveLength.keeps = None, keeps
+    return chi_square_pvalue(counts, dict(law)), verdicts
+
+
+@pytest.mark.slow
+def test_sampled_exact_follows_the_target_where_drafts_are_dropped(any_pair):
+    """Dropping a draft that would not pay its place reads the drafts before it and its distribution's
+    top, never its own token: the emitted tokens still follow p. A feature draft drafts the second token,
+    whose top max q(· | x1) falls below the threshold for about 7% of the first tokens x1 here, so whether it
+    is verified varies with x1; a standalone draft's first draft (top 0.41) is always dropped."""
+    feature = isinstance(any_pair.draft, Eagle3Draft)
+    prompt, threshold = (PROMPTS[1], 0.4) if feature else (PROMPTS[0], 0.42)
+    pvalue, verdicts = trimmed_law(any_pair, prompt, 3000, threshold)
+    assert verdicts[False] > 0 and pvalue > 0.001
+    if feature:
+        assert verdicts[True] > 0
+
+
+@pytest.mark.slow
+def test_the_law_test_fails_where_a_draft_is_dropped_by_its_own_token(monkeypatch):
+    """The test above can fail: a rule that reads the drafted token's own q (whether it is verified then
+    depends on the token) emits another law, here by 0.06 in total variation (a draft near the target, so
+    that most drafts are kept and those of q < 0.05 drop the accepted share of their mass)."""
+    draft = tiny_model(0, 2)
+    torch.manual_seed(5)
+    weight = draft.get_output_embeddings().weight
+    with torch.no_grad():
+        weight += 0.5 * weight.std() * torch.randn_like(weight)
+    monkeypatch.setattr(draft_module, "draft_confidence", lambda q, index, sampler, copied=None: q[index])
+    pvalue, verdicts = trimmed_law(tiny_pair(draft=draft), PROMPTS[0], 3000, 0.05, first_only=True)
+    assert verdicts[False] > 0 and verdicts[True] > 0 and pvalue < 1e-4
