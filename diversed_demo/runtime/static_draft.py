@@ -8,8 +8,8 @@ the token after each, positions, a mask), writes their keys and values at the sl
 and returns the draft's hidden states [p, H] (what `Eagle3Draft.layer` returns) and its logits over the
 draft vocabulary for every row [p, Vd] (`Eagle3Draft.draft_logits`: a draft tree expands several nodes
 at once), for the last row alone where p > K_MAX (a prompt's feed: its other rows' logits are never read,
-and over the 8k vocabulary they cost as much as the layer). The features are fused (`Eagle3Draft.fuse`) or the draft's own output, as in
-`core.draft.FeatureDraft`.
+and over the 8k vocabulary they cost as much as the layer). The features are fused (`Eagle3Draft.fuse`)
+or the draft's own output, as in `core.draft.FeatureDraft`.
 
 Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and

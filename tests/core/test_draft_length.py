@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import PROMPTS
 from stats import chi_square_pvalue
-from test_decode import first_two_law, next_distributions
+from test_decode import first_two_law
 from tiny import tiny_model, tiny_pair
 
 from diversed_demo.core import draft as draft_module
@@ -149,9 +149,9 @@ def test_sampled_exact_with_auto_follows_the_target(any_pair):
 
 def trimmed_law(pair, prompt: list[int], samples: int, threshold: float, first_only: bool = False):
     """The chi-square p-value of sampled exact SD's first two tokens (or first, `first_only`) against the
-    target's law, where a draft's place in the pass costs what a draft of chance `threshold` returns (chance
-    ⋅ (1 + c) ≥ v_1 − 1; at c = 0.05 a first look pays up to a threshold of 0.43), and how many drafts the rule
-    kept and dropped ({True: kept, False: dropped})."""
+    target's law, where a draft's place in the pass costs what a draft of chance `threshold` returns
+    (chance ⋅ (1 + c) ≥ v_1 − 1; at c = 0.05 a first look pays up to a threshold of 0.43), and how many
+    drafts the rule kept and dropped ({True: kept, False: dropped})."""
     law, _ = first_two_law(pair, prompt, 1.0, eos=2)
     if first_only:
         law = collections.Counter({key[:1]: 0.0 for key in law})
