@@ -47,6 +47,11 @@ DEFAULT_C = 0.1
 DEFAULT_V_SLOPE = 0.04
 
 
+def confidence_bin(confidence: float) -> int:
+    """The bin of a draft's confidence s in [0, 1] (s = 1 in the last)."""
+    return min(max(int(confidence * BINS), 0), BINS - 1)
+
+
 def prior_chance(w: float, confidence: float, later: bool = False) -> float:
     """The mode's acceptance at a draft of probability `confidence` before any evidence: 1 − w·(1 − s) for
     a first child (a chain's every draft), w·s for a tree's later children."""
@@ -100,7 +105,7 @@ class AdaptiveLength:
 
     def chance(self, confidence: float, later: bool = False) -> float:
         """α of a draft the draft gave probability `confidence` (a tree's later child where `later`)."""
-        b, rank = min(int(confidence * BINS), BINS - 1), int(later)
+        b, rank = confidence_bin(confidence), int(later)
         prior = prior_chance(self._w(), confidence, later)
         return (self.kept[rank][b] + PRIOR_WEIGHT * prior) / (self.seen[rank][b] + PRIOR_WEIGHT)
 
@@ -139,14 +144,18 @@ class AdaptiveLength:
         sunk = self.r + drafted * self.c
         place = self.v[drafted] - self.v[drafted - 1]
         if self.path * chance * (sunk + self.v[drafted - 1]) < self.tokens * place:
-            b = min(int(confidence * BINS), BINS - 1)
-            self.kept[0][b] += chance
-            self.seen[0][b] += 1.0
+            self._count(0, confidence, chance)
             return False
         self.confidences.append(confidence)
         self.path *= chance
         self.tokens += self.path
         return True
+
+    def _count(self, rank: int, confidence: float, chance: float) -> None:
+        """One position of evidence: a draft of `confidence` at `rank`, kept with probability `chance`."""
+        b = confidence_bin(confidence)
+        self.kept[rank][b] += chance
+        self.seen[rank][b] += 1.0
 
     def go_on(self, drafted: int) -> bool:
         """Whether to draft another token after the `drafted`-th (kept: `keeps`)."""
@@ -166,9 +175,7 @@ class AdaptiveLength:
             confidences, ranks = self.confidences[:verified], [0] * verified
             kept = verdict.accept_probs[:verified].tolist()
         for confidence, rank, chance in zip(confidences, ranks, kept):
-            b = min(max(int(confidence * BINS), 0), BINS - 1)
-            self.kept[rank][b] += chance
-            self.seen[rank][b] += 1.0
+            self._count(rank, confidence, chance)
         if not verified:
             return
         self.w_total += float(verdict.w[:verified].sum())

@@ -147,17 +147,18 @@ def test_sampled_exact_with_auto_follows_the_target(any_pair):
         assert len(lengths) > 1  # the draft's length did vary
 
 
-def trimmed_law(pair, prompt: list[int], samples: int, threshold: float, first_only: bool = False):
+def trimmed_law(monkeypatch, pair, prompt: list[int], samples: int, threshold: float, first_only=False):
     """The chi-square p-value of sampled exact SD's first two tokens (or first, `first_only`) against the
     target's law, where a draft's place in the pass costs what a draft of chance `threshold` returns
     (chance ⋅ (1 + c) ≥ v_1 − 1; at c = 0.05 a first look pays up to a threshold of 0.43), and how many
     drafts the rule kept and dropped ({True: kept, False: dropped})."""
     law, _ = first_two_law(pair, prompt, 1.0, eos=2)
     if first_only:
-        law = collections.Counter({key[:1]: 0.0 for key in law})
-        for key, chance in first_two_law(pair, prompt, 1.0, eos=2)[0].items():
-            law[key[:1]] += chance
-    pair.costs = {"c": 0.05, "v": {j: 1.0 + 1.05 * threshold * j for j in range(1, 8)}}
+        marginal = collections.Counter()
+        for key, chance in law.items():
+            marginal[key[:1]] += chance
+        law = dict(marginal)
+    monkeypatch.setattr(pair, "costs", {"c": 0.05, "v": {j: 1.0 + 1.05 * threshold * j for j in range(1, 8)}})
     counts, verdicts = collections.Counter(), collections.Counter()
     keeps = AdaptiveLength.keeps
 
@@ -166,25 +167,22 @@ def trimmed_law(pair, prompt: list[int], samples: int, threshold: float, first_o
         verdicts[kept] += 1
         return kept
 
-    AdaptiveLength.keeps = counted
-    try:
-        for seed in range(samples):
-            summary, _ = generate(pair, prompt, mode="exact", n_draft="auto", max_new_tokens=3, seed=seed)
-            counts[tuple(summary.token_ids[: 1 if first_only else 2])] += 1
-    finally:
-        pair.costs, AdaptiveLength.keeps = None, keeps
-    return chi_square_pvalue(counts, dict(law)), verdicts
+    monkeypatch.setattr(AdaptiveLength, "keeps", counted)
+    for seed in range(samples):
+        summary, _ = generate(pair, prompt, mode="exact", n_draft="auto", max_new_tokens=3, seed=seed)
+        counts[tuple(summary.token_ids[: 1 if first_only else 2])] += 1
+    return chi_square_pvalue(counts, law), verdicts
 
 
 @pytest.mark.slow
-def test_sampled_exact_follows_the_target_where_drafts_are_dropped(any_pair):
+def test_sampled_exact_follows_the_target_where_drafts_are_dropped(monkeypatch, any_pair):
     """Dropping a draft that would not pay its place reads the drafts before it and its distribution's
     top, never its own token: the emitted tokens still follow p. A feature draft drafts the second token,
     whose top max q(· | x1) falls below the threshold for about 7% of the first tokens x1 here, so whether it
     is verified varies with x1; a standalone draft's first draft (top 0.41) is always dropped."""
     feature = isinstance(any_pair.draft, Eagle3Draft)
     prompt, threshold = (PROMPTS[1], 0.4) if feature else (PROMPTS[0], 0.42)
-    pvalue, verdicts = trimmed_law(any_pair, prompt, 3000, threshold)
+    pvalue, verdicts = trimmed_law(monkeypatch, any_pair, prompt, 3000, threshold)
     assert verdicts[False] > 0 and pvalue > 0.001
     if feature:
         assert verdicts[True] > 0
@@ -201,5 +199,5 @@ def test_the_law_test_fails_where_a_draft_is_dropped_by_its_own_token(monkeypatc
     with torch.no_grad():
         weight += 0.5 * weight.std() * torch.randn_like(weight)
     monkeypatch.setattr(draft_module, "draft_confidence", lambda q, index, sampler, copied=None: q[index])
-    pvalue, verdicts = trimmed_law(tiny_pair(draft=draft), PROMPTS[0], 3000, 0.05, first_only=True)
+    pvalue, verdicts = trimmed_law(monkeypatch, tiny_pair(draft=draft), PROMPTS[0], 3000, 0.05, True)
     assert verdicts[False] > 0 and verdicts[True] > 0 and pvalue < 1e-4
