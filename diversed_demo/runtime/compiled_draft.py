@@ -84,12 +84,18 @@ def draft_package_path(draft) -> Path:
     return cache_dir() / "compiled" / f"draft-step-{key}.pt2"
 
 
-def build_draft_package(draft, path: Path, inductor_configs: dict | None = None) -> Path:
-    """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute)."""
+def build_draft_package(draft, path: Path, inductor_configs: dict | None = None, log=print) -> Path:
+    """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute). An
+    autotuned package that does not draft what the eager step does is built again without autotuning: on
+    a busy host inductor's timings may pick a product whose code fails at some row counts (seen on the Xeon
+    under a parallel test run), and a start would otherwise load that package, and stay eager, every time."""
     module = StaticDraftStep(draft, MAX_LEN, fused_step(draft) and fused_attention.ensure())
-    return compile_module(
-        module, (torch.zeros(4, draft.hidden_size, dtype=torch.bfloat16),), path, inductor_configs
-    )
+    inputs = (torch.zeros(4, draft.hidden_size, dtype=torch.bfloat16),)
+    compile_module(module, inputs, path, inductor_configs)
+    if inductor_configs is None and attach_draft(draft, path, log=log) is None:
+        log(f"building the draft step at {path} again without autotuning")
+        compile_module(module, inputs, path, {})
+    return path
 
 
 def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) -> bool:

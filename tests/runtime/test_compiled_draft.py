@@ -173,3 +173,17 @@ def test_a_change_to_the_steps_code_builds_a_new_package(bf16_pair, monkeypatch)
     assert compiled_draft.draft_package_path(bf16_pair.draft) == path  # the same draft, the same package
     monkeypatch.setattr(compiled_draft, "STEP_SOURCES", compiled_draft.STEP_SOURCES[:-1])
     assert compiled_draft.draft_package_path(bf16_pair.draft) != path
+
+
+@pytest.mark.parametrize("checks_out", [True, False])
+def test_an_autotuned_draft_step_that_does_not_check_out_is_built_again_plainly(
+    bf16_pair, tmp_path, monkeypatch, checks_out
+):
+    from diversed_demo.runtime import compiled_draft
+
+    builds, said = [], []
+    monkeypatch.setattr(compiled_draft, "compile_module", lambda m, i, path, configs: builds.append(configs))
+    monkeypatch.setattr(compiled_draft, "attach_draft", lambda *a, **k: object() if checks_out else None)
+    compiled_draft.build_draft_package(bf16_pair.draft, tmp_path / "step.pt2", log=said.append)
+    assert builds == ([None] if checks_out else [None, {}])
+    assert bool(said) is not checks_out
