@@ -4,6 +4,7 @@ time). `core.draft.FeatureDraft` drafts on it where the pair lends one (`ModelPa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -20,7 +21,7 @@ from .compiled_pass import (
     MAX_LEN,
     TOLERANCE,
     CompiledPass,
-    compile_module,
+    compile_checked,
     load_checked,
     source_digests,
 )
@@ -85,17 +86,12 @@ def draft_package_path(draft) -> Path:
 
 
 def build_draft_package(draft, path: Path, inductor_configs: dict | None = None, log=print) -> Path:
-    """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute). An
-    autotuned package that does not draft what the eager step does is built again without autotuning: on
-    a busy host inductor's timings may pick a product whose code fails at some row counts (seen on the Xeon
-    under a parallel test run), and a start would otherwise load that package, and stay eager, every time."""
+    """Export the draft's step for 1..K_MAX rows and any used length, and compile it (half a minute);
+    built again without autotuning where the autotuned step does not draft what the eager one does."""
     module = StaticDraftStep(draft, MAX_LEN, fused_step(draft) and fused_attention.ensure())
     inputs = (torch.zeros(4, draft.hidden_size, dtype=torch.bfloat16),)
-    compile_module(module, inputs, path, inductor_configs)
-    if inductor_configs is None and attach_draft(draft, path, log=log) is None:
-        log(f"building the draft step at {path} again without autotuning")
-        compile_module(module, inputs, path, {})
-    return path
+    check = functools.partial(attach_draft, draft, log=log)
+    return compile_checked(module, inputs, path, inductor_configs, check, log)
 
 
 def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) -> bool:

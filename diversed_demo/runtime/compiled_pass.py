@@ -16,6 +16,7 @@ serves the passes replayed as CUDA graphs (cuda_graphs.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -160,12 +161,25 @@ TOLERANCE = 2.0  # |Δ logit| a compiled runner may differ from the eager module
 AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 
-def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | None = None) -> Path:
+def build_package(model, aux_layer_ids, path: Path, inductor_configs: dict | None = None, log=print) -> Path:
     """Export the static pass for 1..K_MAX new tokens and any used length, and compile it (a minute or
     two), with AUTOTUNE unless other inductor settings are given."""
     fused = fused_attention.serves_model(model) and fused_attention.ensure()
     module = StaticPass(model, aux_layer_ids, MAX_LEN, fused)
-    return compile_module(module, (), path, inductor_configs)
+    check = functools.partial(attach, model, aux_layer_ids, log=log)
+    return compile_checked(module, (), path, inductor_configs, check, log)
+
+
+def compile_checked(module, inputs: tuple, path: Path, inductor_configs, check, log=print) -> Path:
+    """compile_module, and where the autotuned package does not check out (`check(path)` gives None), the
+    package built again without autotuning: on a busy host inductor's timings may pick a product whose code
+    fails at some row counts (a draft step's, on the Xeon under a parallel test run), and every start would
+    load that package and stay eager."""
+    compile_module(module, inputs, path, inductor_configs)
+    if inductor_configs is None and check(path) is None:
+        log(f"building {path} again without autotuning")
+        compile_module(module, inputs, path, {})
+    return path
 
 
 def compile_module(module, inputs: tuple, path: Path, inductor_configs: dict | None = None) -> Path:

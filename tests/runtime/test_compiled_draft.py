@@ -176,14 +176,21 @@ def test_a_change_to_the_steps_code_builds_a_new_package(bf16_pair, monkeypatch)
 
 
 @pytest.mark.parametrize("checks_out", [True, False])
-def test_an_autotuned_draft_step_that_does_not_check_out_is_built_again_plainly(
-    bf16_pair, tmp_path, monkeypatch, checks_out
+@pytest.mark.parametrize("part", ["target", "draft"])
+def test_an_autotuned_package_that_does_not_check_out_is_built_again_plainly(
+    bf16_pair, tmp_path, monkeypatch, checks_out, part
 ):
-    from diversed_demo.runtime import compiled_draft
+    from diversed_demo.runtime import compiled_draft, compiled_pass
 
     builds, said = [], []
-    monkeypatch.setattr(compiled_draft, "compile_module", lambda m, i, path, configs: builds.append(configs))
-    monkeypatch.setattr(compiled_draft, "attach_draft", lambda *a, **k: object() if checks_out else None)
-    compiled_draft.build_draft_package(bf16_pair.draft, tmp_path / "step.pt2", log=said.append)
+    monkeypatch.setattr(compiled_pass, "compile_module", lambda m, i, path, configs: builds.append(configs))
+    attached = lambda *a, **k: object() if checks_out else None  # noqa: E731
+    monkeypatch.setattr(compiled_pass, "attach", attached)
+    monkeypatch.setattr(compiled_draft, "attach_draft", attached)
+    if part == "target":
+        monkeypatch.setattr(compiled_pass, "StaticPass", lambda *args: None)  # the tiny target is not lean
+        compiled_pass.build_package(bf16_pair.target, [], tmp_path / "pass.pt2", log=said.append)
+    else:
+        compiled_draft.build_draft_package(bf16_pair.draft, tmp_path / "step.pt2", log=said.append)
     assert builds == ([None] if checks_out else [None, {}])
     assert bool(said) is not checks_out
