@@ -115,8 +115,8 @@ def host_during(before: dict[str, float], wall_s: float) -> dict[str, float]:
 def library_decode_s(pair, prompt, settings, head) -> tuple[float, int]:
     """Seconds for one decode through `generate` on this thread, and the tokens it gave."""
     start = time.perf_counter()
-    _, events = generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
-    return time.perf_counter() - start, sum(event.kind != "rejected" for event in events)
+    summary, _ = generate(pair, prompt, settings.replace(head=head) if head is not None else settings)
+    return time.perf_counter() - start, summary.new_tokens
 
 
 def streamed_decode_s(pair, prompt, settings, head) -> tuple[float, int]:
@@ -124,7 +124,7 @@ def streamed_decode_s(pair, prompt, settings, head) -> tuple[float, int]:
     rendered (between the library's and the app's: what the hand-over costs), and the tokens it gave."""
     start = time.perf_counter()
     *_, run = MODEL_THREAD.iterate(lambda: stream_decode(pair, prompt, settings, head))
-    return time.perf_counter() - start, len(run.output_events)
+    return time.perf_counter() - start, run.summary.new_tokens
 
 
 def quiet_rounds(measure, rounds: int, most: int) -> tuple[list, int]:
@@ -153,11 +153,12 @@ def decode_figures(pair, prompt, settings) -> dict:
         )
 
     rounds, ran = quiet_rounds(one_round, ROUNDS, MOST_ROUNDS)
+    app, streamed, library = zip(*rounds)
     return {
-        "app": min(app for app, _, _ in rounds),
-        "streamed": min(streamed for _, (streamed, _), _ in rounds),
-        "library": min(library for _, _, (library, _) in rounds),
-        "tokens": {"streamed": rounds[0][1][1], "library": rounds[0][2][1]},
+        "app": min(app),
+        "streamed": min(seconds for seconds, _ in streamed),
+        "library": min(seconds for seconds, _ in library),
+        "tokens": {"streamed": streamed[0][1], "library": library[0][1]},  # the same work on both paths
         "rounds": {"read": len(rounds), "ran": ran},
     }
 

@@ -174,7 +174,8 @@ def compile_checked(module, inputs: tuple, path: Path, inductor_configs, check, 
     """compile_module, and where the autotuned package does not check out (`check(path)` gives None), the
     package built again without autotuning: on a busy host inductor's timings may pick a product whose code
     fails at some row counts (a draft step's, on the Xeon under a parallel test run), and every start would
-    load that package and stay eager."""
+    load that package and stay eager. The check runs in the build's process, at its low priority; the app
+    repeats it when it attaches the package, as for any package it finds."""
     compile_module(module, inputs, path, inductor_configs)
     if inductor_configs is None and check(path) is None:
         log(f"building {path} again without autotuning")
