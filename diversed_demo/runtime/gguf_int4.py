@@ -32,6 +32,7 @@ from ..models.gguf_patches import read_gguf
 from . import amx_gguf
 from .amx_gguf import AmxKernel
 from .class_swap import swap_class
+from .row_buckets import linear_in_buckets
 
 Q4_BLOCK = 32  # weights per GGUF block, the kernel's group size
 # At most this many rows use PyTorch's int4 product, more the dense weight: every verification pass, within
@@ -84,7 +85,7 @@ class GgufLinear(torch.nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
         if not uses_quantised(self.operands, rows, self.weight) or input.dtype != self.weight.dtype:
-            return torch.nn.functional.linear(input, self.weight, self.bias)
+            return linear_in_buckets(input, self.weight, self.bias)
         out = int4_product(rows, *self.operands)
         if self.bias is not None:
             out = out + self.bias

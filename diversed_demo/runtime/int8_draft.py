@@ -19,6 +19,7 @@ import torch
 from ..common.timing import runs_faster
 from . import amx_gguf
 from .class_swap import swap_class
+from .row_buckets import linear_in_buckets
 
 # At most this many rows use the 8-bit product (a drafting step's one, a restart's few): beyond, the dense
 # product is as fast or faster (docs/measurements/speed.md).
@@ -65,7 +66,7 @@ class Int8Linear(torch.nn.Linear):
         on_rows = len(self.int8) == 2
         most = INT8_ROWS if on_rows else amx_gguf.most_rows()
         if len(rows) > most or input.dtype != self.weight.dtype:
-            return torch.nn.functional.linear(input, self.weight, self.bias)
+            return linear_in_buckets(input, self.weight, self.bias)
         return int8_product(rows, *self.int8).view(*input.shape[:-1], self.out_features)
 
 

@@ -13,8 +13,11 @@ or the draft's own output, as in `core.draft.FeatureDraft`.
 
 Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
-the choice cannot depend on it); a longer feed (the prompt's features, run eagerly) uses the dense
-weights and PyTorch's attention kernel, as the eager draft does. The projections are stacked (q, k, v;
+the choice cannot depend on it). A longer feed (the prompt's features, run eagerly) stays on the GGUF
+kernel's records for as many rows as that kernel takes (`amx_gguf.most_rows`: any on AMX), as the eager
+draft does; PyTorch's dense product would build its kernels afresh for each new prompt length (10–17 ms
+a feed on the Xeon; docs/measurements/speed.md). Beyond it, the dense weights, in row buckets
+(row_buckets.py), and attention on PyTorch's kernel. The projections are stacked (q, k, v;
 gate, up), so the step holds its own copy of the draft's weights (about 30 MB with the 8-bit codes); the
 target's embedding it borrows.
 """
@@ -25,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_attention
+from . import amx_gguf, fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .int8_draft import int8_product
 from .lean_layer import rms_norm
+from .row_buckets import linear_in_buckets
 from .static_pass import K_MAX, rotate
 
 
@@ -56,6 +60,7 @@ class StaticDraftStep(nn.Module):
         self.n_int8 = (
             len(draft.lm_head.int8) if self.int8 else 0
         )  # 1: the GGUF kernel's records; 2: PyTorch's
+        self.int8_rows = max(K_MAX, amx_gguf.most_rows()) if self.n_int8 == 1 else K_MAX
         for name, modules in products.items():  # stacked output rows: exact for per-row or per-block scales
             self.register_buffer(name, torch.cat([m.weight.detach() for m in modules]), persistent=False)
             for j, parts in enumerate(zip(*(m.int8 for m in modules)) if self.int8 else ()):
@@ -119,6 +124,6 @@ class StaticDraftStep(nn.Module):
         return out[0].transpose(0, 1).reshape(query.shape[0], -1)
 
     def _product(self, name: str, rows: torch.Tensor) -> torch.Tensor:
-        if self.int8 and rows.shape[0] <= K_MAX:
+        if self.int8 and rows.shape[0] <= self.int8_rows:
             return int8_product(rows, *(getattr(self, f"{name}_int8_{j}") for j in range(self.n_int8)))
-        return F.linear(rows, getattr(self, name))
+        return linear_in_buckets(rows, getattr(self, name))
