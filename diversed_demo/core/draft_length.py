@@ -1,11 +1,13 @@
 """How many tokens a step drafts: a fixed N, or, with n_draft="auto", as many as pay, token by token.
 
-Terms: in target-token units a drafted token costs c, a step that drafts pays r once besides (the draft's
+Terms: in target-only steps a drafted token costs c, a step that drafts pays r once besides (the draft's
 first pass reads the tokens verified since its last), and the target's pass over j drafts and the bonus
-position v_j (v_0 = 1: a target-only step). A step that drafts j ≥ 1 tokens then costs T_j = r + j·c + v_j
-(T_0 = 1) and emits E_j = 1 + P_1 + … + P_j tokens on average, where P_i = α_1·…·α_i is the chance that the
-first i drafts are all kept. One more draft adds P_j·ᾱ tokens (ᾱ: the next draft's chance, before it is
-seen) for T_{j+1} − T_j, so drafting goes on while
+position v_j (v_0 = 1: a target-only step). They are what whole decoding steps show where the pair measured
+them (its costs' "steps", runtime/costs.step_costs): drafting, and the verification and events of its
+positions and the target's pass slowed by the draft's steps between passes. A step that drafts j ≥ 1
+tokens then costs T_j = r + j·c + v_j (T_0 = 1) and emits E_j = 1 + P_1 + … + P_j tokens on average,
+where P_i = α_1·…·α_i is the chance that the first i drafts are all kept. One more draft adds P_j·ᾱ tokens
+(ᾱ: the next draft's chance, before it is seen) for T_{j+1} − T_j, so drafting goes on while
 
     P_j·ᾱ / (T_{j+1} − T_j)  ≥  E_j / T_j,
 
@@ -85,6 +87,7 @@ class AdaptiveLength:
 
     def __init__(self, costs: dict | None, w_prior: float):
         costs = costs or {}
+        costs = costs.get("steps", costs)  # as whole steps price them, where measured (runtime/costs.py)
         self.c, self.r = float(costs.get("c", DEFAULT_C)), float(costs.get("r", 0.0))
         measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
         self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]

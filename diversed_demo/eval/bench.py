@@ -172,7 +172,7 @@ def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dic
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
         lengths = {name: 0 if config.mode == "ar" else "auto" for name, config in modes.items()}
-        return lengths, measure_costs(pair, timing_prompt, list(candidates))
+        return lengths, measure_costs(pair, timing_prompt, list(candidates), steps=True)
     if isinstance(n_draft, int) and n_draft >= 1:
         n_of = {name: 0 if config.mode == "ar" else n_draft for name, config in modes.items()}
         return n_of, measure_costs(pair, timing_prompt, n_draft)

@@ -365,6 +365,13 @@ def settings_lines(report: dict) -> list[str]:
         + (" (auto: chosen step by step)" if "auto" in s["n_draft"].values() else "")
         + f"; c = {c['c']:.3f}, r = {c.get('r', 0.0):.3f}, v = "
         + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
+        + (
+            f"; as whole steps price them, in target-only steps (the draft length's): "
+            f"c = {c['steps']['c']:.3f}, r = {c['steps']['r']:.3f}, v = "
+            + ", ".join(f"{v:.3f}" for v in c["steps"]["v"].values())
+            if "steps" in c
+            else ""
+        )
         + ".",
     ]
 

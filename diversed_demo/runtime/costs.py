@@ -39,35 +39,71 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16, runner=None) -
     return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 
-DRAFT_LENGTHS = (1, 4)  # the fixed draft lengths whose steps' drafting times give c and r apart
+DRAFT_LENGTHS = (1, 4)  # the fixed draft lengths whose steps give a drafted token's cost and a step's apart
 
 
-def draft_step_ms(pair, prompt_ids: list[int], n_draft: int, max_new_tokens: int) -> tuple[float, float]:
-    """(ms, drafted tokens) of a drafting step on average inside real (greedy exact) decoding at N =
-    `n_draft`, for either kind of draft: with what a step's drafting costs besides the draft's forwards (a
-    feature draft's restart from the target's features, sampling). The first drafting step is left out: its
-    draft reads the whole prompt, once a decode, as the target's first pass does."""
-    config = DecodeConfig(mode="exact", n_draft=n_draft, max_new_tokens=max_new_tokens, temperature=0)
-    _, events = generate(pair, prompt_ids, config)
-    steps = {e.step: (e.draft_ms, e.drafted) for e in events if e.drafted}
-    if len(steps) > 1:
-        steps.pop(min(steps))
-    count = max(len(steps), 1)
-    return sum(ms for ms, _ in steps.values()) / count, sum(n for _, n in steps.values()) / count
-
-
-def draft_step_costs(pair, prompt_ids: list[int], max_new_tokens: int = 48) -> tuple[float, float]:
-    """(ms a drafted token, ms a drafting step pays once) from steps at the two DRAFT_LENGTHS: a line
-    through their (tokens, ms). Where the host's noise tilts it (a step's own cost below 0), all of a
-    step's time is priced per token, as the longer length's average."""
-    (short_ms, short_n), (long_ms, long_n) = (
-        draft_step_ms(pair, prompt_ids, n, max_new_tokens) for n in DRAFT_LENGTHS
+def decode_steps(pair, prompt_ids: list[int], n_draft: int, max_new_tokens: int) -> dict[str, float]:
+    """A greedy decode's steps on average (exact SD at N = `n_draft`, for either kind of draft; target-only
+    at 0): "ms" a whole step (its drafting, the target's pass, the decision, the events and the loop),
+    "draft_ms" its drafting (with what it costs besides the draft's forwards: a feature draft's restart from
+    the target's features, sampling), "drafted" tokens. The first two steps are left out: the prompt's pass,
+    which every mode pays once a decode, and the step after it, where the draft reads the whole prompt."""
+    config = DecodeConfig(
+        mode="exact" if n_draft else "ar",
+        n_draft=max(n_draft, 1),
+        max_new_tokens=max_new_tokens,
+        temperature=0,
     )
-    per_token = (long_ms - short_ms) / max(long_n - short_n, 1e-9)
-    fixed = short_ms - per_token * short_n
+    summary, events = generate(pair, prompt_ids, config)
+    steps = {}
+    for event in events:
+        steps.setdefault(event.step, event)
+    first = sorted(steps)[:2]
+    left_out = sum(steps[s].draft_ms + steps[s].verify_ms for s in first)
+    kept = [event for step, event in steps.items() if step not in first]
+    count = max(len(kept), 1)
+    return {
+        "ms": max(summary.wall_time_s * 1e3 - left_out, 0.0) / count,
+        "draft_ms": sum(e.draft_ms for e in kept) / count,
+        "drafted": sum(e.drafted for e in kept) / count,
+    }
+
+
+def priced(short: dict, long: dict, key: str) -> tuple[float, float]:
+    """(per drafted token, per step) of `key` by a line through two decodes' steps at DRAFT_LENGTHS; where
+    the host's noise tilts it (a step's own cost below 0), all of a step's `key` per token, as the longer
+    length's average."""
+    per_token = (long[key] - short[key]) / max(long["drafted"] - short["drafted"], 1e-9)
+    fixed = short[key] - per_token * short["drafted"]
     if fixed < 0 or per_token <= 0:
-        return long_ms / max(long_n, 1e-9), 0.0
+        return long[key] / max(long["drafted"], 1e-9), 0.0
     return per_token, fixed
+
+
+def pass_ratio(v: dict[int, float], drafted: float) -> float:
+    """v at a decode's mean number of drafts, between the measured v[N] (v[0] = 1; held beyond the last)."""
+    points = sorted({0: 1.0, **v}.items())
+    for (low, v_low), (high, v_high) in zip(points, points[1:]):
+        if drafted <= high:
+            return v_low + (max(drafted, low) - low) / (high - low) * (v_high - v_low)
+    return points[-1][1]
+
+
+def step_costs(steps: dict[int, dict], verify_ms: dict[int, float], target_ms: float, draft: tuple) -> dict:
+    """c, r and v[N] as whole decoding steps price them, in target-only steps (what the draft length rule
+    weighs): a step at N costs T(N) = S(N) ÷ S(0), taken as r + N·c + v[N] with v[N] = 1 + the pass's growth
+    over N drafts, through the decodes at DRAFT_LENGTHS. Besides drafting (`draft`: its ms a token and a
+    step, never priced less) a drafting step pays the verification and events of its positions and a target
+    pass slowed by the draft's steps between passes."""
+    unit = steps[0]["ms"]
+    v = {n: 1.0 + (ms - target_ms) / unit for n, ms in verify_ms.items()}
+    short, long = (
+        {"drafted": steps[n]["drafted"], "T": steps[n]["ms"] / unit - pass_ratio(v, steps[n]["drafted"])}
+        for n in DRAFT_LENGTHS
+    )
+    per_token, _ = priced(short, long, "T")
+    c = max(per_token, draft[0] / unit)
+    return {"c": c, "r": max(short["T"] - c * short["drafted"], draft[1] / unit), "v": v}
 
 
 def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:
@@ -97,22 +133,33 @@ def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> floa
 
 
 def measure_costs(
-    pair, prompt_ids: list[int], n_drafts, rounds: int = 3, calls: int = 16, draft_tokens: int = 48
+    pair,
+    prompt_ids: list[int],
+    n_drafts,
+    rounds: int = 3,
+    calls: int = 16,
+    draft_tokens: int = 48,
+    steps: bool = False,
 ) -> dict:
     """c = draft token ÷ target token, r = a drafting step's own cost ÷ target token (its first draft pass
     reads the tokens verified since the last: DRAFT_LENGTHS apart); v[N] = target pass over N + 1 tokens ÷
     target token (interleaved; each a median of `calls` passes, on the passes decodes run on, the draft's
-    over greedy decodes of `draft_tokens`)."""
+    over greedy decodes of `draft_tokens`). With `steps`, also "steps": `step_costs` (a target-only decode
+    more a round), what whole steps cost, which the draft length rule weighs."""
     n_drafts = sorted(set([n_drafts] if isinstance(n_drafts, int) else n_drafts))
-    passes, draft = [], []
+    passes, decodes = [], []
     for _ in range(rounds):
         sizes = [1] + [n + 1 for n in n_drafts]
         passes.append(pass_ms(pair.target, prompt_ids, sizes, calls, runner=pair.target_pass))
-        draft.append(draft_step_costs(pair, prompt_ids, max_new_tokens=draft_tokens))
+        lengths = ((0,) if steps else ()) + DRAFT_LENGTHS
+        decodes.append({n: decode_steps(pair, prompt_ids, n, draft_tokens) for n in lengths})
     t = statistics.median(p[1] for p in passes)
-    d, r = (statistics.median(x[j] for x in draft) for j in (0, 1))
+    median = {
+        n: {key: statistics.median(d[n][key] for d in decodes) for key in decodes[0][n]} for n in decodes[0]
+    }
+    d, r = priced(*(median[n] for n in DRAFT_LENGTHS), "draft_ms")
     verify_ms = {n: statistics.median(p[n + 1] for p in passes) for n in n_drafts}
-    return {
+    costs = {
         "target_ms": t,
         "draft_ms": d,
         "c": d / t,
@@ -120,6 +167,9 @@ def measure_costs(
         "verify_ms": verify_ms,
         "v": {n: ms / t for n, ms in verify_ms.items()},
     }
+    if steps:
+        costs["steps"] = step_costs(median, verify_ms, t, (d, r))
+    return costs
 
 
 def calibration_alpha(pair, config: DecodeConfig, prompts: list) -> float:

@@ -90,6 +90,9 @@ TREE_PROBES = (
     "Repeat the names in this list, one a line: Ada Lovelace, Alan Turing, Grace Hopper, Edsger Dijkstra.",
 )
 BUILDER_END_S = 5.0  # the most the model thread waits for the background thread to end before timing
+# The costs a pair keeps (`compiled_costs`): the passes' and drafting's, and whole steps' ("steps", which the
+# draft length weighs); kept timings without all of them are timed again.
+COSTS = ("c", "r", "v", "steps")
 
 
 def choose_drafts(pair: ModelPair, log) -> None:
@@ -107,7 +110,9 @@ def choose_drafts(pair: ModelPair, log) -> None:
         kept = tree_timing_path(pair)
         timed = read_json_object(kept)[0] or {}
         speed, costs = timed.get("tree_speed"), timed.get("costs")
-        whole = isinstance(costs, dict) and isinstance(costs.get("v"), dict) and {"c", "r"} <= costs.keys()
+        whole = (
+            isinstance(costs, dict) and isinstance(costs.get("steps"), dict) and set(COSTS) <= costs.keys()
+        )
         if not isinstance(speed, (int, float)) or not whole:
             try:
                 with priority.decoding():  # as a decode runs: any background build stopped
@@ -117,11 +122,7 @@ def choose_drafts(pair: ModelPair, log) -> None:
                 log(f"drafts: chains (timing trees against chains failed: {error})")
                 return
             write_text(kept, json.dumps({"tree_speed": speed, "costs": costs}) + "\n")
-        pair.costs = {
-            "c": float(costs["c"]),
-            "r": float(costs["r"]),
-            "v": {int(n): float(v) for n, v in costs["v"].items()},
-        }
+        pair.costs = {**kept_costs(costs), "steps": kept_costs(costs["steps"])}
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
@@ -138,12 +139,24 @@ def choose_drafts(pair: ModelPair, log) -> None:
         pair.offer_upgrade(measure)
 
 
+def kept_costs(costs: dict) -> dict:
+    """c, r and v[N] as timed (from JSON: N a string)."""
+    return {
+        "c": float(costs["c"]),
+        "r": float(costs["r"]),
+        "v": {int(n): float(v) for n, v in costs["v"].items()},
+    }
+
+
 def compiled_costs(pair: ModelPair) -> dict:
-    """c and v[N] for N = 1..6 on the passes the pair decodes on now (a few seconds): medians of three rounds,
-    as a first round pays the passes' first calls (one round read c at 0.29 where three read 0.16, EPYC)."""
+    """c, r and v[N] for N = 1..6 on the passes the pair decodes on now, and c and r as whole steps price them
+    (a few seconds): medians of three rounds, as a first round pays the passes' first calls (one round read c
+    at 0.29 where three read 0.16, EPYC)."""
     prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())
-    costs = measure_costs(pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=24)
-    return {"c": costs["c"], "r": costs["r"], "v": costs["v"]}
+    costs = measure_costs(
+        pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=24, steps=True
+    )
+    return {key: costs[key] for key in COSTS}
 
 
 def tree_timing_path(pair: ModelPair) -> Path:

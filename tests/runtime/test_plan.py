@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -47,7 +48,8 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
 
 
 TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
-COSTS = {"c": 0.25, "r": 0.05, "v": {"1": 1.1, "2": 1.3}}  # as a JSON file keeps them
+STEPS = {"c": 0.3, "r": 0.1, "v": {"1": 1.05, "2": 1.2}}
+COSTS = {"c": 0.25, "r": 0.05, "v": {"1": 1.1, "2": 1.3}, "steps": STEPS}  # as a JSON file keeps them
 
 
 @pytest.mark.parametrize("speed, drafts", TIMED)
@@ -66,8 +68,28 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
         plan.choose_drafts(pair, lambda line: None)
         assert pair.runtime.drafts == drafts and pair.runtime.tree_speed == speed
         assert f"drafts: {drafts} (trees decode at {speed:.2f}× the chains' speed here)" in str(pair.runtime)
-        assert pair.costs == {"c": 0.25, "r": 0.05, "v": {1: 1.1, 2: 1.3}}
+        steps = {"c": 0.3, "r": 0.1, "v": {1: 1.05, 2: 1.2}}
+        assert pair.costs == {"c": 0.25, "r": 0.05, "v": {1: 1.1, 2: 1.3}, "steps": steps}
     assert len(timings) == 2  # the costs and the trees, once
+
+
+def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch):
+    """Timings kept by an earlier version (no whole steps' c and r, which the draft length weighs) are timed
+    again once, and kept."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+    timings = []
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or COSTS)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    old = {key: COSTS[key] for key in ("c", "r", "v")}
+    plan.tree_timing_path(pair).parent.mkdir(parents=True, exist_ok=True)
+    plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": old}))
+    for _start in range(2):
+        plan.choose_drafts(pair, lambda line: None)
+        assert pair.costs["steps"]["c"] == 0.3 and pair.costs["steps"]["v"] == {1: 1.05, 2: 1.2}
+    assert timings == ["costs"]
 
 
 def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeypatch):
