@@ -110,10 +110,8 @@ def choose_drafts(pair: ModelPair, log) -> None:
         kept = tree_timing_path(pair)
         timed = read_json_object(kept)[0] or {}
         speed, costs = timed.get("tree_speed"), timed.get("costs")
-        whole = (
-            isinstance(costs, dict) and isinstance(costs.get("steps"), dict) and set(COSTS) <= costs.keys()
-        )
-        if not isinstance(speed, (int, float)) or not whole:
+        whole = isinstance(costs, dict) and set(COSTS) <= costs.keys() and timed_costs(costs["steps"])
+        if not isinstance(speed, (int, float)) or not (whole and timed_costs(costs)):
             try:
                 with priority.decoding():  # as a decode runs: any background build stopped
                     costs = compiled_costs(pair)
@@ -139,6 +137,11 @@ def choose_drafts(pair: ModelPair, log) -> None:
         pair.offer_upgrade(measure)
 
 
+def timed_costs(costs) -> bool:
+    """Whether kept timings hold c, r and v[N] (a damaged or older file is timed again)."""
+    return isinstance(costs, dict) and {"c", "r", "v"} <= costs.keys() and isinstance(costs["v"], dict)
+
+
 def kept_costs(costs: dict) -> dict:
     """c, r and v[N] as timed (from JSON: N a string)."""
     return {
@@ -149,7 +152,7 @@ def kept_costs(costs: dict) -> dict:
 
 
 def compiled_costs(pair: ModelPair) -> dict:
-    """c, r and v[N] for N = 1..6 on the passes the pair decodes on now, and c and r as whole steps price them
+    """c, r and v[N] for N = 1..6 on the passes the pair decodes on now, and as whole steps price them
     (a few seconds): medians of three rounds, as a first round pays the passes' first calls (one round read c
     at 0.29 where three read 0.16, EPYC)."""
     prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())

@@ -73,9 +73,10 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
     assert len(timings) == 2  # the costs and the trees, once
 
 
-def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch):
-    """Timings kept by an earlier version (no whole steps' c and r, which the draft length weighs) are timed
-    again once, and kept."""
+@pytest.mark.parametrize("steps", [None, {"c": 0.3}], ids=["an earlier version's", "damaged"])
+def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch, steps):
+    """Timings kept without whole steps' costs, which the draft length weighs (an earlier version's, or
+    damaged), are timed again once, and kept."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     target, draft = save_tiny_pair(tmp_path)
     timings = []
@@ -83,7 +84,7 @@ def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch):
     monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or COSTS)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
-    old = {key: COSTS[key] for key in ("c", "r", "v")}
+    old = {key: COSTS[key] for key in ("c", "r", "v")} | ({} if steps is None else {"steps": steps})
     plan.tree_timing_path(pair).parent.mkdir(parents=True, exist_ok=True)
     plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": old}))
     for _start in range(2):
