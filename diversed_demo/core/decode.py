@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..common.threads import THREADS
 from .cache import MAX_FEED, CachedLM, tree_feed
 from .config import AUTO, TREE_OFF, DecodeConfig, tree_shape
 from .draft import make_draft, no_drafts
@@ -272,6 +273,7 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
         stop_ids, active, index = eos_ids(pair), list(range(len(rows))), 0
         while active:
             index += 1
+            THREADS.watch()  # fewer threads while another process keeps a core busy
             start = clock()
             # Never draft past the budget: the step emits at most n + 1 tokens.
             proposals = [

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.threads import THREADS
 from ..common.timing import device_clock
 from ..core.config import DecodeConfig
 from ..core.decode import decode_rows
@@ -119,7 +120,7 @@ def machine_settings(pair) -> dict:
     """The pair and the machine a report was measured on."""
     device = pair.target.device
     return {
-        "threads": torch.get_num_threads(),
+        "threads": THREADS.full or torch.get_num_threads(),  # the pair's, not a lowered count's
         "target": pair.target_name,
         "draft": pair.draft_name,
         "device": str(device),
@@ -234,7 +235,7 @@ def run_bench(
     max_new_tokens, temperature, seed = shared_run(modes)
     n_of, costs = draft_lengths(pair, examples, modes, n_draft, candidates)
     comparable = comparable_with_transformers(pair, modes)
-    runs, names = BenchRuns(), list(modes)
+    runs, names, fewer_s = BenchRuns(), list(modes), THREADS.fewer_s
     for i, example in enumerate(examples):
         prompt_ids = encode_prompt(pair.tokenizer, example.prompt)
         for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate: no mode always runs first
@@ -259,6 +260,7 @@ def run_bench(
         "temperature": temperature,
         "seed": seed,
         **machine_settings(pair),
+        "fewer_threads_s": THREADS.fewer_s - fewer_s,  # decoding beside another process's busy core
     }
     return report(settings, costs, runs, n_of, memory_limit(pair.target))
 

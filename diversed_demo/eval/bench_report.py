@@ -356,23 +356,39 @@ def where(settings: dict) -> str:
 def settings_lines(report: dict) -> list[str]:
     s, c = report["settings"], report["costs"]
     dtype = [f"dtype {choice_note(s['dtype_choice'])}."] if s.get("dtype_choice") else []
-    return dtype + [
-        "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
-        "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
-        f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
-        f"{s['dtype']}, {where(s)}; n_draft "
-        + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
-        + (" (auto: chosen step by step)" if "auto" in s["n_draft"].values() else "")
-        + f"; c = {c['c']:.3f}, r = {c.get('r', 0.0):.3f}, v = "
-        + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
-        + (
-            f"; as whole steps price them, in target-only steps (the draft length's): "
-            f"c = {c['steps']['c']:.3f}, r = {c['steps']['r']:.3f}, v = "
-            + ", ".join(f"{v:.3f}" for v in c["steps"]["v"].values())
-            if "steps" in c
-            else ""
-        )
-        + ".",
+    return (
+        dtype
+        + [
+            "Cells: speedup over ar (tokens/s) · τ tokens per target pass · α acceptance · q quality "
+            "(ROUGE-2 for summarization, exact match for math_reasoning) · fid mean target log-prob.",
+            f"{s['examples']} questions, ≤{s['max_new_tokens']} new tokens, temperature {s['temperature']}, "
+            f"{s['dtype']}, {where(s)}; n_draft "
+            + ", ".join(f"{m} {n}" for m, n in s["n_draft"].items())
+            + (" (auto: chosen step by step)" if "auto" in s["n_draft"].values() else "")
+            + f"; c = {c['c']:.3f}, r = {c.get('r', 0.0):.3f}, v = "
+            + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
+            + (
+                f"; as whole steps price them, in target-only steps (the draft length's): "
+                f"c = {c['steps']['c']:.3f}, r = {c['steps']['r']:.3f}, v = "
+                + ", ".join(f"{v:.3f}" for v in c["steps"]["v"].values())
+                if "steps" in c
+                else ""
+            )
+            + ".",
+        ]
+        + busy_core_lines(s)
+    )
+
+
+def busy_core_lines(settings: dict) -> list[str]:
+    """A warning where decodes ran on fewer threads than the pair's because another process kept a core busy
+    (common/threads.py): those figures are not the machine's alone."""
+    fewer = settings.get("fewer_threads_s") or 0.0
+    if fewer <= 0:
+        return []
+    return [
+        f"Another process kept a core busy for {fewer:.1f} s of the run, and decodes then ran on fewer "
+        f"threads than {settings['threads']}: these figures are not this machine's alone."
     ]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..common import priority
 from ..common.files import read_json_object, write_text
 from ..common.priority import lowest_priority
+from ..common.threads import THREADS
 from ..core.prompt import encode_prompt
 from ..models.embedded import EMBEDDED
 from ..models.loading import gguf_file, load_models, pick_device
@@ -73,9 +74,11 @@ class Runtime:
         drafts = self.drafts
         if self.tree_speed is not None:
             drafts += f" (trees decode at {self.tree_speed:.2f}× the chains' speed here)"
+        threads = THREADS.note() if self.device == "cpu" else ""
         return (
             f"{self.device}, {self.dtype} ({self.dtype_why}) · target: {self.target} · draft: {self.draft} · "
             f"attention: {self.attention} · passes: {self.passes} · drafts: {drafts}"
+            + (f" · {threads}" if threads else "")
         )
 
 
@@ -215,6 +218,8 @@ def load_pair(
     else:
         pair = fast_pair(target, draft, device, dtype, amx)
     pair.runtime.on_model_thread = MODEL_THREAD.is_current()
+    if pair.device.type == "cpu":
+        THREADS.start()  # decodes watch their count of threads against other processes on the cores
     start_passes(pair, compiled, log)
     return pair
 

@@ -125,6 +125,7 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert limit["target_only_share"] == pytest.approx(theirs / limit["tokens_per_second"])
     assert "Memory-bandwidth limit" in table and "identical to target-only" in table
     assert f"{report['settings']['threads']} threads on cpu" in table
+    assert "fewer_threads_s" in report["settings"]  # the report can say whether a core was taken
 
 
 def test_a_gpu_report_names_the_accelerator_not_the_host_threads():
@@ -333,3 +334,12 @@ def test_the_bench_report_keeps_each_questions_fidelity_per_mode(pair):
     for name in modes:
         scores = report["overall"][name]["fidelity_scores"]
         assert len(scores) == 2 and report["overall"][name]["fidelity"] == pytest.approx(sum(scores) / 2)
+
+
+def test_a_report_warns_where_another_process_took_a_core_from_the_decodes():
+    from diversed_demo.eval.bench_report import busy_core_lines
+
+    (line,) = busy_core_lines({"fewer_threads_s": 3.24, "threads": 2})
+    assert "3.2 s" in line and "not this machine's alone" in line
+    assert busy_core_lines({"fewer_threads_s": 0.0, "threads": 2}) == []
+    assert busy_core_lines({"threads": 2}) == []  # reports written before the watch
