@@ -2,9 +2,10 @@
 
 Terms: in target-only steps a drafted token costs c, a step that drafts pays r once besides (the draft's
 first pass reads the tokens verified since its last), and the target's pass over j drafts and the bonus
-position v_j (v_0 = 1: a target-only step). They are what whole decoding steps show where the pair measured
-them (its costs' "steps", runtime/costs.step_costs): drafting, and the verification and events of its
-positions and the target's pass slowed by the draft's steps between passes. A step that drafts j ≥ 1
+position v_j (v_0 = 1: a target-only step). Where the pair measured whole decoding steps (its costs'
+"steps", runtime/costs.step_costs), c and r are the drafting's alone, spent once drafted, and v_j holds
+all the rest a step pays for its j positions: their verification and events, and the target's pass slowed
+by the draft's steps between passes, which a position not put to the target saves. A step that drafts j ≥ 1
 tokens then costs T_j = r + j·c + v_j (T_0 = 1) and emits E_j = 1 + P_1 + … + P_j tokens on average,
 where P_i = α_1·…·α_i is the chance that the first i drafts are all kept. One more draft adds P_j·ᾱ tokens
 (ᾱ: the next draft's chance, before it is seen) for T_{j+1} − T_j, so drafting goes on while
@@ -44,7 +45,8 @@ PRIOR_WEIGHT = 2.0  # verified positions the prior counts for, per bin: a few po
 # pulls a poor stretch's estimate back up and drafting is tried again some steps later.
 FORGET = 0.85
 # Where the runtime measured no costs (a GPU, transformers' own layers): a draft a tenth of the target,
-# a pass over j + 1 tokens 1 + 0.04·j target tokens (the embedded pair's eager figures on a CPU).
+# a pass over j + 1 tokens 1 + 0.04·j target tokens (the embedded pair's eager figures on a CPU); the
+# slope also carries measured v_j past the longest length measured.
 DEFAULT_C = 0.1
 DEFAULT_V_SLOPE = 0.04
 
@@ -82,15 +84,33 @@ class FixedLength:
         pass
 
 
+def pass_costs(measured: dict[int, float]) -> list[float]:
+    """v_0..v_AUTO_MAX from the measured v_j: between two measured lengths on the line through them, beyond
+    the last at the slope of the last two (DEFAULT_V_SLOPE where fewer than two were measured)."""
+    points = sorted({0: 1.0, **measured}.items())
+    slope = DEFAULT_V_SLOPE
+    if len(points) > 2:
+        (low, v_low), (high, v_high) = points[-2:]
+        slope = max((v_high - v_low) / (high - low), 0.0)
+
+    def at(j: int) -> float:
+        for (low, v_low), (high, v_high) in zip(points, points[1:]):
+            if j <= high:
+                return v_low + (j - low) / (high - low) * (v_high - v_low)
+        last, v_last = points[-1]
+        return v_last + slope * (j - last)
+
+    return [at(j) for j in range(AUTO_MAX + 1)]
+
+
 class AdaptiveLength:
     """The rule above for one decode: its costs, its evidence per bin of confidence, this step's path."""
 
     def __init__(self, costs: dict | None, w_prior: float):
         costs = costs or {}
         costs = costs.get("steps", costs)  # as whole steps price them, where measured (runtime/costs.py)
-        self.c, self.r = float(costs.get("c", DEFAULT_C)), float(costs.get("r", 0.0))
-        measured = {int(j): float(v) for j, v in costs.get("v", {}).items()}
-        self.v = [1.0] + [measured.get(j, 1.0 + DEFAULT_V_SLOPE * j) for j in range(1, AUTO_MAX + 1)]
+        self.c, self.r = costs.get("c", DEFAULT_C), costs.get("r", 0.0)
+        self.v = pass_costs(costs.get("v", {}))
         # per rank (0: a first child, 1: a later one) and bin of confidence; plain floats: a tree's nodes
         # each read their chance, and a tensor's element costs microseconds
         self.kept, self.seen = [[0.0] * BINS for _ in range(2)], [[0.0] * BINS for _ in range(2)]

@@ -168,12 +168,15 @@ class BenchRuns:
 
 
 def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dict, dict]:
-    """({mode: N, or "auto" for a length chosen step by step}, with 0 for ar; the measured costs c and v[N]
-    over the candidates, which the report's analytic bound reads)."""
+    """({mode: N, or "auto" for a length chosen step by step}, with 0 for ar; the measured costs c, r and
+    v[N] over the candidates, which the report's analytic bound reads, and with "auto" the pair's costs of
+    whole steps, which the draft length weighs, where it has them)."""
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
     if n_draft == "auto":
         lengths = {name: 0 if config.mode == "ar" else "auto" for name, config in modes.items()}
-        return lengths, measure_costs(pair, timing_prompt, list(candidates), steps=True)
+        costs = measure_costs(pair, timing_prompt, list(candidates))
+        weighed = (getattr(pair, "costs", None) or {}).get("steps")
+        return lengths, costs | ({"steps": weighed} if weighed else {})  # what the decodes' lengths weigh
     if isinstance(n_draft, int) and n_draft >= 1:
         n_of = {name: 0 if config.mode == "ar" else n_draft for name, config in modes.items()}
         return n_of, measure_costs(pair, timing_prompt, n_draft)

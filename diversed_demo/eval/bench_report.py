@@ -368,9 +368,9 @@ def settings_lines(report: dict) -> list[str]:
             + f"; c = {c['c']:.3f}, r = {c.get('r', 0.0):.3f}, v = "
             + ", ".join(f"{v:.3f} (N={n})" for n, v in c["v"].items())
             + (
-                f"; as whole steps price them, in target-only steps (the draft length's): "
-                f"c = {c['steps']['c']:.3f}, r = {c['steps']['r']:.3f}, v = "
-                + ", ".join(f"{v:.3f}" for v in c["steps"]["v"].values())
+                f"; the draft length weighs the pair's whole steps, in target-only steps: drafting "
+                f"c = {c['steps']['c']:.3f}, r = {c['steps']['r']:.3f}, and with each position's share, v = "
+                + ", ".join(f"{v:.3f} (N={n})" for n, v in c["steps"]["v"].items())
                 if "steps" in c
                 else ""
             )

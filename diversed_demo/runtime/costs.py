@@ -3,15 +3,16 @@ verify pass's v[N]; and, from them, the draft length each mode decodes fastest w
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
 
 from ..core.cache import CachedLM
-from ..core.config import DecodeConfig
-from ..core.generate import generate
-from ..core.stats import Counts
+from ..core.config import TREE_OFF, DecodeConfig
+from ..core.generate import generate, speculative_generate
+from ..core.stats import Counts, Summary
 from .gguf_int4 import GgufLinear
 from .theory import alpha_from_acceptance, analytic_speedup, fastest_n_draft
 
@@ -40,32 +41,43 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16, runner=None) -
 
 
 DRAFT_LENGTHS = (1, 4)  # the fixed draft lengths whose steps give a drafted token's cost and a step's apart
+# A timing decode's steps kept at least (after the two left out): one gives no interval to time, and a
+# decode cut that short (an EOS) prices nothing.
+MIN_TIMED_STEPS = 2
+
+
+class CostError(ValueError):
+    """A timing that cannot price a step: too few steps, or figures outside any machine's range."""
 
 
 def decode_steps(pair, prompt_ids: list[int], n_draft: int, max_new_tokens: int) -> dict[str, float]:
-    """A greedy decode's steps on average (exact SD at N = `n_draft`, for either kind of draft; target-only
-    at 0): "ms" a whole step (its drafting, the target's pass, the decision, the events and the loop),
-    "draft_ms" its drafting (with what it costs besides the draft's forwards: a feature draft's restart from
-    the target's features, sampling), "drafted" tokens. The first two steps are left out: the prompt's pass,
-    which every mode pays once a decode, and the step after it, where the draft reads the whole prompt."""
+    """A greedy decode's steps on average (exact SD on a chain at N = `n_draft`, target-only at 0): "ms" a
+    whole step (its drafting, the target's pass, the decision, the events and the loop, timed from one step's
+    end to the next's), "draft_ms" its drafting (with what it costs besides the draft's forwards: a feature
+    draft's restart from the target's features, sampling), "drafted" tokens. The first two steps are left
+    out: the prompt's pass, which every mode pays once a decode, and the step after it, where the draft reads
+    the whole prompt. Raises CostError where fewer than MIN_TIMED_STEPS steps are left."""
     config = DecodeConfig(
         mode="exact" if n_draft else "ar",
         n_draft=max(n_draft, 1),
+        tree=TREE_OFF,
         max_new_tokens=max_new_tokens,
         temperature=0,
     )
-    summary, events = generate(pair, prompt_ids, config)
-    steps = {}
-    for event in events:
-        steps.setdefault(event.step, event)
-    first = sorted(steps)[:2]
-    left_out = sum(steps[s].draft_ms + steps[s].verify_ms for s in first)
-    kept = [event for step, event in steps.items() if step not in first]
-    count = max(len(kept), 1)
+    firsts, ends = {}, {}  # per step: its first event, and when it came (the step's end)
+    for event in speculative_generate(pair, prompt_ids, config):
+        if isinstance(event, Summary):
+            break
+        if event.step not in firsts:
+            firsts[event.step], ends[event.step] = event, time.perf_counter()
+    steps = sorted(firsts)
+    kept = [firsts[step] for step in steps[2:]]
+    if len(kept) < MIN_TIMED_STEPS:
+        raise CostError(f"a timing decode gave {len(kept)} steps to time, fewer than {MIN_TIMED_STEPS}")
     return {
-        "ms": max(summary.wall_time_s * 1e3 - left_out, 0.0) / count,
-        "draft_ms": sum(e.draft_ms for e in kept) / count,
-        "drafted": sum(e.drafted for e in kept) / count,
+        "ms": (ends[steps[-1]] - ends[steps[1]]) * 1e3 / len(kept),
+        "draft_ms": sum(e.draft_ms for e in kept) / len(kept),
+        "drafted": sum(e.drafted for e in kept) / len(kept),
     }
 
 
@@ -73,10 +85,12 @@ def priced(short: dict, long: dict, key: str) -> tuple[float, float]:
     """(per drafted token, per step) of `key` by a line through two decodes' steps at DRAFT_LENGTHS; where
     the host's noise tilts it (a step's own cost below 0), all of a step's `key` per token, as the longer
     length's average."""
-    per_token = (long[key] - short[key]) / max(long["drafted"] - short["drafted"], 1e-9)
+    if long["drafted"] - short["drafted"] < 1:  # the longer drafted hardly more: no line through them
+        raise CostError("the timing decodes at two draft lengths drafted alike")
+    per_token = (long[key] - short[key]) / (long["drafted"] - short["drafted"])
     fixed = short[key] - per_token * short["drafted"]
     if fixed < 0 or per_token <= 0:
-        return long[key] / max(long["drafted"], 1e-9), 0.0
+        return long[key] / long["drafted"], 0.0
     return per_token, fixed
 
 
@@ -91,19 +105,44 @@ def pass_ratio(v: dict[int, float], drafted: float) -> float:
 
 def step_costs(steps: dict[int, dict], verify_ms: dict[int, float], target_ms: float, draft: tuple) -> dict:
     """c, r and v[N] as whole decoding steps price them, in target-only steps (what the draft length rule
-    weighs): a step at N costs T(N) = S(N) ÷ S(0), taken as r + N·c + v[N] with v[N] = 1 + the pass's growth
-    over N drafts, through the decodes at DRAFT_LENGTHS. Besides drafting (`draft`: its ms a token and a
-    step, never priced less) a drafting step pays the verification and events of its positions and a target
-    pass slowed by the draft's steps between passes."""
+    weighs): a step at N costs T(N) = S(N) ÷ S(0), fitted as r' + N·c' + v[N] (v[N] = 1 + the pass's
+    growth over N drafts) through the decodes at DRAFT_LENGTHS. A step pays more than its drafting (`draft`:
+    its ms a token and a step): the verification and events of its positions, and a target pass slowed by the
+    draft's steps between passes. c and r stay the drafting's own, spent once drafted, and the rest goes to
+    the positions: v[N] + (r' − r) + N·(c' − c), which a position not put to the target saves. T(N) is the
+    fit's either way."""
     unit = steps[0]["ms"]
+    if not unit > 0:
+        raise CostError("target-only steps timed at no time: no unit to price a step in")
     v = {n: 1.0 + (ms - target_ms) / unit for n, ms in verify_ms.items()}
     short, long = (
         {"drafted": steps[n]["drafted"], "T": steps[n]["ms"] / unit - pass_ratio(v, steps[n]["drafted"])}
         for n in DRAFT_LENGTHS
     )
+    c, r = draft[0] / unit, draft[1] / unit
     per_token, _ = priced(short, long, "T")
-    c = max(per_token, draft[0] / unit)
-    return {"c": c, "r": max(short["T"] - c * short["drafted"], draft[1] / unit), "v": v}
+    c_fit = max(per_token, c)
+    r_fit = max(short["T"] - c_fit * short["drafted"], r)
+    costs = {"c": c, "r": r, "v": {n: v_n + (r_fit - r) + n * (c_fit - c) for n, v_n in v.items()}}
+    if parsed_costs(costs) is None:
+        raise CostError(f"whole steps priced as no machine runs them: {costs}")
+    return costs
+
+
+def parsed_costs(costs) -> dict | None:
+    """c, r and v[N] of a timing (from JSON, N a string) as numbers, or None where any is missing, not a
+    finite number or not positive (a damaged or older file, a run timed over no interval): timed again."""
+    try:
+        c, r = float(costs["c"]), float(costs["r"])
+        v = {int(n): float(v_n) for n, v_n in costs["v"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    numbers = [c, r, *v.values()]
+    if not v or not all(math.isfinite(x) for x in numbers):
+        return None
+    if not (c > 0 and r >= 0 and all(n >= 1 and v_n > 0 for n, v_n in v.items())):
+        return None
+    return {"c": c, "r": r, "v": v}
 
 
 def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import threading
@@ -39,7 +40,7 @@ from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count, package_path
-from .costs import measure_costs, tree_speed
+from .costs import CostError, measure_costs, parsed_costs, tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
@@ -92,19 +93,19 @@ TREE_PROBES = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "Repeat the names in this list, one a line: Ada Lovelace, Alan Turing, Grace Hopper, Edsger Dijkstra.",
 )
+# What kept timings mean: a new form (whole steps' c and r the drafting's alone, since 2026-12-03) is
+# kept apart from older files, which would read as valid and mean something else.
+TIMING_FORM = 2
 BUILDER_END_S = 5.0  # the most the model thread waits for the background thread to end before timing
-# The costs a pair keeps (`compiled_costs`): the passes' and drafting's, and whole steps' ("steps", which the
-# draft length weighs); kept timings without all of them are timed again.
-COSTS = ("c", "r", "v", "steps")
 
 
 def choose_drafts(pair: ModelPair, log) -> None:
-    """Between decodes, on the compiled passes: time the draft's and the verification's costs (c, v[N]) that
-    the draft length weighs (those the dtype choice timed were of the eager passes, at a first start before
-    the kernels were built), and greedy exact SD on TREE_PROBES with chains and with trees; draft trees
-    (where a decode's tree setting is "auto") if they decode TREE_GAIN faster; chains otherwise, and where
-    the pass cannot take a tree's rows (transformers' own static cache). The timings (seconds) are kept
-    beside the compiled passes: later starts on them read them."""
+    """Between decodes, on the compiled passes: time the costs the draft length weighs (c, r and v[N], of
+    the passes and as whole steps price them; the dtype choice timed the eager passes, at a first start
+    before the kernels were built), and greedy exact SD on TREE_PROBES with chains and with trees; draft
+    trees (where a decode's tree setting is "auto") if they decode TREE_GAIN faster; chains otherwise, and
+    where the pass cannot take a tree's rows (transformers' own static cache). The timings are kept beside
+    the compiled passes: later starts on them read them."""
     runner = pair.target_pass
     if runner is None or not isinstance(runner.module, StaticPass):
         return
@@ -112,18 +113,17 @@ def choose_drafts(pair: ModelPair, log) -> None:
     def measure() -> None:
         kept = tree_timing_path(pair)
         timed = read_json_object(kept)[0] or {}
-        speed, costs = timed.get("tree_speed"), timed.get("costs")
-        whole = isinstance(costs, dict) and set(COSTS) <= costs.keys() and timed_costs(costs["steps"])
-        if not isinstance(speed, (int, float)) or not (whole and timed_costs(costs)):
-            try:
-                with priority.decoding():  # as a decode runs: any background build stopped
-                    costs = compiled_costs(pair)
-                    speed = tree_speed(pair, TREE_PROBES)
-            except Exception as error:  # run where a decode ends: the decode must not fail for it
-                log(f"drafts: chains (timing trees against chains failed: {error})")
-                return
-            write_text(kept, json.dumps({"tree_speed": speed, "costs": costs}) + "\n")
-        pair.costs = {**kept_costs(costs), "steps": kept_costs(costs["steps"])}
+        speed, costs = timed.get("tree_speed"), kept_costs(timed.get("costs"))
+        speed = speed if isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0 else None
+        try:
+            with priority.decoding():  # as a decode runs: any background build stopped
+                pair.costs = costs or compiled_costs(pair)  # before the trees' timing: its drafts weigh them
+                speed = speed or tree_speed(pair, TREE_PROBES)
+        except Exception as error:  # run where a decode ends: the decode must not fail for it
+            log(f"drafts: chains (timing trees against chains failed: {error})")
+            return
+        if pair.costs is not costs or timed.get("tree_speed") != speed:  # something was timed again
+            write_text(kept, json.dumps({"tree_speed": speed, "costs": pair.costs}) + "\n")
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
@@ -140,18 +140,12 @@ def choose_drafts(pair: ModelPair, log) -> None:
         pair.offer_upgrade(measure)
 
 
-def timed_costs(costs) -> bool:
-    """Whether kept timings hold c, r and v[N] (a damaged or older file is timed again)."""
-    return isinstance(costs, dict) and {"c", "r", "v"} <= costs.keys() and isinstance(costs["v"], dict)
-
-
-def kept_costs(costs: dict) -> dict:
-    """c, r and v[N] as timed (from JSON: N a string)."""
-    return {
-        "c": float(costs["c"]),
-        "r": float(costs["r"]),
-        "v": {int(n): float(v) for n, v in costs["v"].items()},
-    }
+def kept_costs(costs) -> dict | None:
+    """Kept timings (from JSON) as the pair keeps them: the passes' c, r and v[N] and whole steps' ("steps"),
+    or None where either is missing or damaged (the file is timed again)."""
+    steps = parsed_costs(costs["steps"]) if isinstance(costs, dict) and "steps" in costs else None
+    passes = parsed_costs(costs)
+    return None if passes is None or steps is None else {**passes, "steps": steps}
 
 
 def compiled_costs(pair: ModelPair) -> dict:
@@ -160,16 +154,20 @@ def compiled_costs(pair: ModelPair) -> dict:
     at 0.29 where three read 0.16, EPYC)."""
     prompt_ids = encode_prompt(pair.tokenizer, calibration_prompt())
     costs = measure_costs(
-        pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=24, steps=True
+        pair, prompt_ids, list(range(1, 7)), rounds=3, calls=TIMING_CALLS, draft_tokens=32, steps=True
     )
-    return {key: costs[key] for key in COSTS}
+    kept = kept_costs(costs)
+    if kept is None:
+        raise CostError(f"the passes' costs timed as no machine runs them: c {costs['c']}, v {costs['v']}")
+    return kept
 
 
 def tree_timing_path(pair: ModelPair) -> Path:
     """Where `choose_drafts` keeps its timings: beside the target's compiled pass, for this draft and what its
     products run on (the pass's key already names the code, the CPU and the thread count)."""
     aux = list(getattr(pair.draft, "aux_layer_ids", None) or [])
-    draft = hashlib.sha256(f"{pair.draft_name}:{products(pair.draft)}".encode()).hexdigest()[:12]
+    key = f"{pair.draft_name}:{products(pair.draft)}:{TIMING_FORM}"
+    draft = hashlib.sha256(key.encode()).hexdigest()[:12]
     return package_path(pair.target, aux).with_suffix(f".drafts-{draft}.json")
 
 
@@ -229,7 +227,7 @@ def chosen_costs(choice: dict) -> dict | None:
     figures = choice["figures"].get(choice["dtype"])
     if not figures:
         return None
-    return {"c": figures["c"], "r": figures.get("r", 0.0), "v": {int(n): v for n, v in figures["v"].items()}}
+    return parsed_costs({"r": 0.0, **figures})
 
 
 def dtype_name(pair: ModelPair) -> str:

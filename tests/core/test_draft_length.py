@@ -201,3 +201,23 @@ def test_the_law_test_fails_where_a_draft_is_dropped_by_its_own_token(monkeypatc
     monkeypatch.setattr(draft_module, "draft_confidence", lambda q, index, sampler, copied=None: q[index])
     pvalue, verdicts = trimmed_law(monkeypatch, tiny_pair(draft=draft), PROMPTS[0], 3000, 0.05, True)
     assert verdicts[False] > 0 and verdicts[True] > 0 and pvalue < 1e-4
+
+
+def test_lengths_beyond_the_measured_are_priced_on_the_last_slope():
+    """v_j past the longest length measured follows the last two lengths' slope, in their units; lengths
+    between two measured lie on the line through them; with fewer than two measured, the default slope."""
+    from diversed_demo.core.draft_length import DEFAULT_V_SLOPE, pass_costs
+
+    v = pass_costs({1: 1.2, 2: 1.5, 4: 2.5})
+    assert v[:5] == pytest.approx([1.0, 1.2, 1.5, 2.0, 2.5]) and len(v) == AUTO_MAX + 1
+    assert v[AUTO_MAX] == pytest.approx(2.5 + 0.5 * (AUTO_MAX - 4))
+    assert pass_costs({})[AUTO_MAX] == pytest.approx(1 + DEFAULT_V_SLOPE * AUTO_MAX)
+    assert pass_costs({1: 1.3})[2] == pytest.approx(1.3 + DEFAULT_V_SLOPE)
+
+
+def test_the_rule_weighs_whole_steps_where_the_pair_measured_them():
+    """A pair's costs as whole steps price them ("steps") are what the rule weighs, not its passes' alone:
+    passes that make drafting pay, steps that show it does not, and the step drafts nothing."""
+    steps = {"c": 0.3, "r": 0.3, "v": {j: 1.0 + 0.3 * j for j in range(1, 8)}}
+    assert AdaptiveLength(CHEAP, w_prior=1.0).start(room=7) == 7
+    assert AdaptiveLength({**CHEAP, "steps": steps}, w_prior=1.0).start(room=7) == 0

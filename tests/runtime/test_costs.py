@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from diversed_demo.runtime import costs
 
 
@@ -32,23 +34,54 @@ def test_trees_are_timed_against_chains_alternating_after_a_warm_decode_of_each(
 
 def test_whole_steps_price_a_drafting_step_as_decodes_measured_it():
     """c, r and v as whole steps price them give back the steps measured at both draft lengths, in target-only
-    steps; drafting's own costs bound c and r from below."""
+    steps; c and r are drafting's own, and what a step pays besides goes to its positions' v."""
     steps = {0: {"ms": 10.0}, 1: {"ms": 13.0, "drafted": 1.0}, 4: {"ms": 20.0, "drafted": 3.5}}
     verify_ms = {1: 9.0, 2: 10.0, 3: 11.0, 4: 12.0}  # a one-token pass: 8 ms of the step's 10
     priced = costs.step_costs(steps, verify_ms, target_ms=8.0, draft=(0.5, 0.1))
-    assert priced["v"] == {1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}
+    assert (priced["c"], priced["r"]) == (0.05, 0.01)
     for n in (1, 4):
         drafted = steps[n]["drafted"]
         modelled = priced["r"] + drafted * priced["c"] + costs.pass_ratio(priced["v"], drafted)
-        assert abs(modelled - steps[n]["ms"] / 10.0) < 1e-9
-    assert costs.pass_ratio(priced["v"], 3.5) == 1.35 and costs.pass_ratio(priced["v"], 9.0) == 1.4
+        assert modelled == pytest.approx(steps[n]["ms"] / 10.0)
+    # each position: the pass's 0.1 a token, and what the fit prices a drafted token above its drafting
+    places = [priced["v"][n + 1] - priced["v"][n] for n in (1, 2, 3)]
+    assert places == pytest.approx([0.1 + 0.18 - 0.05] * 3)
     dear = costs.step_costs(steps, verify_ms, target_ms=8.0, draft=(5.0, 3.0))
-    assert (dear["c"], dear["r"]) == (0.5, 0.3)
+    assert (dear["c"], dear["r"]) == (0.5, 0.3)  # drafting dearer than the fit: the pass's v alone
+    assert dear["v"] == pytest.approx({1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4})
+
+
+UNPRICEABLE = {  # (steps at N = 0, 1 and 4, verify_ms, why)
+    "drafted alike": ({"ms": 10.0}, {"ms": 13.0, "drafted": 1.0}, {"ms": 13.0, "drafted": 1.2}, 9.0),
+    "no time": ({"ms": 0.0}, {"ms": 13.0, "drafted": 1.0}, {"ms": 20.0, "drafted": 3.5}, 9.0),
+    "no machine": ({"ms": 10.0}, {"ms": 13.0, "drafted": 1.0}, {"ms": 20.0, "drafted": 3.5}, float("nan")),
+}
+
+
+@pytest.mark.parametrize("why", UNPRICEABLE)
+def test_whole_steps_that_cannot_be_priced_raise_instead_of_being_kept(why):
+    """Two draft lengths that drafted alike give no line; target-only steps timed at no time give no unit; a
+    pass whose timing is not a number prices nothing: each raises, and the pair is timed again at its next
+    start instead of keeping them."""
+    *measured, verify = UNPRICEABLE[why]
+    steps = dict(zip((0, 1, 4), measured))
+    with pytest.raises(costs.CostError, match=why):
+        costs.step_costs(steps, {1: verify, 4: verify}, target_ms=8.0, draft=(0.5, 0.1))
+
+
+def test_a_decode_too_short_to_time_raises():
+    from tiny import tiny_pair
+
+    pair = tiny_pair()
+    prompt = pair.tokenizer.encode("a b c d e f")
+    assert 0.5 < costs.decode_steps(pair, prompt, 1, max_new_tokens=12)["drafted"] <= 1  # the last: no room
+    with pytest.raises(costs.CostError, match="steps to time"):
+        costs.decode_steps(pair, prompt, 0, max_new_tokens=3)
 
 
 def test_a_decision_that_costs_more_a_position_is_priced_into_whole_steps(monkeypatch):
-    """A pair whose verification takes 3 ms more a drafted position: its whole steps' c grows by about that
-    (a tenth of a target-only step here at least), while drafting's own c does not."""
+    """A pair whose verification takes 3 ms more a drafted position: what whole steps price a position grows
+    by about that (a tenth of a target-only step here at least), while drafting's own c does not."""
     from tiny import tiny_pair
 
     from diversed_demo.core import decode
@@ -67,5 +100,6 @@ def test_a_decision_that_costs_more_a_position_is_priced_into_whole_steps(monkey
         pair, prompt, [1, 2, 3, 4, 5], rounds=3, calls=4, draft_tokens=24, steps=True
     )
     unit_ms = plain["target_ms"]
-    assert slowed["steps"]["c"] > plain["steps"]["c"] + 0.5 * 3.0 / max(unit_ms, 3.0)
+    place = lambda measured: (measured["steps"]["v"][5] - measured["steps"]["v"][1]) / 4  # noqa: E731
+    assert place(slowed) > place(plain) + 0.5 * 3.0 / max(unit_ms, 3.0)
     assert slowed["c"] < plain["c"] + 0.5 * 3.0 / max(unit_ms, 3.0)

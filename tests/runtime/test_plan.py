@@ -36,7 +36,7 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
     def broken(*args, **kwargs):
         raise RuntimeError("no pass here")
 
-    monkeypatch.setattr(plan, "compiled_costs", lambda pair: COSTS)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: plan.kept_costs(COSTS))
     monkeypatch.setattr(plan, "tree_speed", broken)
     lines = []
     with pair.in_use():  # a decode running: the timing waits for its end
@@ -50,6 +50,7 @@ def test_a_pass_that_cannot_be_timed_keeps_chains_says_why_and_fails_no_decode(t
 TIMED = [(1.0, "chains"), (plan.TREE_GAIN - 0.01, "chains"), (1.2, "trees")]
 STEPS = {"c": 0.3, "r": 0.1, "v": {"1": 1.05, "2": 1.2}}
 COSTS = {"c": 0.25, "r": 0.05, "v": {"1": 1.1, "2": 1.3}, "steps": STEPS}  # as a JSON file keeps them
+KEPT = plan.kept_costs(COSTS)  # as the pair keeps them
 
 
 @pytest.mark.parametrize("speed, drafts", TIMED)
@@ -61,7 +62,7 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
     target, draft = save_tiny_pair(tmp_path)
     timings = []
     monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append(timed) or speed)
-    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or COSTS)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or KEPT)
     for _start in range(2):
         pair = load_pair(target, draft, "cpu", "float32", compiled="off")
         pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
@@ -73,18 +74,31 @@ def test_trees_are_drafted_only_where_their_decodes_ran_faster(tmp_path, monkeyp
     assert len(timings) == 2  # the costs and the trees, once
 
 
-@pytest.mark.parametrize("steps", [None, {"c": 0.3}], ids=["an earlier version's", "damaged"])
-def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch, steps):
-    """Timings kept without whole steps' costs, which the draft length weighs (an earlier version's, or
-    damaged), are timed again once, and kept."""
+PASSES = {key: COSTS[key] for key in ("c", "r", "v")}
+DAMAGED = {  # kept timings' "costs"
+    "an earlier version's": PASSES,
+    "steps cut short": {**PASSES, "steps": {"c": 0.3}},
+    "steps null": {**PASSES, "steps": None},
+    "a null cost": {**COSTS, "steps": {**STEPS, "r": None}},
+    "a string": {**COSTS, "steps": {**STEPS, "c": "fast"}},
+    "a length not a number": {**COSTS, "steps": {**STEPS, "v": {"one": 1.05}}},
+    "a step timed over nothing": {**COSTS, "steps": {**STEPS, "v": {"1": float("inf")}}},
+    "a pass's cost damaged": {**COSTS, "v": {"1": None}},
+    "not a mapping": [0.3, 0.1],
+}
+
+
+@pytest.mark.parametrize("old", DAMAGED.values(), ids=DAMAGED.keys())
+def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch, old):
+    """Timings kept without whole steps' costs, which the draft length weighs (an earlier version's), or
+    with any of them damaged, are timed again once, and kept; the trees' kept speed is not timed again."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
     target, draft = save_tiny_pair(tmp_path)
     timings = []
-    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: 1.0)
-    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or COSTS)
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append("trees") or 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or KEPT)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
-    old = {key: COSTS[key] for key in ("c", "r", "v")} | ({} if steps is None else {"steps": steps})
     plan.tree_timing_path(pair).parent.mkdir(parents=True, exist_ok=True)
     plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": old}))
     for _start in range(2):
