@@ -1,5 +1,6 @@
-"""What decoding costs on this machine, in target-token units: the draft's cost per token c and the
-verify pass's v[N]; and, from them, the draft length each mode decodes fastest with."""
+"""What decoding costs on this machine, in target-token units (a one-token pass; whole steps' costs in
+target-only steps): the draft's cost per token c, a drafting step's own r and the verify pass's v[N]; and,
+from them, the draft length each mode decodes fastest with."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def step_costs(steps: dict[int, dict], verify_ms: dict[int, float], target_ms: f
     costs = {"c": c, "r": r, "v": {n: v_n + (r_fit - r) + n * (c_fit - c) for n, v_n in v.items()}}
     if parsed_costs(costs) is None:
         raise CostError(f"whole steps priced as no machine runs them: {costs}")
-    return costs
+    return costs | {"unit_ms": unit}  # the unit: a target-only step
 
 
 def parsed_costs(costs) -> dict | None:

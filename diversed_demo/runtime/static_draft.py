@@ -15,8 +15,9 @@ Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so d
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
 the choice cannot depend on it). A longer feed (the prompt's features, run eagerly) stays on the GGUF
 kernel's records for as many rows as that kernel takes (`amx_gguf.most_rows`: any on AMX), as the eager
-draft does; PyTorch's dense product would build its kernels afresh for each new prompt length (10–17 ms
-a feed on the Xeon; docs/measurements/speed.md). Beyond it, the dense weights, in row buckets
+draft does; PyTorch's dense product would build its kernels afresh for each new prompt length (a feed
+of 600–650 rows on the Xeon: 19–27 ms at a new length, 10–13 at one met before, 9–12 on the 8-bit records;
+docs/measurements/speed.md). Beyond it, the dense weights, in row buckets
 (row_buckets.py), and attention on PyTorch's kernel. The projections are stacked (q, k, v;
 gate, up), so the step holds its own copy of the draft's weights (about 30 MB with the 8-bit codes); the
 target's embedding it borrows.

@@ -343,3 +343,22 @@ def test_a_report_warns_where_another_process_took_a_core_from_the_decodes():
     assert "3.2 s" in line and "not this machine's alone" in line
     assert busy_core_lines({"fewer_threads_s": 0.0, "threads": 2}) == []
     assert busy_core_lines({"threads": 2}) == []  # reports written before the watch
+
+
+def test_the_report_prints_the_step_costs_the_pairs_draft_length_weighed(pair, monkeypatch):
+    """With n_draft "auto" the report's step costs are the pair's, which its decodes' lengths weighed, not a
+    timing of the bench's own; a pair without them prints none."""
+    examples = [Example("the cat sat on the", "general", category="writing")]
+    modes = parse_modes("ar,exact", pair, BENCH_DECODING.replace(max_new_tokens=8))
+    steps = {"c": 0.123, "r": 0.045, "v": {1: 1.5, 2: 1.75}}
+    monkeypatch.setattr(
+        pair, "costs", {"c": 0.1, "r": 0.0, "v": {1: 1.1, 2: 1.2}, "steps": steps}, raising=False
+    )
+    table = markdown_table(run_bench(pair, examples, modes, n_draft="auto", candidates=[1, 2]))
+    assert (
+        "drafting c = 0.123, r = 0.045, and with each position's share, v = 1.500 (N=1), 1.750 (N=2)" in table
+    )
+    monkeypatch.setattr(pair, "costs", None)
+    assert "whole steps" not in markdown_table(
+        run_bench(pair, examples, modes, n_draft="auto", candidates=[1, 2])
+    )
