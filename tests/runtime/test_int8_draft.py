@@ -127,3 +127,31 @@ def test_a_dense_draft_gets_its_blocks_too(monkeypatch):
     assert int8_draft.products(draft) == "dense"
     int8_draft.use_blocks(int8_draft.blocks_aside(draft))
     assert int8_draft.products(draft) == "blocks" and isinstance(layer, Int8Linear)
+
+
+@needs_kernel
+def test_the_static_step_feeds_a_prompt_on_the_blocks_for_the_rows_the_kernel_takes():
+    """A prompt's feed (more rows than a step) multiplies on the GGUF kernel's records for as many rows as
+    the kernel takes, as the eager draft does (any on AMX), and on the dense weights in row buckets beyond."""
+    from tiny import tiny_eagle3, tiny_model
+
+    from diversed_demo.runtime.row_buckets import linear_in_buckets
+    from diversed_demo.runtime.static_draft import K_MAX, StaticDraftStep
+
+    draft = tiny_eagle3(tiny_model(0, num_layers=3, hidden=128)).bfloat16()  # its widths fit the records
+    assert (
+        use_int8_draft(draft, when_faster=False, kernel=True) > 0 and int8_draft.products(draft) == "blocks"
+    )
+    step = StaticDraftStep(draft, max_len=256)
+    assert step.int8_rows == max(K_MAX, amx_gguf.most_rows())
+    width = step.lm_head.shape[1]
+    for rows in (K_MAX, K_MAX + 9, 300):
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        with torch.inference_mode():
+            blocks = rows <= max(K_MAX, amx_gguf.most_rows())
+            expected = (
+                int8_draft.int8_product(x, step.lm_head_int8_0)
+                if blocks
+                else linear_in_buckets(x, step.lm_head)
+            )
+            assert torch.equal(step._product("lm_head", x), expected)
