@@ -69,6 +69,28 @@ def test_whole_steps_that_cannot_be_priced_raise_instead_of_being_kept(why):
         costs.step_costs(steps, {1: verify, 4: verify}, target_ms=8.0, draft=(0.5, 0.1))
 
 
+def test_a_timing_decodes_steps_on_chains_and_times_them_without_its_setup(monkeypatch):
+    """A step's "ms" is the steps' own, from one step's end to the next: a decode's setup (here 0.3 s more)
+    is not spread over them; the timing drafts chains whatever trees the runtime chose."""
+    from tiny import tiny_pair
+
+    from diversed_demo.core import decode
+
+    pair = tiny_pair()
+    prompt = pair.tokenizer.encode("a b c d e f")
+    plain = costs.decode_steps(pair, prompt, 2, max_new_tokens=24)
+    length, trees = decode.draft_length, []
+
+    def slow_setup(config, pair_costs):
+        trees.append(config.tree)
+        time.sleep(0.3)
+        return length(config, pair_costs)
+
+    monkeypatch.setattr(decode, "draft_length", slow_setup)
+    slowed = costs.decode_steps(pair, prompt, 2, max_new_tokens=24)
+    assert trees == ["off"] and slowed["ms"] < plain["ms"] + 5.0  # 300 ms over at most 24 steps: 12.5 each
+
+
 def test_a_decode_too_short_to_time_raises():
     from tiny import tiny_pair
 
