@@ -271,9 +271,11 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
             pair.target, pair.vocab_size, aux_layer_ids, rows=len(rows), runner=pair.target_pass
         )
         stop_ids, active, index = eos_ids(pair), list(range(len(rows))), 0
+        on_cpu = pair.device.type == "cpu"  # a GPU decode's thread waits for its device, not for a core
         while active:
             index += 1
-            THREADS.watch()  # fewer threads while another process keeps a core busy
+            if on_cpu:
+                THREADS.watch()  # fewer threads while another process keeps a core busy
             start = clock()
             # Never draft past the budget: the step emits at most n + 1 tokens.
             proposals = [
