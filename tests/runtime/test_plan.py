@@ -122,3 +122,25 @@ def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeyp
 
     monkeypatch.setattr(StandaloneDraft, "propose", slower)
     assert plan.compiled_costs(pair)["c"] > costs["c"] + 0.5
+
+
+def test_timings_taken_beside_a_busy_core_serve_this_start_and_are_not_kept(tmp_path, monkeypatch):
+    """Where decodes ran on fewer threads while the costs were timed (another process on a core), the pair
+    decodes on them now but they are not kept: the next start times them again."""
+    from diversed_demo.common.threads import THREADS
+
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+
+    def busy(pair):
+        monkeypatch.setattr(THREADS, "fewer_s", THREADS.fewer_s + 1.5)
+        return KEPT
+
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", busy)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    lines = []
+    plan.choose_drafts(pair, lines.append)
+    assert pair.costs == KEPT and pair.runtime.drafts == "chains"
+    assert "another process kept a core busy" in lines[0] and not plan.tree_timing_path(pair).exists()
