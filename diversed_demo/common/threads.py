@@ -82,9 +82,9 @@ class ThreadWatch:
         best, share = self.probe(threads, seconds)
         return best > CONTENDED * alone or (seconds > 0 and share < SHARE)
 
-    def watch(self) -> int:
-        """Count the step since the last call; every WATCH_S (and MIN_STEPS), decide. The count of threads
-        this thread decodes on."""
+    def watch(self, first: bool = False) -> int:
+        """Count the step since the last call (none at a decode's `first`: the time since was no step's);
+        every WATCH_S (and MIN_STEPS), decide. The count of threads this thread decodes on."""
         threads = torch.get_num_threads()
         if self.full <= 1:
             return threads
@@ -92,7 +92,7 @@ class ThreadWatch:
         if not hasattr(local, "shares"):
             local.shares, local.looked, local.changed = [], now, -math.inf
             local.wait, local.trial = RETRY_S, False
-        else:
+        elif not first:  # at a decode's first step the time since went between decodes, not to a step
             local.shares.append((cpu - local.cpu_at) / max(now - local.at, 1e-9))
             self.fewer_s += (now - local.at) if threads < self.full else 0.0
         local.at, local.cpu_at = now, cpu

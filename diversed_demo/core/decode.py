@@ -275,7 +275,7 @@ def decode_rows(pair, prompts: list[list[int]], configs: list[DecodeConfig], clo
         while active:
             index += 1
             if on_cpu:
-                THREADS.watch()  # fewer threads while another process keeps a core busy
+                THREADS.watch(first=index == 1)  # fewer threads while another process keeps a core busy
             start = clock()
             # Never draft past the budget: the step emits at most n + 1 tokens.
             proposals = [

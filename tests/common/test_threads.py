@@ -139,3 +139,20 @@ def test_decodes_beside_a_busy_process_drop_a_thread_and_keep_their_tokens(pair,
         assert torch.get_num_threads() == 1
     finally:
         busy.kill()
+
+
+def test_the_time_between_decodes_is_no_step_and_no_time_on_fewer_threads(cores):
+    """A decode's first step does not count the time since the last decode's end: idle, the thread had no
+    CPU time, which would read as a step that waited; nor is it counted as decoding on fewer threads."""
+    watch = started(cores)
+    cores.busy = "main"
+    cores.steps(watch, 1.0, step_s=0.1)
+    assert torch.get_num_threads() == 1
+    cores.busy, fewer = None, watch.fewer_s
+    for _decode in range(3):
+        cores.now += 60.0  # a visitor reads the text for a minute: the thread idles
+        before = watch.fewer_s
+        watch.watch(first=True)
+        assert watch.fewer_s == before
+        cores.steps(watch, 0.05)  # a few steps alone: the first look after the idle minute tries two again
+    assert watch.fewer_s <= fewer + 3 * 0.05 + 1e-9 and torch.get_num_threads() == 2
