@@ -132,7 +132,7 @@ def step_costs(steps: dict[int, dict], verify_ms: dict[int, float], target_ms: f
 
 def parsed_costs(costs) -> dict | None:
     """c, r and v[N] of a timing (from JSON, N a string) as numbers, or None where any is missing, not a
-    finite number or not positive (a damaged or older file, a run timed over no interval): timed again."""
+    finite number or below zero (v not above it: a damaged or older file, a run timed over no interval)."""
     try:
         c, r = float(costs["c"]), float(costs["r"])
         v = {int(n): float(v_n) for n, v_n in costs["v"].items()}
@@ -141,7 +141,7 @@ def parsed_costs(costs) -> dict | None:
     numbers = [c, r, *v.values()]
     if not v or not all(math.isfinite(x) for x in numbers):
         return None
-    if not (c > 0 and r >= 0 and all(n >= 1 and v_n > 0 for n, v_n in v.items())):
+    if not (c >= 0 and r >= 0 and all(n >= 1 and v_n > 0 for n, v_n in v.items())):
         return None
     return {"c": c, "r": r, "v": v}
 
