@@ -4,13 +4,16 @@ priced by the analytic bound at the measured acceptance, and the fastest in toke
 Which dtype wins depends on the CPU (bf16 halves the bytes a token streams, but only some CPUs have the
 instructions that make bf16 arithmetic fast), so it is measured, never assumed. A server's first start
 waits for bf16's timing alone where the CPU has bf16 arithmetic (the project's kernels there are bf16's);
-its next start times the rest and keeps whichever is faster.
+its next start times every candidate again, on the kernels built since (the first start timed bf16 before
+them), and keeps whichever is faster. A timing that another process shared the cores with is used for that
+start only, never kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import torch
 
 from ..common.files import cache_dir, discard_damaged, write_text
 from ..common.paths import PROMPTS_DIR
+from ..common.threads import SHARE
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from .costs import calibration_alpha, measure_costs
@@ -27,6 +31,7 @@ CANDIDATES = ("bfloat16", "float32")  # the first also measures the acceptance �
 # Passes timed per size and dtype: enough for a choice between dtypes that differ by tens of percent, and
 # few, since a first start waits for them.
 TIMING_CALLS = 4
+MIN_JUDGED_S = 0.2  # a timing's CPU share is judged over at least this long (a real one takes seconds)
 CHOICES_ENV = (
     "DIVERSED_DTYPE_CHOICES"  # where the choices are kept, else dtype-choices.json in the user cache
 )
@@ -50,8 +55,11 @@ def cpu_capability() -> str:
 
 
 def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7)) -> dict:
-    """One dtype's measured costs and the tokens per second the analytic bound gives them at α."""
+    """One dtype's measured costs and the tokens per second the analytic bound gives them at α; with the
+    timing thread's CPU time over the wall time meanwhile ("cpu_share": about 1 alone)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     r = costs["r"]
     n_draft = fastest_n_draft(alpha, costs["c"], costs["v"], r)
     bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"][n_draft], r)
@@ -63,7 +71,13 @@ def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7
         "n_draft": n_draft,
         "bound": bound,
         "tokens_per_second": 1e3 * bound / costs["target_ms"],
+        "cpu_share": cpu / wall if wall >= MIN_JUDGED_S else 1.0,
     }
+
+
+def shared_cores(choice: dict) -> bool:
+    """Whether another process took a core from a timing of the choice (its thread short of CPU time)."""
+    return any(figures.get("cpu_share", 1.0) < SHARE for figures in choice["figures"].values())
 
 
 def choose_dtype(
@@ -84,6 +98,9 @@ def choice_note(choice: dict) -> str:
     others = [f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best]
     others += [f"{dtype} timed at the next start" for dtype in choice.get("untimed", ())]
     cached = ", measured at an earlier start" if choice.get("cached") else ""
+    cached += (
+        "; another process shared the cores: timed again at the next start" if choice.get("shared") else ""
+    )
     verdict = "taken at once on a CPU with bf16 arithmetic" if choice.get("untimed") else "the fastest here"
     return (
         f"{best}: {verdict} ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
@@ -151,17 +168,17 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     if kept.get("dtype") in CANDIDATES and not kept.get("untimed"):
         return load_once(kept["dtype"]), {**kept, "cached": True}
     prompt = calibration_prompt()
-    first = kept.get("figures") if kept.get("untimed") and "alpha" in kept else None
-    if isinstance(first, dict):  # a first start's choice: its α and bf16's figures stand
-        alpha, timed, candidates = kept["alpha"], first, CANDIDATES
+    if kept.get("untimed") and isinstance(kept.get("alpha"), (int, float)):  # a first start's choice: its α
+        alpha, candidates = kept["alpha"], CANDIDATES
     else:
         exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
-        alpha, timed = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt]), {}
+        alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
         candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
-    timing = next(dtype for dtype in candidates if dtype not in timed)  # loaded to be timed anyway
-    timing_prompt = encode_prompt(load_once(timing).tokenizer, prompt)
-    pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates, timed)
+    timing_prompt = encode_prompt(load_once(candidates[0]).tokenizer, prompt)
+    pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates)
     if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:
         choice["untimed"] = untimed
+    if shared_cores(choice):  # timed beside another process's busy core: for this start only
+        return pair, {**choice, "shared": True}
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
     return pair, choice

@@ -1,5 +1,7 @@
 """--dtype auto on a CPU: the dtype measured fastest here, once per machine and pair, with its reasons."""
 
+import time
+
 import pytest
 from tiny import save_tiny_pair
 
@@ -82,7 +84,8 @@ def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the
     saved_pair, monkeypatch, tmp_path
 ):
     """Where the CPU has bf16 arithmetic a first start serves after bf16's timing; the next start times
-    float32 only, with the first start's α, and keeps the faster (here float32), then never times again."""
+    both again (the first timed bf16 before its kernels were built), with the first start's α, and keeps
+    the faster (here float32), then never times again."""
     target, draft = saved_pair
     timed = timed_dtypes(monkeypatch, tmp_path, bf16=True)
     first = load_pair(target, draft, "cpu", serve_first=True)
@@ -95,14 +98,31 @@ def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the
     loaded, fast_pair = [], plan.fast_pair
     monkeypatch.setattr(plan, "fast_pair", lambda *a: loaded.append(a[3]) or fast_pair(*a))
     second = load_pair(target, draft, "cpu", serve_first=True)
-    assert loaded == ["float32"]  # bf16, timed before, is not loaded again
-    assert timed == ["bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
+    assert loaded == ["bfloat16", "float32"]  # each once
+    assert timed == ["bfloat16", "bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
     assert second.dtype_choice["alpha"] == first.dtype_choice["alpha"]
     assert set(second.dtype_choice["figures"]) == {"bfloat16", "float32"}
     assert "untimed" not in second.dtype_choice
 
     third = load_pair(target, draft, "cpu", serve_first=True)
-    assert timed == ["bfloat16", "float32"] and third.dtype_choice["cached"]
+    assert len(timed) == 3 and third.dtype_choice["cached"]
+
+
+def test_a_choice_timed_beside_a_busy_core_serves_its_start_and_is_timed_again(
+    saved_pair, monkeypatch, tmp_path
+):
+    """A timing whose thread got a fraction of the CPU time the clock shows (another process on a core:
+    here a timing that sleeps) is used for that start, said so, and not kept: the next start times again."""
+    target, draft = saved_pair
+    timed = timed_dtypes(monkeypatch, tmp_path, bf16=False)
+    measure = dtype_choice.measure_costs
+    monkeypatch.setattr(dtype_choice, "measure_costs", lambda *a, **k: time.sleep(0.25) or measure(*a, **k))
+    first = load_pair(target, draft, "cpu")
+    assert first.dtype_choice["shared"] and "timed again at the next start" in choice_note(first.dtype_choice)
+    assert not (tmp_path / "choices.json").exists()
+    monkeypatch.setattr(dtype_choice, "measure_costs", measure)  # the cores free again
+    second = load_pair(target, draft, "cpu")
+    assert len(timed) == 4 and "shared" not in second.dtype_choice and (tmp_path / "choices.json").exists()
 
 
 def test_without_bf16_arithmetic_a_first_start_times_every_dtype(saved_pair, monkeypatch, tmp_path):
