@@ -65,10 +65,17 @@ class ThreadWatch:
     ):
         self.full = 0  # 0: not started (a GPU, or nothing loaded): watch does nothing
         self.clock, self.cpu = clock, cpu
-        self._tensor = torch.zeros(PROBE_ELEMENTS)
-        self.probe = probe or (lambda threads, seconds: probe_team(threads, seconds, self._tensor))
+        self.probe = probe or self._probe
         self._local = threading.local()  # per decoding thread: its steps' shares, its looks and changes
         self.fewer_s = 0.0  # seconds of decoding steps on fewer threads than `full`
+
+    def _probe(self, threads: int, seconds: float) -> tuple[float, float]:
+        # Made where it is first probed, never at import: filling it runs a parallel kernel, and one on the
+        # importing thread gives it an OpenMP team of its own beside the model thread's (model_thread.py),
+        # which slowed the served decodes 2.5-fold.
+        if getattr(self, "_tensor", None) is None:
+            self._tensor = torch.zeros(PROBE_ELEMENTS)
+        return probe_team(threads, seconds, self._tensor)
 
     def start(self, threads: int | None = None) -> None:
         """Watch decodes that run on up to `threads` threads (this thread's count by default)."""

@@ -156,3 +156,30 @@ def test_the_time_between_decodes_is_no_step_and_no_time_on_fewer_threads(cores)
         assert watch.fewer_s == before
         cores.steps(watch, 0.05)  # a few steps alone: the first look after the idle minute tries two again
     assert watch.fewer_s <= fewer + 3 * 0.05 + 1e-9 and torch.get_num_threads() == 2
+
+
+def test_importing_the_runtime_starts_no_openmp_team_on_the_importing_thread():
+    """The app imports on its main thread and decodes on the model thread: a parallel kernel run at import
+    (a probe's tensor filled there) gave the main thread an OpenMP team of its own beside the model thread's,
+    and every served decode waited for a core (2.5 times slower). Native threads only, not Python's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, threading, torch\n"
+        "from transformers import AttentionInterface  # transformers' own import starts a native thread\n"
+        "native = lambda: len(os.listdir('/proc/self/task')) - threading.active_count()\n"
+        "before = native()\n"
+        "import diversed_demo.runtime.plan, diversed_demo.core.generate, diversed_demo.common.threads\n"
+        "after = native()\n"
+        "torch.zeros(1 << 18)  # a parallel kernel: the team's threads appear\n"
+        "print(before, after, native())\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    before, after, team = map(
+        int,
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.split(),
+    )
+    assert after == before and team > after  # the check sees a team where one is started
