@@ -14,11 +14,13 @@ the count per thread), and so is what the watch reads.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import threading
 import time
+import types
 from collections.abc import Callable
 
 import torch
@@ -35,6 +37,7 @@ MAX_RETRY_S = 32.0  # the longest, after tries that failed
 TRY_S = 0.02  # a try probes this long first (several scheduler slices), not a slow decoding step or two
 PROBE_ELEMENTS = 1 << 18  # an add that ATen splits over threads (its grain is 32k elements): ~15 µs alone
 PROBE_RUNS = 3  # the best of these: one run slowed by anything else does not count
+MIN_JUDGED_S = 0.2  # a timing's CPU share is judged over at least this long (a real one takes seconds)
 
 
 def probe_team(threads: int, seconds: float, tensor: torch.Tensor) -> tuple[float, float]:
@@ -68,6 +71,7 @@ class ThreadWatch:
         self.probe = probe or self._probe
         self._local = threading.local()  # per decoding thread: its steps' shares, its looks and changes
         self.fewer_s = 0.0  # seconds of decoding steps on fewer threads than `full`
+        self.last = 0  # the count the watch last set (for `note`, read from any thread)
 
     def _probe(self, threads: int, seconds: float) -> tuple[float, float]:
         # Made where it is first probed, never at import: filling it runs a parallel kernel, and one on the
@@ -80,7 +84,7 @@ class ThreadWatch:
     def start(self, threads: int | None = None) -> None:
         """Watch decodes that run on up to `threads` threads (this thread's count by default)."""
         if os.environ.get(SWITCH) != "0":
-            self.full = threads or torch.get_num_threads()
+            self.full = self.last = threads or torch.get_num_threads()
 
     def contended(self, threads: int, seconds: float = 0.0) -> bool:
         """Whether a team of `threads` waits for a core that another process holds: the probe's team slower
@@ -126,18 +130,29 @@ class ThreadWatch:
             threads += 1
         else:
             return threads
-        local.changed = now
+        local.changed, self.last = now, threads
         torch.set_num_threads(threads)
         return threads
 
+    @contextlib.contextmanager
+    def judged(self):
+        """Around a timing that is kept for later starts: yields a record whose `shared` says, after it,
+        whether another process took a core meanwhile (this thread short of CPU time over at least
+        MIN_JUDGED_S, or decodes dropped to fewer threads): such a timing serves this start only."""
+        record = types.SimpleNamespace(shared=False)
+        wall, cpu, fewer_s = time.perf_counter(), time.thread_time(), self.fewer_s
+        yield record
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        record.shared = (wall >= MIN_JUDGED_S and cpu < SHARE * wall) or self.fewer_s > fewer_s
+
     def note(self) -> str:
-        """The count of threads this thread decodes on, in words ("" where nothing is watched)."""
+        """The count of threads decodes run on, as the watch last set it, in words ("" where nothing is
+        watched): the page's request threads read it while the model thread decodes."""
         if self.full <= 1:
             return ""
-        threads = torch.get_num_threads()
-        if threads >= self.full:
+        if self.last >= self.full:
             return f"{self.full} threads (fewer while another process keeps a core busy)"
-        return f"{threads} of {self.full} threads: another process keeps a core busy"
+        return f"{self.last} of {self.full} threads: another process keeps a core busy"
 
 
 THREADS = ThreadWatch()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 
 from ..common.files import cache_dir, discard_damaged, write_text
 from ..common.paths import PROMPTS_DIR
-from ..common.threads import SHARE
+from ..common.threads import THREADS
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
 from .costs import calibration_alpha, measure_costs
@@ -31,7 +30,6 @@ CANDIDATES = ("bfloat16", "float32")  # the first also measures the acceptance �
 # Passes timed per size and dtype: enough for a choice between dtypes that differ by tens of percent, and
 # few, since a first start waits for them.
 TIMING_CALLS = 4
-MIN_JUDGED_S = 0.2  # a timing's CPU share is judged over at least this long (a real one takes seconds)
 CHOICES_ENV = (
     "DIVERSED_DTYPE_CHOICES"  # where the choices are kept, else dtype-choices.json in the user cache
 )
@@ -55,11 +53,8 @@ def cpu_capability() -> str:
 
 
 def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7)) -> dict:
-    """One dtype's measured costs and the tokens per second the analytic bound gives them at α; with the
-    timing thread's CPU time over the wall time meanwhile ("cpu_share": about 1 alone)."""
-    wall, cpu = time.perf_counter(), time.thread_time()
+    """One dtype's measured costs and the tokens per second the analytic bound gives them at α."""
     costs = measure_costs(pair, prompt_ids, list(n_drafts), rounds=1, calls=TIMING_CALLS, draft_tokens=16)
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     r = costs["r"]
     n_draft = fastest_n_draft(alpha, costs["c"], costs["v"], r)
     bound = analytic_speedup(alpha, n_draft, costs["c"], costs["v"][n_draft], r)
@@ -71,22 +66,13 @@ def dtype_figures(pair, prompt_ids: list[int], alpha: float, n_drafts=range(1, 7
         "n_draft": n_draft,
         "bound": bound,
         "tokens_per_second": 1e3 * bound / costs["target_ms"],
-        "cpu_share": cpu / wall if wall >= MIN_JUDGED_S else 1.0,
     }
 
 
-def shared_cores(choice: dict) -> bool:
-    """Whether another process took a core from a timing of the choice (its thread short of CPU time)."""
-    return any(figures.get("cpu_share", 1.0) < SHARE for figures in choice["figures"].values())
-
-
-def choose_dtype(
-    load: Callable[[str], object], prompt_ids: list[int], alpha: float, candidates=CANDIDATES, timed=None
-):
+def choose_dtype(load: Callable[[str], object], prompt_ids: list[int], alpha: float, candidates=CANDIDATES):
     """(the pair in the fastest dtype, the choice with every candidate's figures). `load(dtype)` returns
-    the pair in that dtype; `timed` holds figures measured earlier, kept; the other candidates are timed."""
-    timed = timed or {}
-    figures = {d: timed.get(d) or dtype_figures(load(d), prompt_ids, alpha) for d in candidates}
+    the pair in that dtype."""
+    figures = {d: dtype_figures(load(d), prompt_ids, alpha) for d in candidates}
     best = max(figures, key=lambda dtype: figures[dtype]["tokens_per_second"])
     choice = {"dtype": best, "alpha": alpha, "cpu": cpu_capability(), "figures": figures}
     return load(best), choice
@@ -175,10 +161,11 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
         alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
         candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
     timing_prompt = encode_prompt(load_once(candidates[0]).tokenizer, prompt)
-    pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates)
+    with THREADS.judged() as timing:
+        pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates)
     if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:
         choice["untimed"] = untimed
-    if shared_cores(choice):  # timed beside another process's busy core: for this start only
+    if timing.shared:  # timed beside another process's busy core: for this start only
         return pair, {**choice, "shared": True}
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
     return pair, choice

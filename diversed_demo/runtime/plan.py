@@ -115,15 +115,14 @@ def choose_drafts(pair: ModelPair, log) -> None:
         timed = read_json_object(kept)[0] or {}
         speed, costs = timed.get("tree_speed"), kept_costs(timed.get("costs"))
         speed = speed if isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0 else None
-        fewer_s = THREADS.fewer_s
         try:
-            with priority.decoding():  # as a decode runs: any background build stopped
+            with priority.decoding(), THREADS.judged() as timing:  # as a decode runs: no background build
                 pair.costs = costs or compiled_costs(pair)  # before the trees' timing: its drafts weigh them
                 speed = speed or tree_speed(pair, TREE_PROBES)
         except Exception as error:  # run where a decode ends: the decode must not fail for it
             log(f"drafts: chains (timing trees against chains failed: {error})")
             return
-        if THREADS.fewer_s > fewer_s:  # timed beside another process's busy core: for this start only
+        if timing.shared:  # timed beside another process's busy core: for this start only
             log("drafts: timed while another process kept a core busy; timed again at the next start")
         elif pair.costs is not costs or timed.get("tree_speed") != speed:  # something was timed again
             write_text(kept, json.dumps({"tree_speed": speed, "costs": pair.costs}) + "\n")

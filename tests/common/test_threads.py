@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -70,6 +71,10 @@ def test_steps_that_wait_for_a_core_drop_a_thread_until_it_is_free_again(cores):
     counts = cores.steps(watch, 0.5, step_s=0.1)
     assert counts[-1] == 1 and counts.index(1) <= 3  # the first look that reads such steps
     assert watch.note() == "1 of 2 threads: another process keeps a core busy"
+    seen = []  # another thread (the page's) reads the decoding thread's count, not its own
+    reader = threading.Thread(target=lambda: seen.append(watch.note()))
+    reader.start(), reader.join()
+    assert seen == ["1 of 2 threads: another process keeps a core busy"]
     # still busy: each try's probe finds the team short of CPU time, so it is never raised, and tried ever
     # more rarely
     cores.probes.clear()
@@ -162,9 +167,6 @@ def test_importing_the_runtime_starts_no_openmp_team_on_the_importing_thread():
     """The app imports on its main thread and decodes on the model thread: a parallel kernel run at import
     (a probe's tensor filled there) gave the main thread an OpenMP team of its own beside the model thread's,
     and every served decode waited for a core (2.5 times slower). Native threads only, not Python's."""
-    import subprocess
-    import sys
-
     code = (
         "import os, threading, torch\n"
         "from transformers import AttentionInterface  # transformers' own import starts a native thread\n"
