@@ -161,6 +161,8 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
         alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
         candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
     timing_prompt = encode_prompt(load_once(candidates[0]).tokenizer, prompt)
+    for dtype in candidates:  # loaded before the timing: a load's waits on the disk are not a busy core
+        load_once(dtype)
     with THREADS.judged() as timing:
         pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates)
     if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:

@@ -125,6 +125,18 @@ def test_a_choice_timed_beside_a_busy_core_serves_its_start_and_is_timed_again(
     assert len(timed) == 4 and "shared" not in second.dtype_choice and (tmp_path / "choices.json").exists()
 
 
+def test_a_load_that_waits_on_the_disk_is_not_taken_for_a_busy_core(saved_pair, monkeypatch, tmp_path):
+    """Loading a dtype (reading weights: the thread waits, no core is taken) is outside the judged timing:
+    the choice is kept however long the loads wait."""
+    target, draft = saved_pair
+    timed_dtypes(monkeypatch, tmp_path, bf16=False)
+    make = plan.fast_pair
+    monkeypatch.setattr(plan, "fast_pair", lambda *a, **k: time.sleep(0.25) or make(*a, **k))
+    first = load_pair(target, draft, "cpu")
+    assert set(first.dtype_choice["figures"]) == {"bfloat16", "float32"}
+    assert "shared" not in first.dtype_choice and (tmp_path / "choices.json").exists()
+
+
 def test_without_bf16_arithmetic_a_first_start_times_every_dtype(saved_pair, monkeypatch, tmp_path):
     target, draft = saved_pair
     timed = timed_dtypes(monkeypatch, tmp_path, bf16=False)
