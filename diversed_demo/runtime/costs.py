@@ -41,6 +41,43 @@ def pass_ms(model, prompt_ids: list[int], sizes, calls: int = 16, runner=None) -
     return {k: statistics.median(t) * 1e3 for k, t in times.items()}
 
 
+# Kept timings describe the host they were timed on. The same CPU model on another host (a VM moved, its
+# neighbours busier) priced a one-token pass at 5.4 ms one day and 9.4 the next, a pass over 7 tokens at
+# 1.27 and then 1.04–1.07 of it, and a draft length weighed on the old figures drafted too little (speed.md,
+# "Kept timings and the host"). A quick look at the passes (`pass_check`) tells whether they still hold.
+CHECK_ROWS = 7  # the widest chain's pass: six drafts and the unseen token
+# Beyond these a kept timing is timed again: the one-token pass's relative change, and the wide pass's in
+# one-token passes (four runs of ten checks on one host: 4–9% and 0.07–0.12 from lowest to highest).
+HOST_DRIFT = 0.15
+WIDE_DRIFT = 0.15
+
+
+def pass_check(pair, prompt_ids: list[int]) -> dict[str, float]:
+    """A quick look at what the target's passes cost on this host now (half a second on the embedded pair):
+    the one-token pass's ms and a pass over CHECK_ROWS tokens in one-token passes."""
+    ms = pass_ms(pair.target, prompt_ids, [1, CHECK_ROWS], calls=12, runner=pair.target_pass)
+    return {"target_ms": ms[1], "wide": ms[CHECK_ROWS] / ms[1]}
+
+
+def host_change(kept, now: dict[str, float]) -> str | None:
+    """Why timings kept with the check `kept` (from JSON) do not describe the host whose check is `now`, in
+    words; None where they do."""
+    try:
+        then_ms, then_wide = float(kept["target_ms"]), float(kept["wide"])
+    except (KeyError, TypeError, ValueError):
+        return "no check of the host was kept with them"
+    if not (math.isfinite(then_ms) and then_ms > 0 and math.isfinite(then_wide)):
+        return "no check of the host was kept with them"
+    if abs(now["target_ms"] / then_ms - 1) > HOST_DRIFT:
+        return f"a one-token pass takes {now['target_ms']:.1f} ms now, {then_ms:.1f} when they were timed"
+    if abs(now["wide"] - then_wide) > WIDE_DRIFT:
+        return (
+            f"a pass over {CHECK_ROWS} tokens costs {now['wide']:.2f} one-token passes now, "
+            f"{then_wide:.2f} when they were timed"
+        )
+    return None
+
+
 DRAFT_LENGTHS = (1, 4)  # the fixed draft lengths whose steps give a drafted token's cost and a step's apart
 # A timing decode's steps kept at least (after the two left out): one gives no interval to time, and a
 # decode cut that short (an EOS) prices nothing.

@@ -40,7 +40,7 @@ from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count, package_path
-from .costs import CostError, measure_costs, parsed_costs, tree_speed
+from .costs import CostError, host_change, measure_costs, parsed_costs, pass_check, tree_speed
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
@@ -117,6 +117,10 @@ def choose_drafts(pair: ModelPair, log) -> None:
         speed = speed if isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0 else None
         try:
             with priority.decoding(), THREADS.judged() as timing:  # as a decode runs: no background build
+                check = pass_check(pair, encode_prompt(pair.tokenizer, calibration_prompt()))
+                if (costs or speed) and (change := host_change(timed.get("check"), check)):
+                    log(f"drafts: the kept timings are timed again ({change})")
+                    costs = speed = None
                 pair.costs = costs or compiled_costs(pair)  # before the trees' timing: its drafts weigh them
                 speed = speed or tree_speed(pair, TREE_PROBES)
         except Exception as error:  # run where a decode ends: the decode must not fail for it
@@ -125,7 +129,8 @@ def choose_drafts(pair: ModelPair, log) -> None:
         if timing.shared:  # timed beside another process's busy core: for this start only
             log("drafts: timed while another process kept a core busy; timed again at the next start")
         elif pair.costs is not costs or timed.get("tree_speed") != speed:  # something was timed again
-            write_text(kept, json.dumps({"tree_speed": speed, "costs": pair.costs}) + "\n")
+            check = check if costs is None else timed["check"]  # the host the kept costs were timed on
+            write_text(kept, json.dumps({"tree_speed": speed, "costs": pair.costs, "check": check}) + "\n")
         pair.runtime.tree_speed = speed
         pair.runtime.drafts = "trees" if speed >= TREE_GAIN else "chains"
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")

@@ -10,9 +10,17 @@ import pytest
 from tiny import save_tiny_pair
 
 from diversed_demo.core.draft import StandaloneDraft
-from diversed_demo.runtime import plan
+from diversed_demo.runtime import costs, plan
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.runtime.static_pass import StaticPass
+
+HOST = {"target_ms": 10.0, "wide": 1.1}  # what the passes cost, as `pass_check` reads them
+
+
+@pytest.fixture(autouse=True)
+def steady_host(monkeypatch):
+    """Every start here looks at the same host (the fake passes cannot run), unless a test moves it."""
+    monkeypatch.setattr(plan, "pass_check", lambda pair, prompt_ids: dict(HOST))
 
 
 def test_each_load_is_a_new_pair_that_nothing_else_holds(tmp_path):
@@ -100,11 +108,61 @@ def test_kept_costs_without_whole_steps_are_timed_again(tmp_path, monkeypatch, o
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
     pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
     plan.tree_timing_path(pair).parent.mkdir(parents=True, exist_ok=True)
-    plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": old}))
+    plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": old, "check": HOST}))
     for _start in range(2):
         plan.choose_drafts(pair, lambda line: None)
         assert pair.costs["steps"]["c"] == 0.3 and pair.costs["steps"]["v"] == {1: 1.05, 2: 1.2}
     assert timings == ["costs"]
+
+
+MOVED = {  # the host a later start looks at: (its check, whether the kept timings are timed again)
+    "a slower one-token pass": ({"target_ms": 10.0 * (1 + costs.HOST_DRIFT + 0.05)}, True),
+    "a faster one-token pass": ({"target_ms": 10.0 * (1 - costs.HOST_DRIFT - 0.05)}, True),
+    "a wide pass dearer": ({"wide": 1.1 + costs.WIDE_DRIFT + 0.03}, True),
+    "within the check's noise": (
+        {"target_ms": 10.0 * (1 + costs.HOST_DRIFT - 0.05), "wide": 1.1 - costs.WIDE_DRIFT + 0.03},
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("moved, again", MOVED.values(), ids=MOVED.keys())
+def test_kept_timings_serve_only_a_host_whose_passes_cost_what_they_did(tmp_path, monkeypatch, moved, again):
+    """The same CPU on another host (a VM moved, busier neighbours) prices the passes otherwise: there the
+    kept costs and trees' speed are timed again, said so, and kept with that host's check; within the
+    check's noise they serve as kept."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+    timings = []
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append("trees") or 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or KEPT)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    plan.choose_drafts(pair, lambda line: None)  # a first start times both
+    host, lines = {**HOST, **moved}, []
+    monkeypatch.setattr(plan, "pass_check", lambda pair, prompt_ids: dict(host))
+    plan.choose_drafts(pair, lines.append)
+    assert timings == ["costs", "trees"] * (2 if again else 1)
+    assert any("kept timings are timed again (a " in line for line in lines) == again
+    assert json.loads(plan.tree_timing_path(pair).read_text())["check"] == (host if again else HOST)
+    plan.choose_drafts(pair, lambda line: None)  # the next start on that host reads what was kept
+    assert len(timings) == (4 if again else 2)
+
+
+def test_kept_timings_without_a_check_of_their_host_are_timed_again_once(tmp_path, monkeypatch):
+    """An earlier version's timings (kept without the check) are timed again, and then kept with it."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+    timings, lines = [], []
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append("trees") or 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or KEPT)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    plan.tree_timing_path(pair).parent.mkdir(parents=True, exist_ok=True)
+    plan.tree_timing_path(pair).write_text(json.dumps({"tree_speed": 1.0, "costs": COSTS}))
+    for _start in range(2):
+        plan.choose_drafts(pair, lines.append)
+    assert timings == ["costs", "trees"] and "no check of the host was kept with them" in lines[0]
 
 
 def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeypatch):
@@ -112,8 +170,8 @@ def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeyp
     passes runs): a pair whose draft steps cost more gets a larger c."""
     target, draft = save_tiny_pair(tmp_path)
     pair = load_pair(target, draft, "cpu", "float32", compiled="off")
-    costs = plan.compiled_costs(pair)
-    assert costs["c"] > 0 and costs["r"] >= 0 and sorted(costs["v"]) == [1, 2, 3, 4, 5, 6]
+    timed = plan.compiled_costs(pair)
+    assert timed["c"] > 0 and timed["r"] >= 0 and sorted(timed["v"]) == [1, 2, 3, 4, 5, 6]
     propose = StandaloneDraft.propose
 
     def slower(self, sequence, n, *args, **kwargs):  # each drafted token 10 ms more
@@ -121,7 +179,29 @@ def test_the_costs_are_timed_on_the_passes_the_pair_decodes_on(tmp_path, monkeyp
         return propose(self, sequence, n, *args, **kwargs)
 
     monkeypatch.setattr(StandaloneDraft, "propose", slower)
-    assert plan.compiled_costs(pair)["c"] > costs["c"] + 0.5
+    assert plan.compiled_costs(pair)["c"] > timed["c"] + 0.5
+
+
+def test_the_hosts_check_reads_the_passes_the_pair_decodes_on(tmp_path, monkeypatch):
+    """`pass_check` times the pair's own passes: where a one-token pass costs 20 ms more (a slower host), it
+    reads it, and the kept timings are found not to describe that host."""
+    from diversed_demo.core.cache import CachedLM
+
+    target, draft = save_tiny_pair(tmp_path)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    prompt = list(range(5, 40))
+    before = costs.pass_check(pair, prompt)
+    assert before["target_ms"] > 0 and before["wide"] > 0 and costs.host_change(before, before) is None
+    forward = CachedLM.forward
+
+    def slower(self, tokens, keep, rows=None):
+        time.sleep(0.02 if tokens.numel() == 1 else 0)
+        return forward(self, tokens, keep, rows)
+
+    monkeypatch.setattr(CachedLM, "forward", slower)
+    after = costs.pass_check(pair, prompt)
+    assert after["target_ms"] > before["target_ms"] + 15
+    assert "a one-token pass takes" in costs.host_change(before, after)
 
 
 def test_timings_taken_beside_a_busy_core_serve_this_start_and_are_not_kept(tmp_path, monkeypatch):
