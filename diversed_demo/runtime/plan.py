@@ -105,7 +105,8 @@ def choose_drafts(pair: ModelPair, log) -> None:
     before the kernels were built), and greedy exact SD on TREE_PROBES with chains and with trees; draft
     trees (where a decode's tree setting is "auto") if they decode TREE_GAIN faster; chains otherwise, and
     where the pass cannot take a tree's rows (transformers' own static cache). The timings are kept beside
-    the compiled passes: later starts on them read them."""
+    the compiled passes with a half-second check of what the passes cost: later starts on them read them
+    where the same check finds the host unchanged (costs.host_change), and time them again elsewhere."""
     runner = pair.target_pass
     if runner is None or not isinstance(runner.module, StaticPass):
         return
