@@ -3,10 +3,11 @@ over several tokens converts each block once (PyTorch's int4 kernel pays again f
 prompt's pass runs faster than on the dense weights, and the 8-bit (Q8_0) LM head, which streams half the
 bytes of its dense bf16 copy (docs/measurements/speed.md).
 
-Three instruction sets, one operator (`diversed::amx_mm`) on the same records: Intel AMX (amx_gguf.cpp:
-tile products of the exact bf16 weights, Sapphire Rapids and later Xeons, where Linux lends the process its
-tiles), AVX-512 BF16 (vector_gguf.cpp: dot products of the same bf16 weights, AMD Zen 4 and later) and,
-elsewhere on x86, AVX2 with FMA (vector_gguf.cpp: float32 FMAs of the GGUF's own values). The
+Three instruction sets, one operator (`diversed::amx_mm`): Intel AMX (amx_gguf.cpp: tile products of the
+exact bf16 weights, Sapphire Rapids and later Xeons, where Linux lends the process its tiles), AVX-512 VNNI
+(vnni_gguf.cpp: integer dot products of the GGUF's codes and the rows' blocks as 8-bit codes, as llama.cpp
+multiplies them, AMD Zen 4 and later; its records laid out for it: `VNNI_LAYOUT`) and, elsewhere on x86,
+AVX2 with FMA (vector_gguf.cpp: float32 FMAs of the GGUF's own values). The
 kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, 10-20 s: at a first
 start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
 runtime/compiled_build.py) and loaded as a PyTorch operator, so the compiled pass can call it too. It serves
@@ -16,7 +17,6 @@ int4 kernel and the dense LM head do.
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import PASS_ROWS
 from . import native_build
 from .native_build import cpu_flags
 
@@ -34,23 +33,19 @@ SWITCH = "DIVERSED_AMX"  # "0": PyTorch's int4 kernel even where this one would 
 CPU_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "f16c"}
 AMX_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16"]
 AMX = (CPU_FLAGS, Path(__file__).with_suffix(".cpp"), AMX_FLAGS)
-VECTOR = Path(__file__).with_name("vector_gguf.cpp")  # one source, its instruction set chosen by the flags
-AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma", "f16c"}
-AVX512 = (
-    AVX512_FLAGS,
-    VECTOR,
-    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"],
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "f16c"}
+VNNI = (
+    VNNI_FLAGS,
+    Path(__file__).with_name("vnni_gguf.cpp"),
+    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-mf16c"],
 )
 AVX2_FLAGS = {"avx2", "fma", "f16c"}
-AVX2 = (AVX2_FLAGS, VECTOR, ["-mavx2", "-mfma", "-mf16c"])
-KERNELS = (("AMX", AMX), ("AVX-512 BF16", AVX512), ("AVX2", AVX2))  # the better first
-BF16_WEIGHTS = ("AMX", "AVX-512 BF16")  # kernels that multiply the dense bf16 model's weights
-# The most rows a product takes on the kernel, more the dense bf16 weight: AVX-512 BF16's dot products lose
-# to oneDNN's dense bf16 product beyond a pass's rows (Zen 4, 2 threads: 2.6 against 2.7 ms at 16 rows, 11.4
-# against 6.2 at 64; docs/measurements/speed.md). Every decoding pass (a tree's too: PASS_ROWS) stays on
-# the kernel, so a verification gives each row a one-token pass's sums. AMX and AVX2 are the faster at
-# every length.
-MOST_ROWS = {"AVX-512 BF16": PASS_ROWS}
+AVX2 = (AVX2_FLAGS, Path(__file__).with_name("vector_gguf.cpp"), ["-mavx2", "-mfma", "-mf16c"])
+KERNELS = (("AMX", AMX), ("AVX-512 VNNI", VNNI), ("AVX2", AVX2))  # the better first
+VNNI_LAYOUT = "AVX-512 VNNI"  # the kernel whose records hold a block's codes by groups of 4 inputs
+# Every kernel here takes any number of rows, prompts too: each is the faster than the dense bf16 weight at
+# every length (AVX-512 VNNI against oneDNN's dense product on Zen 4: 0.4-0.9 of its time from 16 to 512
+# rows; docs/measurements/speed.md), and a verification gives each row a one-token pass's sums.
 # bytes a block of 16 rows × 32 inputs takes: 4-bit, 256 of codes, 16 fp16 scales and 16 fp16 minima;
 # 8-bit, 512 of codes and 16 fp16 scales
 Q4_RECORD, Q8_RECORD = 320, 544
@@ -66,7 +61,7 @@ def instruction_set() -> tuple[str, Path, list[str]] | None:
 
 
 def library_path() -> Path:
-    _, source, flags = instruction_set() or ("", VECTOR, [])
+    _, source, flags = instruction_set() or ("", AVX2[1], [])
     return native_build.library_path(source, flags)
 
 
@@ -157,14 +152,8 @@ def loaded() -> bool:
 
 
 def name() -> str:
-    """The kernel as the runtime names it: "AMX", "AVX-512 BF16" or "AVX2", by this CPU."""
+    """The kernel as the runtime names it: "AMX", "AVX-512 VNNI" or "AVX2", by this CPU."""
     return (instruction_set() or ("native",))[0]
-
-
-@functools.cache
-def most_rows() -> int:
-    """The most rows one product takes on this CPU's kernel (MOST_ROWS); more take the dense weight."""
-    return MOST_ROWS.get(name(), sys.maxsize)
 
 
 def say_why(err: Exception) -> None:
@@ -194,7 +183,7 @@ def computes_right() -> bool:
     q8 = torch.randint(-127, 128, (64, 64), generator=generator)
     for records, codes, minima in ((pack_q4(q4, d, m), q4, m), (pack_q8(q8, d), q8, 0 * m)):
         dense = (codes.view(64, 2, 32) * d[..., None] + minima[..., None]).view(64, 64)
-        expected = rows.float() @ as_multiplied(dense).T
+        expected = rows_as_multiplied(rows) @ as_multiplied(dense).T
         for count in (1, 3, 5, len(rows)):
             if not torch.allclose(amx_product(rows[:count], records).float(), expected[:count], 1e-2, 1e-2):
                 return False
@@ -202,9 +191,22 @@ def computes_right() -> bool:
 
 
 def as_multiplied(weights: torch.Tensor) -> torch.Tensor:
-    """A GGUF's float32 weights as this CPU's kernel multiplies them: rounded to bf16 on AMX and AVX-512 BF16
-    (the dense bf16 model's weights), as they are on AVX2 (the GGUF's own values)."""
-    return weights.bfloat16().float() if name() in BF16_WEIGHTS else weights
+    """A GGUF's float32 weights as this CPU's kernel multiplies them: rounded to bf16 on AMX (the dense bf16
+    model's weights), as they are elsewhere (the GGUF's own values)."""
+    return weights.bfloat16().float() if name() == "AMX" else weights
+
+
+def rows_as_multiplied(rows: torch.Tensor) -> torch.Tensor:
+    """A product's input rows [M, K] as this CPU's kernel multiplies them, in float32: on AVX-512 VNNI each
+    block of 32 as int8 codes times one scale (its largest magnitude / 127), as they are elsewhere."""
+    x = rows.float()
+    if name() != VNNI_LAYOUT:
+        return x
+    blocks = x.unflatten(-1, (-1, 32))
+    largest = blocks.abs().amax(-1, keepdim=True)
+    # a true division, as the kernel's (`127 / tensor` multiplies by a reciprocal: another rounding)
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127).div(largest), torch.zeros_like(largest))
+    return ((blocks * inverse).round() * (largest / 127)).flatten(-2)
 
 
 def check_fp16(*tensors: torch.Tensor) -> None:
@@ -228,9 +230,19 @@ def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tens
     check_fp16(d, m)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
-    pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(0, 3, 1, 2, 4)  # group, block, pair, row, input
-    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(groups, n_blocks, 256).to(torch.uint8)
-    return to_records(nibbles, [d, m])
+    if (
+        name() == VNNI_LAYOUT
+    ):  # 4 x 64 bytes: byte 4j + e of the t-th, row j's inputs 8t + e (low) and 8t + 4 + e
+        quads = codes.view(groups, 16, n_blocks, 4, 2, 4).permute(
+            0, 2, 3, 1, 5, 4
+        )  # ..., t, row, e, low/high
+        nibbles = quads[..., 0] | (quads[..., 1] << 4)
+    else:  # byte 32i + k: row 2i's input k (low nibble) and row 2i + 1's (high)
+        pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(
+            0, 3, 1, 2, 4
+        )  # group, block, pair, row, input
+        nibbles = pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)
+    return to_records(nibbles.reshape(groups, n_blocks, 256).to(torch.uint8), [d, m])
 
 
 def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -238,6 +250,11 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     check_fp16(d)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
+    if (
+        name() == VNNI_LAYOUT
+    ):  # 8 x 64 bytes, unsigned (code + 128): byte 4j + e of the u-th, row j's input 4u + e
+        quads = (codes.to(torch.int32) + 128).view(groups, 16, n_blocks, 8, 4).permute(0, 2, 3, 1, 4)
+        return to_records(quads.reshape(groups, n_blocks, 512).to(torch.uint8), [d])
     blocks = (
         codes.to(torch.int8).view(groups, 16, n_blocks, 32).transpose(1, 2).reshape(groups, n_blocks, 512)
     )

@@ -19,11 +19,11 @@ from .block_attention import feed_rows, padded_width
 from .compiled_pass import (
     K_MAX,
     MAX_LEN,
-    TOLERANCE,
     CompiledPass,
     compile_checked,
     load_checked,
     source_digests,
+    tolerance,
 )
 from .int8_draft import products
 from .static_draft import StaticDraftStep
@@ -40,6 +40,7 @@ STEP_SOURCES = (
     "runtime/amx_gguf.py",
     "runtime/amx_gguf.cpp",
     "runtime/vector_gguf.cpp",
+    "runtime/vnni_gguf.cpp",
     "runtime/lean_layer.py",
     "runtime/compiled_pass.py",
     "models/eagle.py",
@@ -112,7 +113,7 @@ def step_agrees_with_eager(draft, compiled: CompiledPass, sizes=(3, 1, 1, 1)) ->
             given = features[start:end] if hidden is None or end - start > 1 else hidden[-1:]
             hidden, logits_e = eager(tokens[start:end], *feed_rows(start, end, device), given)
             _, logits_c = compiled.forward(tokens[start:end], start, given)
-            if (logits_c.float() - logits_e.float()).abs().max() > TOLERANCE:
+            if (logits_c.float() - logits_e.float()).abs().max() > tolerance():
                 return False
     return True
 

@@ -60,11 +60,11 @@ def int4_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
 
 def uses_quantised(operands: tuple[torch.Tensor, ...], rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product of these rows [M, ·] runs on the quantised operands rather than the dense weight,
-    which also serves products that need a gradient (the kernels have none) and those longer than the kernel
-    takes (`INT4_ROWS` on PyTorch's, `amx_gguf.most_rows` on the project's)."""
+    which also serves products that need a gradient (the kernels have none) and those longer than PyTorch's
+    kernel takes (`INT4_ROWS`; the project's takes any number)."""
     if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
         return False
-    return len(rows) <= (amx_gguf.most_rows() if len(operands) == 1 else INT4_ROWS)
+    return len(operands) == 1 or len(rows) <= INT4_ROWS
 
 
 def stack_operands(*operands: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -184,7 +184,10 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module, amx: AmxKernel) -> di
     projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
     fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
     kernel = int4_kernel(dtype, amx) if fits_amx else "aten"
-    tag = f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}:{OPERANDS}"
+    records = amx_gguf.name() if kernel == "amx" else ""  # their layout is the instruction set's
+    tag = (
+        f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}{records}:{OPERANDS}"
+    )
     key = f"{gguf_key(gguf_path)}-int4-{hashlib.sha256(tag.encode()).hexdigest()[:8]}"
     path = cache_dir() / f"{gguf_path.stem}-{key}.safetensors"
     if path.exists():

@@ -56,16 +56,15 @@ def int8_product(rows: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Linear(torch.nn.Linear):
-    """nn.Linear whose products in the draft's dtype use `int8`: the GGUF kernel's records (for as many rows
-    as it takes: `amx_gguf.most_rows`), or PyTorch's (codes, scales) for at most INT8_ROWS rows."""
+    """nn.Linear whose products in the draft's dtype use `int8`: the GGUF kernel's records (any number of
+    rows), or PyTorch's (codes, scales) for at most INT8_ROWS rows."""
 
     int8: tuple[torch.Tensor, ...]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
         on_rows = len(self.int8) == 2
-        most = INT8_ROWS if on_rows else amx_gguf.most_rows()
-        if len(rows) > most or input.dtype != self.weight.dtype:
+        if (on_rows and len(rows) > INT8_ROWS) or input.dtype != self.weight.dtype:
             return linear_in_buckets(input, self.weight, self.bias)
         return int8_product(rows, *self.int8).view(*input.shape[:-1], self.out_features)
 

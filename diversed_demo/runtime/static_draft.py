@@ -14,22 +14,23 @@ or the draft's own output, as in `core.draft.FeatureDraft`.
 Where the draft runs its products on 8-bit weights (runtime/int8_draft.py), so does the step, on up to
 K_MAX rows (the eager draft stops at INT8_ROWS: the compiled graph takes any row count up to K_MAX, and
 the choice cannot depend on it). A longer feed (the prompt's features, run eagerly) stays on the GGUF
-kernel's records for as many rows as that kernel takes (`amx_gguf.most_rows`: any on AMX), as the eager
-draft does; PyTorch's dense product would build its kernels afresh for each new prompt length (a feed
-of 600–650 rows on the Xeon: 19–27 ms at a new length, 10–13 at one met before, 9–12 on the 8-bit records;
-docs/measurements/speed.md). Beyond it, the dense weights, in row buckets
-(row_buckets.py), and attention on PyTorch's kernel. The projections are stacked (q, k, v;
-gate, up), so the step holds its own copy of the draft's weights (about 30 MB with the 8-bit codes); the
-target's embedding it borrows.
+kernel's records (any number of rows), as the eager draft does; PyTorch's dense product would build its
+kernels afresh for each new prompt length (a feed of 600–650 rows on the Xeon: 19–27 ms at a new length,
+10–13 at one met before, 9–12 on the 8-bit records; docs/measurements/speed.md). Without the kernel, the
+dense weights, in row buckets (row_buckets.py), and attention on PyTorch's kernel. The projections are
+stacked (q, k, v; gate, up), so the step holds its own copy of the draft's weights (about 30 MB with the
+8-bit codes); the target's embedding it borrows.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import amx_gguf, fused_attention
+from . import fused_attention
 from .block_attention import attend_in_blocks, mask_bias, own_slots, padded_width
 from .int8_draft import int8_product
 from .lean_layer import rms_norm
@@ -61,7 +62,7 @@ class StaticDraftStep(nn.Module):
         self.n_int8 = (
             len(draft.lm_head.int8) if self.int8 else 0
         )  # 1: the GGUF kernel's records; 2: PyTorch's
-        self.int8_rows = max(K_MAX, amx_gguf.most_rows()) if self.n_int8 == 1 else K_MAX
+        self.int8_rows = sys.maxsize if self.n_int8 == 1 else K_MAX  # the GGUF kernel takes any number
         for name, modules in products.items():  # stacked output rows: exact for per-row or per-block scales
             self.register_buffer(name, torch.cat([m.weight.detach() for m in modules]), persistent=False)
             for j, parts in enumerate(zip(*(m.int8 for m in modules)) if self.int8 else ()):

@@ -1,11 +1,7 @@
-// diversed::amx_mm on vector instructions, for x86 CPUs without AMX: rows [M, K] bf16 times a GGUF-quantised
-// weight [N, K] -> [M, N] bf16, on the AMX kernel's records (amx_gguf.py packs them; amx_gguf.cpp documents
-// their layout). One algorithm on two instruction sets, chosen by g++'s flags (amx_gguf.py picks by CPU):
-// - AVX-512 BF16 (AMD Zen 4 and later): per block of 32 inputs an output row's codes become its 32 bf16
-//   weights (d·q + m rounded once, as the dense bf16 model and the AMX kernel hold them), and one dot-product
-//   instruction per input row multiplies them by the row's 32 bf16 inputs into 16 float32 lanes.
-// - AVX2 with FMA: the codes become float32 weights d·q + m, 8 at a time (the GGUF's own values: rounding
-//   them to bf16 first cost 1.5-2x the time there), multiplied by float32 inputs with FMAs.
+// diversed::amx_mm on AVX2 with FMA, for x86 CPUs with neither AMX nor AVX-512 VNNI: rows [M, K] bf16 times a
+// GGUF-quantised weight [N, K] -> [M, N] bf16, on the AMX kernel's records (amx_gguf.py packs them;
+// amx_gguf.cpp documents their layout). The codes become float32 weights d·q + m, 8 at a time (the GGUF's
+// own values: rounding them to bf16 first cost 1.5-2x the time there), multiplied by float32 inputs with FMAs.
 // The weight streams as stored, and each conversion serves up to ROWS input rows, so a pass over a few tokens
 // converts each block once per ROWS rows, and even a prompt's pass runs faster than on the dense bf16 weights
 // (docs/measurements/speed.md). Every output element sums its inputs the same way whatever M is (lane by
@@ -37,60 +33,6 @@ inline float sum_lanes(__m256 v) {  // one fixed tree: the halves, then pairs, t
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-#if defined(__AVX512BF16__)
-// A block's 32 inputs are one vector of 16 bf16 pairs, as the dot-product instruction takes them.
-constexpr int ROWS = 8;  // input rows a conversion serves: 2·8 accumulators of the 32 registers
-constexpr int LANES = 16, CHUNKS = 1;
-using Acc = __m512;
-using Weights = __m512bh;
-using Input = c10::BFloat16;  // the rows as given
-inline Acc load(const float* p) { return _mm512_load_ps(p); }
-inline Acc zero() { return _mm512_setzero_ps(); }
-inline void store(float* p, Acc v) { _mm512_store_ps(p, v); }
-inline Acc madd(Weights w, const Input* x, Acc acc) {
-  return _mm512_dpbf16_ps(acc, w, (__m512bh)_mm512_loadu_si512((const void*)x));
-}
-inline float sum(Acc v) { return sum_lanes(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
-
-// One output row pair's weights for a block's 32 inputs: rows 2i and 2i+1 of a record.
-struct Q4 {
-  static constexpr int RECORD = Q4_RECORD;
-  static inline void weights(const uint8_t* record, int i, int, const float* d, const float* m, Weights& even,
-                             Weights& odd) {
-    // the 16 values each row's codes stand for, as a table: words 0..15 row 2i's, 16..31 row 2i+1's
-    const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 e = _mm512_fmadd_ps(codes, _mm512_set1_ps(d[2 * i]), _mm512_set1_ps(m[2 * i]));
-    const __m512 o = _mm512_fmadd_ps(codes, _mm512_set1_ps(d[2 * i + 1]), _mm512_set1_ps(m[2 * i + 1]));
-    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(o, e);
-    // byte 32i + k: row 2i's code for input k in its low nibble, row 2i+1's in its high nibble
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(record + 32 * i)));
-    const __m512i high = _mm512_or_si512(_mm512_srli_epi16(bytes, 4), _mm512_set1_epi16(16));
-    even = (Weights)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(15)), table);
-    odd = (Weights)_mm512_permutexvar_epi16(high, table);
-  }
-  static inline void scales(const uint8_t* record, float* d, float* m) {
-    halves(record + 256, d);
-    halves(record + 288, m);
-  }
-};
-
-struct Q8 {
-  static constexpr int RECORD = Q8_RECORD;
-  static inline Weights row(const uint8_t* record, int j, float d) {  // row j's 32 signed codes in a row
-    const __m128i* codes = (const __m128i*)(record + 32 * j);
-    const __m512 scale = _mm512_set1_ps(d);
-    const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes)));
-    const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1)));
-    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(high, scale), _mm512_mul_ps(low, scale));
-  }
-  static inline void weights(const uint8_t* record, int i, int, const float* d, const float*, Weights& even,
-                             Weights& odd) {
-    even = row(record, 2 * i, d[2 * i]);
-    odd = row(record, 2 * i + 1, d[2 * i + 1]);
-  }
-  static inline void scales(const uint8_t* record, float* d, float*) { halves(record + 512, d); }
-};
-#else
 // A block's 32 inputs are 4 chunks of 8 float32 lanes.
 constexpr int ROWS = 4;  // input rows a conversion serves: 2·4 accumulators, registers to spare
 constexpr int LANES = 8, CHUNKS = 4;
@@ -134,7 +76,6 @@ struct Q8 {
   }
   static inline void scales(const uint8_t* record, float* d, float*) { halves(record + 512, d); }
 };
-#endif
 
 // Output rows 32p..32p+31 for input rows x [R][K]: out[r][n] for those n. The group's records are read in
 // order, SPAN blocks at a time (a few KB, in L1): each output row pair converts a block's codes once for the

@@ -1,6 +1,7 @@
-"""The project's GGUF kernel (runtime/amx_gguf.py, on AMX or AVX2): the product of the weights it
-multiplies (the dense bf16 model's on AMX, the GGUF's own on AVX2), a row's result independent of the rows
-beside it, and PyTorch's kernel wherever it cannot serve."""
+"""The project's GGUF kernel (runtime/amx_gguf.py, on AMX, AVX-512 VNNI or AVX2): the product of the weights
+and rows it multiplies (the dense bf16 model's weights on AMX, the GGUF's own elsewhere; the rows' blocks as
+8-bit codes on AVX-512 VNNI), a row's result independent of the rows beside it, and PyTorch's kernel wherever
+it cannot serve."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_the_4bit_product_is_the_product_of_the_ggufs_weights(rows):
     codes, d, m = q4_blocks()
     weights = amx_gguf.as_multiplied(dequantised(codes, d, m))  # on AMX what the dense bf16 model holds
     hidden = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
-    expected = hidden.double() @ weights.double().T
+    expected = amx_gguf.rows_as_multiplied(hidden).double() @ weights.double().T
     out = amx_gguf.amx_product(hidden, amx_gguf.pack_q4(codes, d, m))
     assert out.dtype == torch.bfloat16 and out.shape == (rows, codes.shape[0])
     # float32 accumulation, then one rounding to bf16 (half a unit in the last place: 2⁻⁹ relative)
@@ -49,7 +50,8 @@ def test_the_8bit_product_is_the_product_of_the_ggufs_weights(rows):
     weights = amx_gguf.as_multiplied(dequantised(codes, d, 0 * d))
     hidden = torch.randn(rows, 192, generator=generator).bfloat16()
     out = amx_gguf.amx_product(hidden, amx_gguf.pack_q8(codes, d))
-    torch.testing.assert_close(out.double(), hidden.double() @ weights.double().T, rtol=2**-8, atol=1e-4)
+    expected = amx_gguf.rows_as_multiplied(hidden).double() @ weights.double().T
+    torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-4)
 
 
 @needs_amx

@@ -13,7 +13,7 @@ from tiny import tiny_model, tiny_q4_model
 
 from diversed_demo.core.cache import CachedLM
 from diversed_demo.core.config import TREE_LIMITS
-from diversed_demo.runtime import compiled_pass, fused_attention, gguf_int4
+from diversed_demo.runtime import amx_gguf, compiled_pass, fused_attention, gguf_int4
 from diversed_demo.runtime.amx_gguf import AmxKernel
 from diversed_demo.runtime.attention import use_grouped_attention
 from diversed_demo.runtime.compiled_build import prune
@@ -129,9 +129,12 @@ def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path)
     assert held
     static_runner = CompiledPass(StaticPass(lean_model, AUX, compiled_pass.MAX_LEN))
     static, _ = decode_like(lean_model, feeds, rollbacks, runner=static_runner)
+    # inductor fuses away some bf16 roundings; where the kernel multiplies rows as 8-bit codes (AVX-512 VNNI)
+    # a last bit rounded otherwise moves a code by one: twice as far
+    slack = 2 if amx_gguf.name() == amx_gguf.VNNI_LAYOUT else 1
     for (a, _, a_aux), (b, _, b_aux) in zip(static, compiled, strict=True):
-        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03)  # inductor fuses away some bf16 roundings
-        torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05)
+        torch.testing.assert_close(b, a, rtol=0.03, atol=0.03 * slack)
+        torch.testing.assert_close(b_aux, a_aux, rtol=0.03, atol=0.05 * slack)
 
 
 def test_packages_no_start_loaded_for_a_month_are_removed(tmp_path):

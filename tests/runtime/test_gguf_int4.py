@@ -129,7 +129,8 @@ def test_a_q8_lm_head_is_multiplied_as_stored_on_the_amx_kernel(tmp_path, kernel
 
 def test_a_prompts_products_take_the_blocks_on_amx_and_the_dense_weight_on_pytorchs_kernel(tmp_path, kernel):
     """The AMX kernel converts a block once for any number of rows, so a prompt's products run on the 4-bit
-    blocks too; PyTorch's kernel would pay again for every 4 rows, so there they take the dense weight."""
+    blocks too (AVX-512 VNNI's as well); PyTorch's kernel would pay again for every 4 rows, so there they
+    take the dense weight."""
     model, path = tiny_int4_model(tmp_path)
     use_gguf_int4(model, path, AmxKernel())
     projection = model.model.layers[0].mlp.down_proj
@@ -159,7 +160,7 @@ def passes(model, ids, sizes):
     return [(logits.float(), aux.float()) for logits, _, aux in out]
 
 
-def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
+def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path, kernel):
     """One-token, verification-sized and longer passes (on PyTorch's kernel the dense path, on AMX the 4-bit
     blocks too) through the lean layers and 4-bit products give transformers' logits and features to bf16's
     precision, and the lean layer the 4-bit projections' own results."""
@@ -177,11 +178,14 @@ def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path):
         with stock_layers(model):
             assert not any(isinstance(m, (GgufLinear, LeanLlamaLayer)) for m in model.modules())
             stock = passes(model, ids, sizes)
+    # twice as far where the kernel multiplies the rows as 8-bit codes (AVX-512 VNNI): a last bit of an input
+    # that another layer rounds otherwise may move its code by one
+    codes = 2 if kernel == "amx" and amx_gguf.name() == amx_gguf.VNNI_LAYOUT else 1
     for (a, a_aux), (b, b_aux), (c, c_aux) in zip(ours, projections_only, stock, strict=True):
-        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
-        torch.testing.assert_close(a_aux, b_aux, rtol=0.02, atol=0.04)
-        torch.testing.assert_close(a, c, rtol=0.02, atol=0.02)
-        torch.testing.assert_close(a_aux, c_aux, rtol=0.02, atol=0.04)  # 2 bf16 steps at ~3
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02 * codes)
+        torch.testing.assert_close(a_aux, b_aux, rtol=0.02, atol=0.04 * codes)
+        torch.testing.assert_close(a, c, rtol=0.02, atol=0.02 * codes)
+        torch.testing.assert_close(a_aux, c_aux, rtol=0.02, atol=0.04 * codes)  # 2 bf16 steps at ~3
 
 
 def test_lean_layers_read_the_cache_under_its_name_before_transformers_5_24(tmp_path, monkeypatch):

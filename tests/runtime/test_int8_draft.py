@@ -40,8 +40,7 @@ needs_kernel = pytest.mark.skipif(
 @pytest.mark.parametrize("rows", [1, INT8_ROWS, 2 * INT8_ROWS + 3, PASS_ROWS + 5])
 def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_the_rows_it_takes(rows):
     """Q8_0 blocks (an fp16 scale per 32 weights) on the kernel: within half a step of each weight, and the
-    product of those weights for as many rows as the kernel takes (a draft's prompt too on AMX and AVX2),
-    the dense weight's beyond (AVX-512 BF16: `amx_gguf.MOST_ROWS`)."""
+    product of those weights (and rows as it multiplies them) for any number of rows, a draft's prompt too."""
     g = torch.Generator().manual_seed(1)
     layer = torch.nn.Linear(64, 96, bias=False).bfloat16()
     layer.weight.data = (torch.randn(96, 64, generator=g) / 8).bfloat16()
@@ -56,10 +55,10 @@ def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_the_rows_it_takes
     steps = layer.weight.float().abs().unflatten(1, (2, 32)).amax(-1, keepdim=True) / 127
     assert ((weights - layer.weight.float()).unflatten(1, (2, 32)).abs() <= steps / 2 + 1e-3).all()
     x = torch.randn(rows, 64, generator=g).bfloat16()
-    on_blocks = rows <= amx_gguf.most_rows()
     expected = int8_draft.int8_product(x, records)
-    assert torch.equal(layer(x), expected if on_blocks else x @ layer.weight.T)
-    torch.testing.assert_close(expected.float(), x.float() @ weights.T, atol=0.02, rtol=2**-7)
+    assert torch.equal(layer(x), expected)
+    multiplied = amx_gguf.rows_as_multiplied(x)
+    torch.testing.assert_close(expected.float(), multiplied @ weights.T, atol=0.02, rtol=2**-7)
 
 
 def test_only_a_bf16_draft_on_the_cpu_where_it_pays_is_switched(monkeypatch):
@@ -130,12 +129,11 @@ def test_a_dense_draft_gets_its_blocks_too(monkeypatch):
 
 
 @needs_kernel
-def test_the_static_step_feeds_a_prompt_on_the_blocks_for_the_rows_the_kernel_takes():
-    """A prompt's feed (more rows than a step) multiplies on the GGUF kernel's records for as many rows as
-    the kernel takes, as the eager draft does (any on AMX), and on the dense weights in row buckets beyond."""
+def test_the_static_step_feeds_a_prompt_on_the_blocks():
+    """A prompt's feed (more rows than a step) multiplies on the GGUF kernel's records, which take any
+    number of rows, as the eager draft does."""
     from tiny import tiny_eagle3, tiny_model
 
-    from diversed_demo.runtime.row_buckets import linear_in_buckets
     from diversed_demo.runtime.static_draft import K_MAX, StaticDraftStep
 
     draft = tiny_eagle3(tiny_model(0, num_layers=3, hidden=128)).bfloat16()  # its widths fit the records
@@ -143,15 +141,10 @@ def test_the_static_step_feeds_a_prompt_on_the_blocks_for_the_rows_the_kernel_ta
         use_int8_draft(draft, when_faster=False, kernel=True) > 0 and int8_draft.products(draft) == "blocks"
     )
     step = StaticDraftStep(draft, max_len=256)
-    assert step.int8_rows == max(K_MAX, amx_gguf.most_rows())
+    assert step.int8_rows > 300  # the kernel takes any number of rows
     width = step.lm_head.shape[1]
     for rows in (K_MAX, K_MAX + 9, 300):
         x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)).bfloat16()
         with torch.inference_mode():
-            blocks = rows <= max(K_MAX, amx_gguf.most_rows())
-            expected = (
-                int8_draft.int8_product(x, step.lm_head_int8_0)
-                if blocks
-                else linear_in_buckets(x, step.lm_head)
-            )
+            expected = int8_draft.int8_product(x, step.lm_head_int8_0)
             assert torch.equal(step._product("lm_head", x), expected)
