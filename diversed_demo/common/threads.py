@@ -72,6 +72,7 @@ class ThreadWatch:
         self._local = threading.local()  # per decoding thread: its steps' shares, its looks and changes
         self.fewer_s = 0.0  # seconds of decoding steps on fewer threads than `full`
         self.last = 0  # the count the watch last set (for `note`, read from any thread)
+        self.rearmed = 0  # how often `rearm` was called: each decoding thread's looks follow it
 
     def _probe(self, threads: int, seconds: float) -> tuple[float, float]:
         # Made where it is first probed, never at import: filling it runs a parallel kernel, and one on the
@@ -85,6 +86,11 @@ class ThreadWatch:
         """Watch decodes that run on up to `threads` threads (this thread's count by default)."""
         if os.environ.get(SWITCH) != "0":
             self.full = self.last = threads or torch.get_num_threads()
+
+    def rearm(self) -> None:
+        """The process's own background work on the other core is over (its build): each decoding thread
+        tries its full count at its next look, without the wait that tries failed beside it had grown."""
+        self.rearmed += 1
 
     def contended(self, threads: int, seconds: float = 0.0) -> bool:
         """Whether a team of `threads` waits for a core that another process holds: the probe's team slower
@@ -102,11 +108,13 @@ class ThreadWatch:
         local, now, cpu = self._local, self.clock(), self.cpu()
         if not hasattr(local, "shares"):
             local.shares, local.looked, local.changed = [], now, -math.inf
-            local.wait, local.trial = RETRY_S, False
+            local.wait, local.trial, local.rearmed = RETRY_S, False, self.rearmed
         elif not first:  # at a decode's first step the time since went between decodes, not to a step
             local.shares.append((cpu - local.cpu_at) / max(now - local.at, 1e-9))
             self.fewer_s += (now - local.at) if threads < self.full else 0.0
         local.at, local.cpu_at = now, cpu
+        if local.rearmed != self.rearmed:
+            local.rearmed, local.changed, local.wait = self.rearmed, -math.inf, RETRY_S
         if now - local.looked < WATCH_S or len(local.shares) < MIN_STEPS:
             return threads
         waited = statistics.median(local.shares) < SHARE

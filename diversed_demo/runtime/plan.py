@@ -332,7 +332,8 @@ def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> 
 
 def passes_attached(pair: ModelPair, log, wait: bool) -> None:
     """Once nothing more will be attached: say so in `pair.runtime`, give it the greedy head kernel, then
-    choose chains or trees."""
+    choose chains or trees. The build's process no longer holds a core: decodes try all their threads."""
+    THREADS.rearm()
     pair.offer_upgrade(lambda: note_passes(pair, "compiled")).wait()
     attach_head_kernel(pair, log, wait)
     choose_drafts(pair, log)

@@ -96,6 +96,18 @@ def test_a_try_whose_steps_wait_drops_back_and_the_next_waits_longer(cores):
     assert len(raised) == 2 and raised[1] - raised[0] >= 2 * RETRY_S / 0.1 and counts[-1] == 1
 
 
+def test_once_the_processs_own_build_ends_decodes_try_their_full_count_at_once(cores):
+    """After minutes beside the background build (tries failed, each next one later, up to MAX_RETRY_S), the
+    build's end rearms the watch: the next look tries both threads, not MAX_RETRY_S later."""
+    watch = started(cores)
+    cores.busy = "main"
+    cores.steps(watch, 4 * MAX_RETRY_S, step_s=0.1)
+    cores.busy = None
+    assert cores.steps(watch, 2 * WATCH_S, step_s=0.1)[-1] == 1  # the back-off holds without the rearm
+    watch.rearm()
+    assert cores.steps(watch, 2 * WATCH_S, step_s=0.1)[-1] == 2
+
+
 def test_a_team_that_waits_on_the_probe_drops_a_thread_and_is_not_tried_while_it_would(cores):
     watch = started(cores)
     cores.busy = "team"  # the decoding thread gets all its CPU time: only the probe sees it
