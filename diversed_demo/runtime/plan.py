@@ -332,11 +332,12 @@ def build_passes(pair: ModelPair, wait: bool, log, background: bool = False) -> 
 
 def passes_attached(pair: ModelPair, log, wait: bool) -> None:
     """Once nothing more will be attached: say so in `pair.runtime`, give it the greedy head kernel, then
-    choose chains or trees. The build's process no longer holds a core: decodes try all their threads."""
-    THREADS.rearm()
+    choose chains or trees. Then the process's own background work no longer holds a core (but for the head
+    kernel's g++, which rearms the watch as it ends): decodes try all their threads (`ThreadWatch.rearm`)."""
     pair.offer_upgrade(lambda: note_passes(pair, "compiled")).wait()
     attach_head_kernel(pair, log, wait)
     choose_drafts(pair, log)
+    THREADS.rearm()
 
 
 def attach_head_kernel(pair: ModelPair, log, wait: bool) -> None:
@@ -366,7 +367,9 @@ def attach_head_kernel(pair: ModelPair, log, wait: bool) -> None:
             hand_over()
 
     def build_aside() -> None:
-        if greedy_head.build(background=True):
+        built = greedy_head.build(background=True)
+        THREADS.rearm()  # its g++ held the other core
+        if built:
             on_the_decoding_thread()
 
     if wait or greedy_head.built():
