@@ -230,17 +230,14 @@ def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tens
     check_fp16(d, m)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
-    if (
-        name() == VNNI_LAYOUT
-    ):  # 4 x 64 bytes: byte 4j + e of the t-th, row j's inputs 8t + e (low) and 8t + 4 + e
-        quads = codes.view(groups, 16, n_blocks, 4, 2, 4).permute(
-            0, 2, 3, 1, 5, 4
-        )  # ..., t, row, e, low/high
+    if name() == VNNI_LAYOUT:
+        # 4 x 64 bytes: byte 4j + e of the t-th holds row j's inputs 8t + e (low nibble) and 8t + 4 + e
+        # (high); the view's axes: group, row j, block, t, low or high, e
+        quads = codes.view(groups, 16, n_blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
         nibbles = quads[..., 0] | (quads[..., 1] << 4)
-    else:  # byte 32i + k: row 2i's input k (low nibble) and row 2i + 1's (high)
-        pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(
-            0, 3, 1, 2, 4
-        )  # group, block, pair, row, input
+    else:
+        # byte 32i + k: row 2i's input k (low nibble) and row 2i + 1's (high)
+        pairs = codes.view(groups, 8, 2, n_blocks, 32).permute(0, 3, 1, 2, 4)
         nibbles = pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)
     return to_records(nibbles.reshape(groups, n_blocks, 256).to(torch.uint8), [d, m])
 
@@ -250,9 +247,8 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     check_fp16(d)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
-    if (
-        name() == VNNI_LAYOUT
-    ):  # 8 x 64 bytes, unsigned (code + 128): byte 4j + e of the u-th, row j's input 4u + e
+    if name() == VNNI_LAYOUT:
+        # 8 x 64 bytes, unsigned (code + 128): byte 4j + e of the u-th holds row j's input 4u + e
         quads = (codes.to(torch.int32) + 128).view(groups, 16, n_blocks, 8, 4).permute(0, 2, 3, 1, 4)
         return to_records(quads.reshape(groups, n_blocks, 512).to(torch.uint8), [d])
     blocks = (
