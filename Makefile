@@ -74,9 +74,9 @@ test: install chromium sandbox lint
 	$(VLLM_BIN)/python -m pytest -q -n 2 --dist loadfile tests/vllm
 	$(BIN)/python -m pytest -q -m timed
 
-# The fast loop while editing: no browser, no embedded pair, nothing slow.
+# The fast loop while editing: no browser, no embedded pair, nothing slow, nothing timed (those run alone).
 quick: install sandbox lint
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow and not browser and not embedded"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow and not browser and not embedded and not timed"
 
 lint: install
 	$(BIN)/ruff check .
