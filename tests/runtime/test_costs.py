@@ -69,6 +69,7 @@ def test_whole_steps_that_cannot_be_priced_raise_instead_of_being_kept(why):
         costs.step_costs(steps, {1: verify, 4: verify}, target_ms=8.0, draft=(0.5, 0.1))
 
 
+@pytest.mark.timed  # compares wall times of a tiny pair: a second worker beside it moves them
 def test_a_timing_decodes_steps_on_chains_and_times_them_without_its_setup(monkeypatch):
     """A step's "ms" is the steps' own, from one step's end to the next: a decode's setup (here 0.3 s more)
     is not spread over them; the timing drafts chains whatever trees the runtime chose."""
@@ -101,6 +102,7 @@ def test_a_decode_too_short_to_time_raises():
         costs.decode_steps(pair, prompt, 0, max_new_tokens=3)
 
 
+@pytest.mark.timed  # compares wall times of a tiny pair: a second worker beside it moves them
 def test_a_decision_that_costs_more_a_position_is_priced_into_whole_steps(monkeypatch):
     """A pair whose verification takes 3 ms more a drafted position: what whole steps price a position grows
     by about that (a tenth of a target-only step here at least), while drafting's own c does not."""
