@@ -1,8 +1,9 @@
 """The served app's speed against the library's, measured as the app runs: a fresh process whose model work
 all runs on the model thread (runtime/model_thread.py: a second thread with its own OpenMP team would slow
 both). Prints JSON: per mode the best seconds of a decode through the app's Decode handler, streamed from the
-model thread unrendered and through `generate` on the same prompt, alternating, in rounds the host ran
-quiet (its other guests only ever add time, so the best of several rounds is each path's own speed); then
+model thread unrendered and through `generate` on the same prompt, in rounds the host ran quiet, and the
+median over the rounds of the library's seconds over the app's (`pace`: the three of a round run back to
+back, so the host's slower spells, which the best of each path alone may meet in one path only, cancel); then
 the first example's Compare speed-ups over target-only, as the page's Compare (its handler, every update
 rendered) reports them in its trace, each mode's median over COMPARES Compares, the speed-up the pair's
 measured costs (c, v[N]) allow each mode's acceptance, and what that allows in wall time beside the
@@ -142,23 +143,35 @@ def quiet_rounds(measure, rounds: int, most: int) -> tuple[list, int]:
 
 
 def decode_figures(pair, prompt, settings) -> dict:
-    """Best seconds of the app's, the streamed and the library's decode of `prompt`, alternating."""
+    """Best seconds of the app's, the streamed and the library's decode of `prompt`, and per round the
+    library's seconds over the app's (and the streamed's), whose median `pace` is what the test reads: the
+    three decodes of a round run back to back, in turn forwards and backwards (a burst of load, which may last
+    a whole run of rounds, slows a round's decodes alike, and no path always runs first)."""
     head = MODEL_THREAD.call(resolve_head, pair, settings)
+    paths = (
+        lambda: (app_decode_s(pair, prompt, settings), None),
+        lambda: streamed_decode_s(pair, prompt, settings, head),
+        lambda: MODEL_THREAD.call(library_decode_s, pair, prompt, settings, head),
+    )
+    turn = [0]
 
-    def one_round():  # alternating, so that a burst of load slows each alike
-        return (
-            app_decode_s(pair, prompt, settings),
-            streamed_decode_s(pair, prompt, settings, head),
-            MODEL_THREAD.call(library_decode_s, pair, prompt, settings, head),
-        )
+    def one_round():  # (app, streamed, library), each (seconds, tokens)
+        order = range(3) if turn[0] % 2 == 0 else range(2, -1, -1)
+        turn[0] += 1
+        timed = {i: paths[i]() for i in order}
+        return tuple(timed[i] for i in range(3))
 
     rounds, ran = quiet_rounds(one_round, ROUNDS, MOST_ROUNDS)
-    app, streamed, library = zip(*rounds)
+    app, streamed, library = ([seconds for seconds, _ in path] for path in zip(*rounds))
     return {
         "app": min(app),
-        "streamed": min(seconds for seconds, _ in streamed),
-        "library": min(seconds for seconds, _ in library),
-        "tokens": {"streamed": streamed[0][1], "library": library[0][1]},  # the same work on both paths
+        "streamed": min(streamed),
+        "library": min(library),
+        "pace": {
+            "app": statistics.median(lib / one for lib, one in zip(library, app)),
+            "streamed": statistics.median(lib / one for lib, one in zip(library, streamed)),
+        },
+        "tokens": {"streamed": rounds[0][1][1], "library": rounds[0][2][1]},  # the same work on both paths
         "rounds": {"read": len(rounds), "ran": ran},
     }
 

@@ -36,8 +36,8 @@ def figures():
 
 @pytest.mark.parametrize("mode", ["ar", "exact", "dynamic"])
 def test_the_apps_decode_runs_within_a_tenth_of_the_librarys_speed(figures, mode):
-    seconds = figures["decode_s"][mode]
-    assert seconds["library"] / seconds["app"] >= 0.9, json.dumps(figures)
+    """The median over rounds of the library's seconds over the app's, each round's decodes back to back."""
+    assert figures["decode_s"][mode]["pace"]["app"] >= 0.9, json.dumps(figures)
 
 
 # What a visitor's first Compare must show (issue 52): exact SD paying, DIVERSED paying more.
