@@ -8,14 +8,15 @@ Prints, greedy, through the served app's /generate endpoint (each decode's token
   background work (the eager passes on PyTorch's int4 kernel, as a first visitor's run): "eager alone", one
   start before (its own empty cache) and one after, since the host's speed drifts over minutes;
 - once built, the app's first example (N step by step) through the endpoint against `diversed-demo
-  generate` on the same prompt and mode, alternating, best of ROUNDS each (the host's other guests only
-  ever add time).
+  generate` on the same prompt and mode, alternating, over ROUNDS rounds: the best of each and the median
+  of the rounds' ratios.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ PROMPT = "Explain why the sky is blue in two or three sentences."
 MODES = ("ar", "exact")
 NEW_TOKENS = 96
 EXAMPLE_TOKENS = 128  # the app's own default
-ROUNDS = 4
+ROUNDS = 6
 NO_BACKGROUND = {"DIVERSED_COMPILED_PASS": "off", "DIVERSED_AMX": "0"}  # nothing built or swapped in
 
 
@@ -90,16 +91,28 @@ def stop(app: subprocess.Popen) -> None:
 
 
 def app_against_cli(url: str, env: dict) -> dict:
-    """Per mode, the best tokens/s of the app's first example through the endpoint and through the CLI."""
+    """Per mode, the tokens/s of the app's first example through the endpoint and through the CLI, round by
+    round (each round's two back to back)."""
     from diversed_demo.ui.examples import load_examples
 
     prompt = load_examples()[0].prompt
-    best = {mode: {"app": 0.0, "cli": 0.0} for mode in MODES}
+    speeds = {mode: {"app": [], "cli": []} for mode in MODES}
     for _ in range(ROUNDS):
         for mode in MODES:
-            best[mode]["app"] = max(best[mode]["app"], decode_speed(url, mode, prompt, auto_n=True))
-            best[mode]["cli"] = max(best[mode]["cli"], cli_speed(mode, prompt, env))
-    return best
+            speeds[mode]["app"].append(decode_speed(url, mode, prompt, auto_n=True))
+            speeds[mode]["cli"].append(cli_speed(mode, prompt, env))
+    return speeds
+
+
+def paced(speeds: dict) -> str:
+    """app ÷ CLI per mode: the best of each, and the median of each round's (the host's slower spells,
+    which the best of each alone may meet in one path only, cancel within a round)."""
+    figures = []
+    for mode, runs in speeds.items():
+        best = max(runs["app"]) / max(runs["cli"])
+        median = statistics.median(app / cli for app, cli in zip(runs["app"], runs["cli"]))
+        figures.append(f"{mode} {best:.2f} (best of each), {median:.2f} (median of the rounds')")
+    return ", ".join(figures)
 
 
 def eager_alone(env: dict, log: Path) -> dict:
@@ -137,9 +150,9 @@ def main() -> None:
         decode_speed(url, "ar")  # a warm-up decode on the attached passes
         steady = {mode: decode_speed(url, mode) for mode in MODES}
         print(f"steady decodes: {steady}")
-        best = app_against_cli(url, env)
-        print("the first example, app ÷ CLI (best of each): " + json.dumps(best))
-        print("  " + ", ".join(f"{m} {b['app'] / b['cli']:.2f}" for m, b in best.items()))
+        speeds = app_against_cli(url, env)
+        print("the first example, tokens/s by round: " + json.dumps(speeds))
+        print("  app ÷ CLI: " + paced(speeds))
         lines = [line for line in log.read_text().splitlines() if "http" not in line and "%|" not in line]
         print("the app's log:\n" + "\n".join(lines))
     finally:

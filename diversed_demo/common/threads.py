@@ -7,7 +7,8 @@ the one put aside: on a 2-core Xeon beside one busy process, greedy decoding of 
 a core"). It shows two ways: the decoding thread gets about half the CPU time the clock shows (alone, all
 of it), or, where it is the other thread that waits, a small parallel kernel takes milliseconds instead of
 microseconds. So the watch reads each step's CPU time against the clock, and every WATCH_S it drops a thread
-where either shows. Later it tries one more again, first probing that team for TRY_S as the steps would
+where either shows (the probe's at two looks in a row: a client or a page request on the same cores works in
+bursts that a probe may meet and no step waits on). Later it tries one more again, first probing that team for TRY_S as the steps would
 show it, then judging the steps on it at the next look. Threads are set per decoding thread (OpenMP keeps
 the count per thread), and so is what the watch reads.
 """
@@ -108,7 +109,7 @@ class ThreadWatch:
         local, now, cpu = self._local, self.clock(), self.cpu()
         if not hasattr(local, "shares"):
             local.shares, local.looked, local.changed = [], now, -math.inf
-            local.wait, local.trial, local.rearmed = RETRY_S, False, self.rearmed
+            local.wait, local.trial, local.rearmed, local.suspect = RETRY_S, False, self.rearmed, False
         elif not first:  # at a decode's first step the time since went between decodes, not to a step
             local.shares.append((cpu - local.cpu_at) / max(now - local.at, 1e-9))
             self.fewer_s += (now - local.at) if threads < self.full else 0.0
@@ -122,11 +123,19 @@ class ThreadWatch:
         return self._decide(threads, waited, now)
 
     def _decide(self, threads: int, waited: bool, now: float) -> int:
-        """One thread fewer where the steps waited for a core or the probe's team does; one more where the
-        last change is `wait` old and the probe's team would not wait: a try, which the next look judges."""
-        local, trial = self._local, self._local.trial
-        local.trial = False
-        if threads > 1 and (waited or self.contended(threads)):
+        """One thread fewer where the steps waited for a core, or the probe's team did at two looks in a row;
+        one more where the last change is `wait` old and the probe's team would not wait: a try, which the
+        next look judges."""
+        local = self._local
+        team_waits = threads > 1 and not waited and self.contended(threads)
+        if team_waits and not local.suspect:
+            # A probe of a few µs may meet a burst of another process's work (a client reading the stream,
+            # a page's request) that no step waits on: the team waits only where the next look finds it too.
+            local.suspect = True
+            return threads
+        local.suspect = False
+        trial, local.trial = local.trial, False
+        if threads > 1 and (waited or team_waits):
             # the count a try raised to waited too: the next try waits twice as long
             local.wait = min(2 * local.wait, MAX_RETRY_S) if trial else RETRY_S
             threads -= 1
