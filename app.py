@@ -15,7 +15,7 @@ import sys
 from diversed_demo.models.embedded import EMBEDDED, EMBEDDED_GGUF_PACKAGE
 from diversed_demo.models.pair import PairError
 from diversed_demo.runtime.model_thread import MODEL_THREAD
-from diversed_demo.runtime.plan import load_pair
+from diversed_demo.runtime.plan import after_serving, load_pair
 from diversed_demo.ui.app import build_app, launch
 from diversed_demo.ui.examples import load_examples
 from diversed_demo.ui.opening import measured_opening
@@ -76,4 +76,6 @@ if __name__ == "__main__":
         sys.exit(f"app.py: cannot load the model pair: {err}")
     print(f"runtime: {pair.runtime}", file=sys.stderr)
     examples = load_examples()
-    launch(build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples)))
+    app = build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples))
+    MODEL_THREAD.submit(after_serving, pair)  # the draft length's timings checked while the page comes up
+    launch(app)

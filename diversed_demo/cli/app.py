@@ -24,6 +24,7 @@ def add_app_arguments(parser) -> None:
 
 def run_app(args) -> int:
     from ..runtime.model_thread import MODEL_THREAD
+    from ..runtime.plan import after_serving
     from ..ui.app import build_app, launch
     from ..ui.examples import load_examples
     from ..ui.opening import measured_opening
@@ -36,5 +37,6 @@ def run_app(args) -> int:
     pair = MODEL_THREAD.call(shared.pair_from_args, args, compiled="background", serve_first=True)
     examples = load_examples()
     app = build_app(pair, examples, start=MODEL_THREAD.call(measured_opening, pair, examples))
+    MODEL_THREAD.submit(after_serving, pair)  # the draft length's timings checked while the page comes up
     launch(app, server_name=args.host, server_port=args.port, share=args.share)
     return 0

@@ -8,9 +8,9 @@ a core"). It shows two ways: the decoding thread gets about half the CPU time th
 of it), or, where it is the other thread that waits, a small parallel kernel takes milliseconds instead of
 microseconds. So the watch reads each step's CPU time against the clock, and every WATCH_S it drops a thread
 where either shows (the probe's at two looks in a row: a client or a page request on the same cores works in
-bursts that a probe may meet and no step waits on). Later it tries one more again, first probing that team for TRY_S as the steps would
-show it, then judging the steps on it at the next look. Threads are set per decoding thread (OpenMP keeps
-the count per thread), and so is what the watch reads.
+bursts that a probe may meet and no step waits on). Later it tries one more again, first probing that team
+for TRY_S as the steps would show it, then judging the steps on it at the next look. Threads are set per
+decoding thread (OpenMP keeps the count per thread), and so is what the watch reads.
 """
 
 from __future__ import annotations

@@ -224,3 +224,30 @@ def test_timings_taken_beside_a_busy_core_serve_this_start_and_are_not_kept(tmp_
     plan.choose_drafts(pair, lines.append)
     assert pair.costs == KEPT and pair.runtime.drafts == "chains"
     assert "another process kept a core busy" in lines[0] and not plan.tree_timing_path(pair).exists()
+
+
+def test_a_servers_start_serves_its_page_on_the_kept_timings_and_checks_them_after(tmp_path, monkeypatch):
+    """A server's start on built passes (load_pair's serve_first) checks the kept timings only once its page
+    is up (`after_serving`): until then its decodes weigh the kept costs and draft as kept, and nothing is
+    timed (timing them again took 8 of a 23 s start on a Zen 4 host whose speed drifts); then the check runs,
+    on the model thread, and times them again where the host moved."""
+    from diversed_demo.runtime.model_thread import MODEL_THREAD
+
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+    timings, checks = [], []
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: timings.append("trees") or 1.2)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: timings.append("costs") or KEPT)
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    plan.choose_drafts(pair, lambda line: None)  # an earlier start timed and kept them
+    moved = {**HOST, "target_ms": 2 * HOST["target_ms"]}
+    monkeypatch.setattr(plan, "pass_check", lambda pair, prompt_ids: checks.append(1) or dict(moved))
+    timings.clear()
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    pair.runtime.serving_first = True
+    MODEL_THREAD.call(plan.choose_drafts, pair, lambda line: None)
+    assert (timings, checks) == ([], []) and pair.runtime.drafts == "trees" and pair.costs is not None
+    MODEL_THREAD.call(plan.after_serving, pair)
+    assert timings == ["costs", "trees"] and checks == [1] and pair.runtime.later == []
