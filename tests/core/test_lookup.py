@@ -139,3 +139,21 @@ def test_exact_greedy_proposes_blocks_of_copies_without_the_draft(feature_pair, 
     for v in copied:
         assert torch.equal(v.draft_probs.argmax(-1), v.draft_tokens) and torch.all(v.draft_probs.sum(-1) == 1)
     assert max(feeds[1:]) <= MAX_FEED  # after the prompt's
+
+
+def test_a_step_whose_length_rule_drafts_nothing_still_proposes_the_texts_copies(feature_pair, monkeypatch):
+    """Copies cost no draft step: where drafting never pays (the pair's costs say a drafted token costs ten
+    passes), exact greedy decoding at N step by step still verifies the text's blocks of copies, and still
+    gives the target's own tokens (on Zen 4 the rule's skipped steps had skipped the copies too: exact SD
+    1.07× where N = 1, copying, ran 1.14×)."""
+    monkeypatch.setattr(feature_pair, "costs", {"c": 10.0, "r": 10.0, "v": {1: 1.1, 2: 1.2}})
+    reference, _ = generate(feature_pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
+    texts, verdicts = [], []
+    for step in decode_steps(
+        feature_pair, REPEATING, "exact", n_draft="auto", max_new_tokens=30, temperature=0, prompt_lookup=True
+    ):
+        texts += step.new_ids
+        verdicts.append(step.verdict)
+    assert texts == reference.token_ids
+    assert all(v.draft_hidden is None for v in verdicts)  # the draft never drafted
+    assert any(len(v.draft_tokens) for v in verdicts)  # but the text's copies were verified
