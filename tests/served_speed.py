@@ -21,7 +21,7 @@ from pathlib import Path
 from diversed_demo.core.generate import generate
 from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
-from diversed_demo.runtime.theory import analytic_speedup
+from diversed_demo.runtime.theory import analytic_speedup, wall_bound
 from diversed_demo.ui.examples import load_examples
 from diversed_demo.ui.opening import measured_opening
 from diversed_demo.ui.render import RUN_LABELS
@@ -81,10 +81,11 @@ def bound(pair, run) -> float:
     return max(analytic_speedup(alpha, n, costs["c"], v, costs.get("r", 0.0)) for n, v in costs["v"].items())
 
 
-def attainable(bound_: float, prompt_share: float) -> float:
-    """The speed-up over target-only a mode of i.i.d. bound `bound_` can show in wall time, where every mode
-    pays the same prompt pass, `prompt_share` of target-only's time (Amdahl)."""
-    return 1.0 / (prompt_share + (1.0 - prompt_share) / bound_)
+def attainable(pair, runs: dict, mode: str) -> float:
+    """What `bound` allows a Compare's run of `mode` in wall time beside target-only's run: the same prompt
+    pass, spread over the run's own tokens (theory.wall_bound)."""
+    length = runs[mode].counts.new_tokens / runs["ar"].counts.new_tokens
+    return wall_bound(bound(pair, runs[mode]), prompt_share(runs["ar"]), length)
 
 
 def prompt_share(run) -> float:
@@ -188,7 +189,7 @@ def compare_figures(pair, examples, prompt, settings) -> dict:
         "compare_speedup": {mode: statistics.median(s[mode] for s in speedups) for mode in speedups[0]},
         "compare_bound": {m: statistics.median(bound(pair, runs[m]) for runs in compares) for m in modes},
         "compare_attainable": {
-            m: statistics.median(attainable(bound(pair, r[m]), prompt_share(r["ar"])) for r in compares)
+            m: statistics.median(attainable(pair, runs, m) for runs in compares)
             for m in modes
         },
         "compares": {"read": len(compares), "ran": ran},

@@ -7,7 +7,7 @@ import statistics
 
 from ..common.formatting import fmt
 from ..runtime.dtype_choice import choice_note
-from ..runtime.theory import alpha_from_acceptance, analytic_speedup
+from ..runtime.theory import alpha_from_acceptance, analytic_speedup, wall_bound
 
 # The bench's goals: whether each is met goes in the --json report only, never in its Markdown or the app.
 RELAXED_SPEEDUP_GOAL = 1.5  # a relaxed mode's speed-up over target-only
@@ -30,7 +30,10 @@ def report(settings: dict, costs: dict, runs, n_of: dict, limit: dict | None = N
         else:
             result["per_category"][category] = table
     result["prompt_share"] = prompt_share(runs)
-    result["bound_efficiency"] = bound_efficiency(result["overall"], n_of, costs, result["prompt_share"])
+    lengths = length_ratios(runs)
+    result["bound_efficiency"] = bound_efficiency(
+        result["overall"], n_of, costs, result["prompt_share"], lengths
+    )
     result["vs_transformers"] = {
         name: runs.ours[name].tokens_per_second / runs.theirs[name].tokens_per_second for name in runs.theirs
     }
@@ -88,6 +91,7 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
             "verified_acceptance": c.verified_acceptance,
             "drafted_per_step": c.drafted / c.target_passes if c.target_passes else None,
             "tokens_per_second": c.tokens_per_second,
+            "new_tokens": c.new_tokens,
             "quality": t["quality"] / t["quality_examples"] if t.get("quality_examples") else None,
             "fidelity": t["fidelity"] / t["examples"],
         }
@@ -97,14 +101,16 @@ def mode_table(runs, category: str, by_mode: dict) -> dict:
     return table
 
 
-def bound_efficiency(overall: dict, n_of: dict, costs: dict, prompt_share: float = 0.0) -> dict:
+def bound_efficiency(
+    overall: dict, n_of: dict, costs: dict, prompt_share: float = 0.0, lengths: dict | None = None
+) -> dict:
     """{mode: achieved speedup ÷ analytic bound}. Each drafting mode's row gets its "step_bound",
     (1 − α^{N+1}) / ((1 − α)(r + N·c + v)) at the measured acceptance α, draft costs c and r and verify cost
-    v[N] (for a
-    length chosen step by step, "auto", the best fixed N's bound at the per-token acceptance verified), and
-    its "analytic_bound", the wall-clock speed-up that allows where the prompts' passes, `prompt_share` of
-    target-only's time, cost every mode the same: 1 / (share + (1 − share) / step_bound)."""
-    efficiency, r = {}, costs.get("r", 0.0)
+    v[N] (for a length chosen step by step, "auto", the best fixed N's bound at the per-token acceptance
+    verified), and its "analytic_bound", the wall-clock speed-up that allows where the prompts' passes,
+    `prompt_share` of target-only's time, cost every mode the same (`theory.wall_bound`, at the mode's
+    tokens ÷ target-only's, `lengths`: a mode whose texts end sooner spreads them over fewer tokens)."""
+    efficiency, r, lengths = {}, costs.get("r", 0.0), lengths or {}
     for name, row in overall.items():
         if row["acceptance_rate"] is None:
             continue
@@ -116,7 +122,7 @@ def bound_efficiency(overall: dict, n_of: dict, costs: dict, prompt_share: float
             alpha = alpha_from_acceptance(row["acceptance_rate"], n)
             bound = analytic_speedup(alpha, n, costs["c"], costs["v"][n], r)
         row["step_bound"] = bound
-        row["analytic_bound"] = 1 / (prompt_share + (1 - prompt_share) / bound)
+        row["analytic_bound"] = wall_bound(bound, prompt_share, lengths.get(name, 1.0))
         efficiency[name] = row["speedup"] / row["analytic_bound"]
     return efficiency
 
@@ -127,6 +133,14 @@ def prompt_share(runs) -> float:
         return 0.0
     wall = runs.counts["overall"]["ar"].wall_time_s
     return runs.totals["overall"]["ar"]["prompt_s"] / wall if wall else 0.0
+
+
+def length_ratios(runs) -> dict[str, float]:
+    """{mode: its tokens ÷ target-only's over the bench} (empty without a target-only run)."""
+    counts = runs.counts["overall"]
+    if "ar" not in counts or not counts["ar"].new_tokens:
+        return {}
+    return {name: c.new_tokens / counts["ar"].new_tokens for name, c in counts.items()}
 
 
 # What a step's time is spent on, as the loop times it: the prompt's pass is spread over the decode's steps.

@@ -14,6 +14,13 @@ def analytic_speedup(alpha: float, n_draft: int, c: float, v: float = 1.0, r: fl
     return tokens / ((r if n_draft else 0.0) + n_draft * c + v)
 
 
+def wall_bound(step_bound: float, prompt_share: float, length: float = 1.0) -> float:
+    """The speed-up over target-only that a decode of step bound `step_bound` can show in wall time, where
+    the prompt's pass, `prompt_share` of target-only's time, costs every mode the same once (Amdahl), and
+    the decode emits `length` times target-only's tokens: a shorter text spreads that pass over fewer."""
+    return 1.0 / (prompt_share / length + (1.0 - prompt_share) / step_bound)
+
+
 def alpha_from_acceptance(rate: float, n_draft: int) -> float:
     """Per-token acceptance α from the measured accepted/drafted rate of blocks of N drafts.
 

@@ -7,7 +7,7 @@ import pytest
 from diversed_demo.eval.bench import BENCH_DECODING, parse_modes, run_batch_bench, run_bench
 from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.tasks import Example
-from diversed_demo.runtime.theory import alpha_from_acceptance, analytic_speedup
+from diversed_demo.runtime.theory import alpha_from_acceptance, analytic_speedup, wall_bound
 
 
 def test_analytic_bound_limits():
@@ -24,6 +24,15 @@ def test_projected_speedup():
     assert values == sorted(values)
     with pytest.raises(ValueError):
         analytic_speedup(1.5, 4, 0.1)
+
+
+def test_the_wall_clock_bound_pays_the_prompt_once_per_text():
+    # a prompt that took 30% of target-only's time, a step bound of 2: the decode's 70% runs twice as fast
+    assert wall_bound(2.0, 0.3) == pytest.approx(1 / (0.3 + 0.35))
+    assert wall_bound(2.0, 0.0) == pytest.approx(2.0) and wall_bound(1.0, 0.3) == pytest.approx(1.0)
+    # a text half as long pays the same prompt for half the tokens: less of the step's bound shows
+    assert wall_bound(2.0, 0.3, length=0.5) == pytest.approx(1 / (0.6 + 0.35))
+    assert wall_bound(2.0, 0.3, length=0.5) < wall_bound(2.0, 0.3) < wall_bound(2.0, 0.3, length=2.0)
 
 
 @pytest.mark.parametrize("alpha, n_draft", [(0.0, 4), (0.3, 1), (0.6, 4), (0.95, 8), (1.0, 3)])
@@ -161,7 +170,9 @@ def test_auto_n_draft_decodes_step_by_step_and_is_held_to_the_best_fixed_bound(p
         # the prompts' passes cost every mode alike, so they pull the wall-clock bound towards 1
         share = report["prompt_share"]
         assert 0 < share < 1 and min(1, best) < row["analytic_bound"] < max(1, best)
-        assert row["analytic_bound"] == pytest.approx(1 / (share + (1 - share) / best))
+        # ... spread over each mode's own tokens (a text that ends sooner pays the same prompt over fewer)
+        length = row["new_tokens"] / report["overall"]["ar"]["new_tokens"]
+        assert row["analytic_bound"] == pytest.approx(1 / (share / length + (1 - share) / best))
         assert report["bound_efficiency"][name] == pytest.approx(row["speedup"] / row["analytic_bound"])
         assert 0 <= row["drafted_per_step"] <= 7
     for name, parts in report["step_breakdown"].items():  # where each step's time went, adding up to it

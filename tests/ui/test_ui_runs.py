@@ -82,6 +82,20 @@ def test_diversed_run_with_a_saved_head_reports_w(pair, saved_head):
     assert run.mean_w is not None and 0 <= run.mean_w <= 1
 
 
+def test_a_served_head_is_loaded_once_and_again_when_its_file_is_rewritten(pair, heads_dir):
+    from diversed_demo.models.heads import new_head, save_head
+
+    settings = decode_settings(mode="dynamic", head="mine")
+    save_head(new_head(pair, hidden_size=8), heads_dir / "mine.safetensors")
+    first = runs.resolve_head(pair, settings)
+    assert runs.resolve_head(pair, settings) is first  # the same file: the head already loaded
+    save_head(new_head(pair, hidden_size=4), heads_dir / "mine.safetensors")  # retrained, same name
+    again = runs.resolve_head(pair, settings)
+    assert again is not first and again.config["hidden_size"] == 4
+    save_head(new_head(pair, hidden_size=4), heads_dir / "yours.safetensors")  # at once: a new listing
+    assert "yours" in head_choices(pair)
+
+
 def test_throttled_keeps_the_first_and_last_items():
     assert list(runs.throttled(iter(range(100)), interval_s=60)) == [0, 99]
     assert list(runs.throttled(iter(range(5)), interval_s=0)) == [0, 1, 2, 3, 4]
