@@ -189,8 +189,7 @@ def compare_figures(pair, examples, prompt, settings) -> dict:
         "compare_speedup": {mode: statistics.median(s[mode] for s in speedups) for mode in speedups[0]},
         "compare_bound": {m: statistics.median(bound(pair, runs[m]) for runs in compares) for m in modes},
         "compare_attainable": {
-            m: statistics.median(attainable(pair, runs, m) for runs in compares)
-            for m in modes
+            m: statistics.median(attainable(pair, runs, m) for runs in compares) for m in modes
         },
         "compares": {"read": len(compares), "ran": ran},
     }
