@@ -6,8 +6,9 @@ median over the rounds of the library's seconds over the app's (`pace`: the thre
 back, so the host's slower spells, which the best of each path alone may meet in one path only, cancel); then
 the first example's Compare speed-ups over target-only, as the page's Compare (its handler, every update
 rendered) reports them in its trace, each mode's median over COMPARES Compares, the speed-up the pair's
-measured costs (c, v[N]) allow each mode's acceptance, and what that allows in wall time beside the
-prompt's pass, which every mode pays alike; and how busy the host was meanwhile.
+measured costs (c, v[N]) allow each mode's acceptance, what that allows in wall time beside the prompt's
+pass, which every mode pays alike, and what each run's own steps cost by those costs over its wall time
+(`compare_priced`); and how busy the host was meanwhile.
 Run by tests/ui/test_app_speed.py; `python tests/served_speed.py` prints the figures."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from diversed_demo.core.draft_length import pass_costs
 from diversed_demo.core.generate import generate
 from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
@@ -86,6 +88,30 @@ def attainable(pair, runs: dict, mode: str) -> float:
     pass, spread over the run's own tokens (theory.wall_bound)."""
     length = runs[mode].counts.new_tokens / runs["ar"].counts.new_tokens
     return wall_bound(bound(pair, runs[mode]), prompt_share(runs["ar"]), length)
+
+
+def first_events(run) -> list:
+    """Each step's first event, in step order (it carries the step's drafts and times)."""
+    firsts = {}
+    for event in run.events:
+        firsts.setdefault(event.step, event)
+    return [firsts[step] for step in sorted(firsts)]
+
+
+def priced_share(pair, runs: dict, mode: str) -> float:
+    """What the run's own steps cost by the pair's measured costs, over its wall time: each step after the
+    prompt's T_j = r + j·c + v_j target-only steps for its j drafts (T_0 = 1; draft_length.py's terms, as
+    whole steps price them), a target-only step as long as one of this Compare's target-only run, and the
+    prompt's pass as long as that run's. 1: the Compare's steps cost what the pair's steps cost when timed,
+    whatever the mode drafted and its drafts' fate; below: its steps pay more than their passes."""
+    costs = pair.costs.get("steps", pair.costs)
+    v = pass_costs(costs["v"])
+    base = first_events(runs["ar"])
+    prompt_s = (base[0].verify_ms + base[0].draft_ms) / 1e3
+    unit_s = (runs["ar"].elapsed_s - prompt_s) / (len(base) - 1)
+    steps = [e.drafted for e in first_events(runs[mode])[1:]]
+    priced = sum((costs["r"] + j * costs["c"] if j else 0.0) + v[j] for j in steps)
+    return (prompt_s + priced * unit_s) / runs[mode].elapsed_s
 
 
 def prompt_share(run) -> float:
@@ -190,6 +216,9 @@ def compare_figures(pair, examples, prompt, settings) -> dict:
         "compare_bound": {m: statistics.median(bound(pair, runs[m]) for runs in compares) for m in modes},
         "compare_attainable": {
             m: statistics.median(attainable(pair, runs, m) for runs in compares) for m in modes
+        },
+        "compare_priced": {
+            m: statistics.median(priced_share(pair, runs, m) for runs in compares) for m in modes
         },
         "compares": {"read": len(compares), "ran": ran},
     }

@@ -43,9 +43,10 @@ def test_the_apps_decode_runs_within_a_tenth_of_the_librarys_speed(figures, mode
 # What a visitor's first Compare must show (issue 52): exact SD paying, DIVERSED paying more.
 EXACT_SPEEDUP, DIVERSED_SPEEDUP = 1.2, 1.4
 NOT_SLOWER = 0.85  # drafting never makes a Compare slower than the target alone, to the host's noise (±10%)
-# Of what a mode's acceptance and the pair's measured costs allow in wall time (`compare_attainable`), the
-# share its Compare reaches: the step costs its passes and little more (the host's noise aside)
-BOUND_SHARE = 0.75
+# Of what the run's own steps cost by the pair's measured costs (`compare_priced`), the share its wall time
+# gives: the Compare's steps cost their passes and little more, the host's noise aside (each mode's median
+# over five Compares read 0.87-0.97 on Zen 4, where single Compares ranged 0.66-1.03)
+PRICED_SHARE = 0.8
 AMX_CPUS = ("AMX",)  # the GGUF kernels (`amx_gguf.name()`) on whose CPUs the Compare showed the figures
 
 
@@ -67,11 +68,15 @@ def test_the_first_compare_shows_speculative_decoding_paying(figures):
     assert speedups["dynamic"] >= speedups["exact"], json.dumps(figures)
 
 
-def test_the_first_compare_reaches_what_the_passes_allow(figures):
-    """On any CPU: each drafting mode's Compare speed-up reaches BOUND_SHARE of what its acceptance and the
-    pair's measured c and v[N] allow beside the prompt's pass, so a step costs its passes in the app too."""
-    for mode, allowed in figures["compare_attainable"].items():
-        assert figures["compare_speedup"][mode] >= BOUND_SHARE * allowed, f"{mode}: {json.dumps(figures)}"
+def test_the_first_compares_steps_cost_their_passes(figures):
+    """On any CPU: each drafting mode's run in the Compare takes no more than 1 / PRICED_SHARE of what its
+    own steps cost by the pair's measured c, r and v[N] (a target-only step and the prompt's pass as this
+    Compare's target-only run took them): a step costs its passes in the app too, whatever the mode
+    drafted. (What its acceptance would allow at the best fixed N, `compare_attainable`, also weighs the
+    draft length's choices, which the bench's `bound_efficiency` and its runs at fixed N hold:
+    docs/measurements/speed.md, "The served app beside its client".)"""
+    for mode, share in figures["compare_priced"].items():
+        assert share >= PRICED_SHARE, f"{mode}: {json.dumps(figures)}"
 
 
 def test_drafting_never_makes_the_first_compare_slower_than_the_target_alone(figures):
