@@ -88,6 +88,10 @@ def choice_note(choice: dict) -> str:
         "; another process shared the cores: timed again at the next start" if choice.get("shared") else ""
     )
     verdict = "taken at once on a CPU with bf16 arithmetic" if choice.get("untimed") else "the fastest here"
+    if best not in figures:  # a server's first start: nothing timed yet
+        return (
+            f"{best}: {verdict} ({choice['cpu']}; {' and '.join(choice['untimed'])} timed at the next start)"
+        )
     return (
         f"{best}: {verdict} ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
         f"{figures[best]['tokens_per_second']:.0f} tokens/s, {', '.join(others)}{cached})"
@@ -141,7 +145,9 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     """(the pair in the dtype measured fastest here, the choice), once per machine and pair: the choice is
     kept in the user cache. `load(dtype)` returns the pair in that dtype, each dtype loaded once.
     `serve_first` (a server's first start): where the CPU has bf16 arithmetic, bf16 (the dtype its kernels
-    are built for) is timed alone and the other candidates at the next start, which completes the choice."""
+    are built for) is taken untimed and every candidate is timed at the next start, which completes the
+    choice (a first start's timing, of the eager passes before the kernels are built, cost 2.4 s of a
+    20.7 s page and was timed again at the next start anyway)."""
     loaded = {}
 
     def load_once(name):  # the dtype not chosen is let go with this function
@@ -153,13 +159,18 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     kept = choices.get(key) if isinstance(choices.get(key), dict) else {}
     if kept.get("dtype") in CANDIDATES and not kept.get("untimed"):
         return load_once(kept["dtype"]), {**kept, "cached": True}
+    if not kept and serve_first and bf16_instructions():
+        choice = {"dtype": CANDIDATES[0], "alpha": None, "cpu": cpu_capability(), "figures": {}}
+        choice["untimed"] = list(CANDIDATES)
+        write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")
+        return load_once(CANDIDATES[0]), choice
     prompt = calibration_prompt()
     if kept.get("untimed") and isinstance(kept.get("alpha"), (int, float)):  # a first start's choice: its α
-        alpha, candidates = kept["alpha"], CANDIDATES
+        alpha = kept["alpha"]
     else:
         exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
         alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
-        candidates = CANDIDATES[:1] if serve_first and bf16_instructions() else CANDIDATES
+    candidates = CANDIDATES
     timing_prompt = encode_prompt(load_once(candidates[0]).tokenizer, prompt)
     for dtype in candidates:  # loaded before the timing: a load's waits on the disk are not a busy core
         load_once(dtype)

@@ -246,11 +246,9 @@ def load_pair(
         pair, choice = measured_dtype(making, target, draft, serve_first)
         pair.dtype_choice = choice
         pair.costs = chosen_costs(choice)
-        untimed = ", ".join(choice.get("untimed", ()))
+        untimed = " and ".join(choice.get("untimed", ()))
         cached = " at an earlier start" if choice.get("cached") else ""
-        pair.runtime.dtype_why = (
-            f"timed alone, {untimed} at the next start" if untimed else f"measured{cached}"
-        )
+        pair.runtime.dtype_why = f"{untimed} timed at the next start" if untimed else f"measured{cached}"
         log(f"dtype {choice_note(choice)}")
     else:
         pair = fast_pair(target, draft, device, dtype, amx)

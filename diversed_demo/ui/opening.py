@@ -111,6 +111,10 @@ def opening_draft_length(pair, examples: list[Example], start: Defaults) -> Defa
     settings = start.settings
     if start.example_index is None or zero_gpu_space():
         return start
+    if pair.costs is None and (pair.dtype_choice or {}).get("untimed"):
+        # a server's first start times nothing before its page (runtime/dtype_choice.py): the card's N
+        timed = "timed on this machine at the next start"
+        return replace(start, why=f"{start.why} N = {settings.n_draft} unticked, as the card's: {timed}.")
     prompt = examples[start.example_index].prompt
     try:
         head = load_head(settings.head_name, pair) if settings.mode == "dynamic" else None

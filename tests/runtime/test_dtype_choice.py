@@ -80,32 +80,32 @@ def timed_dtypes(monkeypatch, tmp_path, bf16: bool) -> list:
     return timed
 
 
-def test_a_servers_first_start_times_bf16_alone_and_the_next_start_completes_the_choice(
+def test_a_servers_first_start_takes_bf16_untimed_and_the_next_start_completes_the_choice(
     saved_pair, monkeypatch, tmp_path
 ):
-    """Where the CPU has bf16 arithmetic a first start serves after bf16's timing; the next start times
-    both again (the first timed bf16 before its kernels were built), with the first start's α, and keeps
-    the faster (here float32), then never times again."""
+    """Where the CPU has bf16 arithmetic a first start serves on bf16 with nothing timed (its page comes
+    first); the next start measures α and times both, keeps the faster (here float32), then never times
+    again."""
     target, draft = saved_pair
     timed = timed_dtypes(monkeypatch, tmp_path, bf16=True)
+    alphas, alpha = [], dtype_choice.calibration_alpha
+    monkeypatch.setattr(dtype_choice, "calibration_alpha", lambda *a, **k: alphas.append(1) or alpha(*a, **k))
     first = load_pair(target, draft, "cpu", serve_first=True)
-    assert timed == ["bfloat16"] and str(first.target.dtype) == "torch.bfloat16"
-    assert first.dtype_choice["untimed"] == ["float32"]
-    assert "float32 timed at the next start" in choice_note(first.dtype_choice)
-    assert "float32 at the next start" in first.runtime.dtype_why
+    assert timed == [] and alphas == [] and str(first.target.dtype) == "torch.bfloat16"
+    assert first.dtype_choice["untimed"] == ["bfloat16", "float32"] and first.costs is None
+    assert "bfloat16 and float32 timed at the next start" in choice_note(first.dtype_choice)
+    assert "timed at the next start" in first.runtime.dtype_why
 
-    monkeypatch.setattr(dtype_choice, "calibration_alpha", lambda *a, **k: pytest.fail("α measured again"))
     loaded, fast_pair = [], plan.fast_pair
     monkeypatch.setattr(plan, "fast_pair", lambda *a: loaded.append(a[3]) or fast_pair(*a))
     second = load_pair(target, draft, "cpu", serve_first=True)
     assert loaded == ["bfloat16", "float32"]  # each once
-    assert timed == ["bfloat16", "bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
-    assert second.dtype_choice["alpha"] == first.dtype_choice["alpha"]
-    assert set(second.dtype_choice["figures"]) == {"bfloat16", "float32"}
+    assert timed == ["bfloat16", "float32"] and str(second.target.dtype) == "torch.float32"
+    assert alphas == [1] and set(second.dtype_choice["figures"]) == {"bfloat16", "float32"}
     assert "untimed" not in second.dtype_choice
 
     third = load_pair(target, draft, "cpu", serve_first=True)
-    assert len(timed) == 3 and third.dtype_choice["cached"]
+    assert len(timed) == 2 and third.dtype_choice["cached"]
 
 
 def test_a_choice_timed_beside_a_busy_core_serves_its_start_and_is_timed_again(

@@ -152,6 +152,24 @@ def test_the_costs_timed_when_the_dtype_was_chosen_are_not_timed_again(pair, mon
     assert "The models run in float32: the fastest here" in opened.why
 
 
+def test_a_servers_first_start_opens_at_the_cards_draft_length_without_timing(pair, monkeypatch):
+    """Nothing is timed before a first start's page (runtime/dtype_choice.py): the card's N, said so."""
+    import dataclasses
+
+    choice = {"dtype": "bfloat16", "alpha": None, "cpu": "AVX512", "figures": {}}
+    first = dataclasses.replace(pair, dtype_choice={**choice, "untimed": ["bfloat16", "float32"]}, costs=None)
+    monkeypatch.setattr(opening, "measure_costs", lambda *a, **k: pytest.fail("timed"))
+    monkeypatch.setattr(opening, "choose_n_draft", lambda *a, **k: pytest.fail("decoded"))
+    start = opening.Defaults(runs.APP_CONFIG.replace(mode="exact", n_draft=3), 0, "the card's settings")
+    opened = opening.opening_draft_length(first, ui_examples(), start)
+    assert (
+        opened.settings == start.settings and "as the card's: timed on this machine at the next" in opened.why
+    )
+    timed = dataclasses.replace(first, dtype_choice=choice)  # a later start times them
+    with pytest.raises(pytest.fail.Exception, match="timed"):
+        opening.opening_draft_length(timed, ui_examples(), start)
+
+
 def test_compare_opens_where_its_slowest_mode_is_fastest():
     diversed = {"bounds": {1: 1.20, 2: 1.50, 3: 1.60}}  # accepts much: the longest draft
     exact = {"bounds": {1: 1.10, 2: 1.05, 3: 0.90}}  # accepts little: the shortest
