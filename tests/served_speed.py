@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from diversed_demo.core.draft_length import pass_costs
+from diversed_demo.core.draft_length import AdaptiveLength
 from diversed_demo.core.generate import generate
 from diversed_demo.runtime.model_thread import MODEL_THREAD
 from diversed_demo.runtime.plan import load_pair
@@ -104,14 +104,12 @@ def priced_share(pair, runs: dict, mode: str) -> float:
     whole steps price them), a target-only step as long as one of this Compare's target-only run, and the
     prompt's pass as long as that run's. 1: the Compare's steps cost what the pair's steps cost when timed,
     whatever the mode drafted and its drafts' fate; below: its steps pay more than their passes."""
-    costs = pair.costs.get("steps", pair.costs)
-    v = pass_costs(costs["v"])
+    priced = AdaptiveLength(pair.costs, 1.0).step_cost  # T_j as the draft length weighs it
     base = first_events(runs["ar"])
     prompt_s = (base[0].verify_ms + base[0].draft_ms) / 1e3
     unit_s = (runs["ar"].elapsed_s - prompt_s) / (len(base) - 1)
-    steps = [e.drafted for e in first_events(runs[mode])[1:]]
-    priced = sum((costs["r"] + j * costs["c"] if j else 0.0) + v[j] for j in steps)
-    return (prompt_s + priced * unit_s) / runs[mode].elapsed_s
+    steps = sum(priced(event.drafted) for event in first_events(runs[mode])[1:])
+    return (prompt_s + steps * unit_s) / runs[mode].elapsed_s
 
 
 def prompt_share(run) -> float:

@@ -137,15 +137,15 @@ class AdaptiveLength:
         prior = 1.0 - self._w() * 0.5
         return (sum(self.kept[0]) + PRIOR_WEIGHT * prior) / (sum(self.seen[0]) + PRIOR_WEIGHT)
 
-    def _cost(self, drafted: int) -> float:
+    def step_cost(self, drafted: int) -> float:
         """T_j: a step's cost in target tokens when it drafts `drafted` tokens."""
         return (self.r if drafted else 0.0) + drafted * self.c + self.v[drafted]
 
     def _pays(self, drafted: int) -> bool:
         if drafted >= self.limit:
             return False
-        gain = self.path * self.mean_chance() / (self._cost(drafted + 1) - self._cost(drafted))
-        return gain >= self.tokens / self._cost(drafted)
+        gain = self.path * self.mean_chance() / (self.step_cost(drafted + 1) - self.step_cost(drafted))
+        return gain >= self.tokens / self.step_cost(drafted)
 
     def start(self, room: int) -> int:
         """The most this step may draft (0: it drafts nothing), given `room` for drafts."""

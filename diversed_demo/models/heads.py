@@ -184,11 +184,11 @@ def list_heads(pair) -> dict[str, Path]:
     Every served decode of a head names it through this listing, so the headers are read again only where
     a head file changed (its inode, time or size: a head is written by a rename): reading every header
     took 2.7 ms a decode, the folders' entries take a few µs."""
-    identity = json.dumps(pair_identity(pair), sort_keys=True)
-    key = (identity, head_files())
+    identity = pair_identity(pair)
+    key = (json.dumps(identity, sort_keys=True), head_files())
     if key not in _LISTED:
         _LISTED.clear()  # one listing: the newest pair and files asked for
-        _LISTED[key] = read_heads(json.loads(identity))
+        _LISTED[key] = read_heads(identity)
     return dict(_LISTED[key])
 
 

@@ -81,19 +81,17 @@ def choose_dtype(load: Callable[[str], object], prompt_ids: list[int], alpha: fl
 def choice_note(choice: dict) -> str:
     """One line on the choice: which dtype, and by how much it beat the others here."""
     figures, best = choice["figures"], choice["dtype"]
+    if choice.get("untimed"):  # a server's first start: nothing timed yet
+        untimed = " and ".join(choice["untimed"])
+        where = f"({choice['cpu']}; {untimed} timed at the next start)"
+        return f"{best}: taken at once on a CPU with bf16 arithmetic {where}"
     others = [f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best]
-    others += [f"{dtype} timed at the next start" for dtype in choice.get("untimed", ())]
     cached = ", measured at an earlier start" if choice.get("cached") else ""
     cached += (
         "; another process shared the cores: timed again at the next start" if choice.get("shared") else ""
     )
-    verdict = "taken at once on a CPU with bf16 arithmetic" if choice.get("untimed") else "the fastest here"
-    if best not in figures:  # a server's first start: nothing timed yet
-        return (
-            f"{best}: {verdict} ({choice['cpu']}; {' and '.join(choice['untimed'])} timed at the next start)"
-        )
     return (
-        f"{best}: {verdict} ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
+        f"{best}: the fastest here ({choice['cpu']}; the bound at α = {choice['alpha']:.2f} gives "
         f"{figures[best]['tokens_per_second']:.0f} tokens/s, {', '.join(others)}{cached})"
     )
 
@@ -170,14 +168,11 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     else:
         exact = DecodeConfig(mode="exact", max_new_tokens=32, temperature=0.0)
         alpha = calibration_alpha(load_once(CANDIDATES[0]), exact, [prompt])
-    candidates = CANDIDATES
-    timing_prompt = encode_prompt(load_once(candidates[0]).tokenizer, prompt)
-    for dtype in candidates:  # loaded before the timing: a load's waits on the disk are not a busy core
+    timing_prompt = encode_prompt(load_once(CANDIDATES[0]).tokenizer, prompt)
+    for dtype in CANDIDATES:  # loaded before the timing: a load's waits on the disk are not a busy core
         load_once(dtype)
     with THREADS.judged() as timing:
-        pair, choice = choose_dtype(load_once, timing_prompt, alpha, candidates)
-    if untimed := [dtype for dtype in CANDIDATES if dtype not in candidates]:
-        choice["untimed"] = untimed
+        pair, choice = choose_dtype(load_once, timing_prompt, alpha)
     if timing.shared:  # timed beside another process's busy core: for this start only
         return pair, {**choice, "shared": True}
     write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")

@@ -48,17 +48,17 @@ def resolve_head(pair, config: DecodeConfig):
     path = list_heads(pair).get(config.head_name)  # a visitor names a head; never a path on the server
     if path is None:
         raise ValueError(f"no head {config.head_name!r} for this pair: pick one in the sidebar")
-    stat = path.stat()
-    key = (id(pair), str(path), stat.st_mtime_ns, stat.st_size)
+    stat = path.stat()  # the listing checked the head's pair: what else it depends on is the device
+    key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, str(pair.target.device))
     if key not in LOADED_HEADS:
         while len(LOADED_HEADS) >= MAX_LOADED_HEADS:
             LOADED_HEADS.pop(next(iter(LOADED_HEADS)))  # the oldest
-        LOADED_HEADS[key] = (pair, load_head(path, pair))  # the pair held: its id names no other meanwhile
-    return LOADED_HEADS[key][1]
+        LOADED_HEADS[key] = load_head(path, pair)
+    return LOADED_HEADS[key]
 
 
 MAX_LOADED_HEADS = 8  # a head is a few MB at most
-LOADED_HEADS: dict[tuple, tuple] = {}
+LOADED_HEADS: dict[tuple, object] = {}
 
 
 @dataclass
