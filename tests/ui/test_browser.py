@@ -142,11 +142,20 @@ def page(server, tmp_path_factory):
             viewport={"width": 1440, "height": 1000},
         )
         page = context.new_page()
+        track_requests(page)
         page.set_default_timeout(TIMEOUT_MS)
         page.goto(server)
         page.wait_for_selector("#generate")
         yield page
         context.close()
+
+
+def track_requests(page) -> None:
+    """Keep the page's unfinished requests in `page.in_flight` (url by request), for a failure's message."""
+    page.in_flight = {}
+    page.on("request", lambda request: page.in_flight.__setitem__(request, request.url))
+    page.on("requestfinished", lambda request: page.in_flight.pop(request, None))
+    page.on("requestfailed", lambda request: page.in_flight.pop(request, None))
 
 
 def open_tab(page, name: str) -> None:
@@ -408,32 +417,42 @@ def visible_file_name(page, elem_id: str, name: str):
     return page.locator(f"#{elem_id}").get_by_text(name).locator("visible=true").first
 
 
-def upload(page, elem_id: str, path) -> None:
+def upload(page, elem_id: str, path, reopen=None) -> None:
     """Choose `path` in a File component, as a visitor does, and wait until the component shows it. A file
     left there (by an earlier test on this page: their order varies between workers) is cleared first, as
     the box takes a new one only once emptied. On a loaded machine Gradio may redraw the box just after a
     file is set (a previous update arriving late), which drops the file; a visitor would see an empty box
-    and choose again, and so does this."""
+    and choose again, and so does this. Where the box still shows nothing (CI met it once: 105 s without
+    the name), the visitor reloads the page, `reopen(page)` brings the box back, and chooses once more."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-    box = page.locator(f"#{elem_id}")
-    for _ in range(3):
+    for attempt in range(3):
+        if attempt == 2 and reopen is not None:
+            page.reload()
+            page.wait_for_selector("#generate")
+            reopen(page)
+        box = page.locator(f"#{elem_id}")
         clear = box.locator("button[aria-label='Clear']").locator("visible=true")
         if clear.count():
             clear.first.click()
         try:
             box.locator("input[type=file]").set_input_files(str(path), timeout=15_000)
-            visible_file_name(page, elem_id, path.name).wait_for(timeout=15_000)
+            visible_file_name(page, elem_id, path.name).wait_for(timeout=30_000)
             return
         except PlaywrightTimeoutError:
             continue
-    visible_file_name(page, elem_id, path.name).wait_for()
+    shown = page.locator(f"#{elem_id}").inner_text(timeout=5_000)
+    pytest.fail(
+        f"#{elem_id} never showed {path.name} (three choices, the last after a reload where possible); "
+        f"the box shows {shown!r}; requests in flight: {sorted(page.in_flight.values())}"
+    )
 
 
 def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
     open_tab(page, "Decode")
     generate(page, 0.5, seed=7)
-    decoded = page.locator("#tokens").inner_html()
+    decoded = shown_tokens(page)
+    assert decoded
     page.get_by_text("Trace: download this run").click()
     link = trace_link(page, "decode-trace", ".json")
     with page.expect_download() as download:
@@ -446,14 +465,20 @@ def test_a_decode_trace_downloads_and_replays_without_models(page, tmp_path):
 
     # Another decode replaces the view; the replay brings the traced one back.
     generate(page, 0.5, seed=8)
-    if not page.locator("#replay-file").is_visible():  # the fold, if a redraw closed it: open it again
-        page.get_by_text("Trace: download this run").click()
+    open_replay(page)  # the fold, if a redraw closed it
     replay(page, trace_path, page.locator("#stats .dd-stats[data-state=done][data-replay][data-seed='7']"))
-    assert page.locator("#tokens").inner_html() == decoded
+    assert shown_tokens(page) == decoded
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "nope"}')
     replay(page, bad, page.get_by_text("not a DIVERSED trace").first)
+
+
+def shown_tokens(page) -> list:
+    """The decoded tokens as shown: each one's text, fate and tooltip."""
+    return page.locator("#tokens .dd-tok").evaluate_all(
+        "tokens => tokens.map(t => [t.textContent, t.className, t.title])"
+    )
 
 
 def replay(page, path, shown) -> None:
@@ -464,16 +489,30 @@ def replay(page, path, shown) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
     for _ in range(2):
-        upload(page, "replay-file", path)  # the file chosen before cleared first
+        upload(page, "replay-file", path, reopen=open_replay)  # the file chosen before cleared first
         page.locator("#replay").click()
         try:
             shown.wait_for(timeout=20_000)
             return
         except PlaywrightTimeoutError:
             continue
-    upload(page, "replay-file", path)
+    upload(page, "replay-file", path, reopen=open_replay)
     page.locator("#replay").click()
     shown.wait_for()
+
+
+def open_replay(page) -> None:
+    open_tab(page, "Decode")
+    if not page.locator("#replay-file").is_visible():  # the trace's fold, closed on a fresh page
+        page.get_by_text("Trace: download this run").click()
+    page.locator("#replay-file").wait_for(state="visible")
+
+
+def choose_uploaded_prompts(page) -> None:
+    open_tab(page, "Train")
+    page.get_by_role("radio", name="Uploaded JSONL").check()
+    # The box appears on the server's answer; a file set before that is lost when it is drawn.
+    page.locator("#train-upload").wait_for(state="visible")
 
 
 def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
@@ -482,13 +521,10 @@ def test_bad_input_reaches_the_user_as_a_message(page, tmp_path):
     page.locator("#generate").click()
     page.get_by_text("the prompt is empty").first.wait_for()
 
-    open_tab(page, "Train")
-    page.get_by_role("radio", name="Uploaded JSONL").check()
-    # The box appears on the server's answer; a file set before that is lost when it is drawn.
-    page.locator("#train-upload").wait_for(state="visible")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "the cat"}\n{"prompt": \n')
-    upload(page, "train-upload", prompts)
+    choose_uploaded_prompts(page)
+    upload(page, "train-upload", prompts, reopen=choose_uploaded_prompts)
     page.locator("#train-start").click()
     page.get_by_text(re.compile("line 2: not valid JSON")).first.wait_for()
 
