@@ -158,7 +158,7 @@ def package_path(model, aux_layer_ids) -> Path:
 
 
 TOLERANCE = 2.0  # |Δ logit| a compiled runner may differ from the eager module by (bf16 roundings fused away)
-# Where the GGUF kernel multiplies a product's rows as 8-bit codes (AVX-512 VNNI), a last bit rounded
+# Where the GGUF kernel multiplies a product's rows as 8-bit codes (AVX-512 VNNI, AVX2), a last bit rounded
 # otherwise moves a code by one: the embedded target's one- and three-token passes then differ by up to 0.9
 # and 2.4 (a wrong package: 30 and more).
 CODES_TOLERANCE = 4.0
@@ -166,7 +166,7 @@ CODES_TOLERANCE = 4.0
 
 def tolerance() -> float:
     """|Δ logit| a compiled runner may differ from the eager module by on this CPU's kernel."""
-    return CODES_TOLERANCE if amx_gguf.name() == amx_gguf.VNNI_LAYOUT else TOLERANCE
+    return CODES_TOLERANCE if amx_gguf.codes_rows() else TOLERANCE
 
 
 # Inductor times its C++ GEMM templates against ATen's products and keeps the faster, per product.

@@ -184,7 +184,7 @@ def int4_operands(gguf_path: Path, model: torch.nn.Module, amx: AmxKernel) -> di
     projections = [m for n, m in model.named_modules() if n.endswith(tuple(LAYER_NAMES.values()))]
     fits_amx = all(p.out_features % 32 == 0 for p in projections)  # its records hold 32 rows
     kernel = int4_kernel(dtype, amx) if fits_amx else "aten"
-    records = amx_gguf.name() if kernel == "amx" else ""  # their layout is the instruction set's
+    records = amx_gguf.records_layout() if kernel == "amx" else ""  # their layout is the kernel's
     tag = (
         f"{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}:{dtype}:{kernel}{records}:{OPERANDS}"
     )
