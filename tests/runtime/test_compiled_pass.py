@@ -129,8 +129,8 @@ def test_the_aot_compiled_package_computes_the_static_pass(lean_model, tmp_path)
     assert held
     static_runner = CompiledPass(StaticPass(lean_model, AUX, compiled_pass.MAX_LEN))
     static, _ = decode_like(lean_model, feeds, rollbacks, runner=static_runner)
-    # inductor fuses away some bf16 roundings; where the kernel multiplies rows as 8-bit codes (AVX-512 VNNI, AVX2)
-    # a last bit rounded otherwise moves a code by one: twice as far
+    # inductor fuses away some bf16 roundings; where the kernel multiplies rows as 8-bit codes (AVX-512 VNNI,
+    # AVX2) a last bit rounded otherwise moves a code by one: twice as far
     slack = 2 if amx_gguf.codes_rows() else 1
     for (a, _, a_aux), (b, _, b_aux) in zip(static, compiled, strict=True):
         torch.testing.assert_close(b, a, rtol=0.03, atol=0.03 * slack)

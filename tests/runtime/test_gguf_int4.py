@@ -178,8 +178,8 @@ def test_lean_layers_on_int4_weights_compute_what_transformers_does(tmp_path, ke
         with stock_layers(model):
             assert not any(isinstance(m, (GgufLinear, LeanLlamaLayer)) for m in model.modules())
             stock = passes(model, ids, sizes)
-    # twice as far where the kernel multiplies the rows as 8-bit codes (AVX-512 VNNI, AVX2): a last bit of an input
-    # that another layer rounds otherwise may move its code by one
+    # twice as far where the kernel multiplies the rows as 8-bit codes (AVX-512 VNNI, AVX2): a last bit of
+    # an input that another layer rounds otherwise may move its code by one
     codes = 2 if kernel == "amx" and amx_gguf.codes_rows() else 1
     for (a, a_aux), (b, b_aux), (c, c_aux) in zip(ours, projections_only, stock, strict=True):
         torch.testing.assert_close(a, b, rtol=0.02, atol=0.02 * codes)
