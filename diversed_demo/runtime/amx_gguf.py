@@ -7,8 +7,8 @@ Three instruction sets, one operator (`diversed::amx_mm`): Intel AMX (amx_gguf.c
 exact bf16 weights, Sapphire Rapids and later Xeons, where Linux lends the process its tiles), AVX-512 VNNI
 (vnni_gguf.cpp: integer dot products of the GGUF's codes and the rows' blocks as 8-bit codes, as llama.cpp
 multiplies them, AMD Zen 4 and later; its records laid out for it: `VNNI_LAYOUT`) and, elsewhere on x86,
-AVX2 with FMA (vector_gguf.cpp: the 4-bit blocks as integer products of 8-bit inputs, on the VNNI kernel's
-records, the 8-bit blocks as float32 FMAs of the GGUF's own values). The
+AVX2 (vector_gguf.cpp: integer products of the GGUF's codes and the rows' 8-bit codes too, as llama.cpp
+multiplies them there, on the VNNI kernel's records). The
 kernel is C++ compiled here once per machine and PyTorch into the user cache (g++, 10-20 s: at a first
 start in the background, before the compiled pass is built, while decodes run on PyTorch's kernel;
 runtime/compiled_build.py) and loaded as a PyTorch operator, so the compiled pass can call it too. It serves
@@ -45,7 +45,7 @@ AVX2 = (AVX2_FLAGS, Path(__file__).with_name("vector_gguf.cpp"), ["-mavx2", "-mf
 KERNELS = (("AMX", AMX), ("AVX-512 VNNI", VNNI), ("AVX2", AVX2))  # the better first
 VNNI_LAYOUT = "AVX-512 VNNI"  # the kernel whose records hold a block's codes by groups of 4 inputs
 # The blocks (by bits) each kernel multiplies by its rows as 8-bit codes, on the VNNI kernel's records
-CODED_ROWS = {VNNI_LAYOUT: (4, 8), "AVX2": (4,)}
+CODED_ROWS = {VNNI_LAYOUT: (4, 8), "AVX2": (4, 8)}
 # Every kernel here takes any number of rows, prompts too: each is the faster than the dense bf16 weight at
 # every length (AVX-512 VNNI against oneDNN's dense product on Zen 4: 0.4-0.9 of its time from 16 to 512
 # rows; docs/measurements/speed.md), and a verification gives each row a one-token pass's sums.
@@ -264,9 +264,16 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
     if codes_rows(8):
-        # 8 x 64 bytes, unsigned (code + 128): byte 4j + e of the u-th holds row j's input 4u + e
-        quads = (codes.to(torch.int32) + 128).view(groups, 16, n_blocks, 8, 4).permute(0, 2, 3, 1, 4)
-        return to_records(quads.reshape(groups, n_blocks, 512).to(torch.uint8), [d])
+        # 8 x 64 bytes: byte 4j + e of the u-th holds row j's input 4u + e; unsigned (code + 128) for
+        # `vpdpbusd` on AVX-512 VNNI, signed on AVX2 (whose `vpsignb` takes the codes' signs)
+        offset = 128 if name() == VNNI_LAYOUT else 0
+        quads = (codes.to(torch.int32) + offset).view(groups, 16, n_blocks, 8, 4).permute(0, 2, 3, 1, 4)
+        return to_records(
+            quads.reshape(groups, n_blocks, 512)
+            .to(torch.int8 if offset == 0 else torch.uint8)
+            .view(torch.uint8),
+            [d],
+        )
     blocks = (
         codes.to(torch.int8).view(groups, 16, n_blocks, 32).transpose(1, 2).reshape(groups, n_blocks, 512)
     )
