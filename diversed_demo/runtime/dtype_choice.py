@@ -3,9 +3,9 @@ priced by the analytic bound at the measured acceptance, and the fastest in toke
 
 Which dtype wins depends on the CPU (bf16 halves the bytes a token streams, but only some CPUs have the
 instructions that make bf16 arithmetic fast), so it is measured, never assumed. A server's first start
-waits for bf16's timing alone where the CPU has bf16 arithmetic (the project's kernels there are bf16's);
-its next start times every candidate again, on the kernels built since (the first start timed bf16 before
-them), and keeps whichever is faster. A timing that another process shared the cores with is used for that
+takes bf16 untimed where the project's kernels run the pair in bf16 (`bf16_kernels`); its next start times
+every candidate, on the kernels built since (a first start would time the eager passes before them), and
+keeps whichever is faster. A timing that another process shared the cores with is used for that
 start only, never kept.
 """
 
@@ -23,6 +23,8 @@ from ..common.paths import PROMPTS_DIR
 from ..common.threads import THREADS
 from ..core.config import DecodeConfig
 from ..core.prompt import encode_prompt
+from ..models.loading import gguf_file
+from . import amx_gguf
 from .costs import calibration_alpha, measure_costs
 from .theory import analytic_speedup, fastest_n_draft
 
@@ -41,6 +43,18 @@ def bf16_instructions() -> bool | None:
         return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     except (AttributeError, RuntimeError):
         return None
+
+
+def bf16_kernels(target: str) -> bool:
+    """Whether the project's kernels run a pair with this target in bf16 here: the CPU has bf16 arithmetic,
+    or the GGUF kernel serves the CPU and the target is a GGUF (the kernel multiplies bf16 rows by the
+    GGUF's blocks; on Zen 3, without bf16 instructions, the bound gave bf16 1.4-2.4x float32's tokens/s)."""
+    return bool(bf16_instructions()) or gguf_kernel_serves(target)
+
+
+def gguf_kernel_serves(target: str) -> bool:
+    """Whether the target is a GGUF and this CPU has an instruction set the GGUF kernel is built for."""
+    return amx_gguf.instruction_set() is not None and gguf_file(target) is not None
 
 
 def cpu_capability() -> str:
@@ -84,7 +98,7 @@ def choice_note(choice: dict) -> str:
     if choice.get("untimed"):  # a server's first start: nothing timed yet
         untimed = " and ".join(choice["untimed"])
         where = f"({choice['cpu']}; {untimed} timed at the next start)"
-        return f"{best}: taken at once on a CPU with bf16 arithmetic {where}"
+        return f"{best}: taken at once, the project's kernels here being bf16's {where}"
     others = [f"{dtype} {figures[dtype]['tokens_per_second']:.0f}" for dtype in figures if dtype != best]
     cached = ", measured at an earlier start" if choice.get("cached") else ""
     cached += (
@@ -142,10 +156,10 @@ def calibration_prompt() -> str:
 def measured_dtype(load: Callable[[str], object], target: str, draft: str | None, serve_first=False):
     """(the pair in the dtype measured fastest here, the choice), once per machine and pair: the choice is
     kept in the user cache. `load(dtype)` returns the pair in that dtype, each dtype loaded once.
-    `serve_first` (a server's first start): where the CPU has bf16 arithmetic, bf16 (the dtype its kernels
-    are built for) is taken untimed and every candidate is timed at the next start, which completes the
-    choice (a first start's timing, of the eager passes before the kernels are built, cost 2.4 s of a
-    20.7 s page and was timed again at the next start anyway)."""
+    `serve_first` (a server's first start): where the project's kernels run the pair in bf16
+    (`bf16_kernels`), bf16 is taken untimed and every candidate is timed at the next start, which completes
+    the choice (a first start's timing, of the eager passes before the kernels are built, cost 2.4 s of a
+    20.7 s page on Zen 4 and 20 s of a 38 s page on Zen 3, and was timed again at the next start anyway)."""
     loaded = {}
 
     def load_once(name):  # the dtype not chosen is let go with this function
@@ -157,7 +171,7 @@ def measured_dtype(load: Callable[[str], object], target: str, draft: str | None
     kept = choices.get(key) if isinstance(choices.get(key), dict) else {}
     if kept.get("dtype") in CANDIDATES and not kept.get("untimed"):
         return load_once(kept["dtype"]), {**kept, "cached": True}
-    if not kept and serve_first and bf16_instructions():
+    if not kept and serve_first and bf16_kernels(target):
         choice = {"dtype": CANDIDATES[0], "alpha": None, "cpu": cpu_capability(), "figures": {}}
         choice["untimed"] = list(CANDIDATES)
         write_text(choices_path(), json.dumps({**choices, key: choice}, indent=1) + "\n")

@@ -6,7 +6,8 @@ import pytest
 from tiny import save_tiny_pair
 
 from diversed_demo.eval import bench_report
-from diversed_demo.runtime import dtype_choice, plan
+from diversed_demo.models.loading import EMBEDDED
+from diversed_demo.runtime import amx_gguf, dtype_choice, plan
 from diversed_demo.runtime.dtype_choice import choice_note, choose_dtype
 from diversed_demo.runtime.plan import load_pair
 from diversed_demo.runtime.theory import analytic_speedup
@@ -143,6 +144,25 @@ def test_without_bf16_arithmetic_a_first_start_times_every_dtype(saved_pair, mon
     pair = load_pair(target, draft, "cpu", serve_first=True)
     assert sorted(timed) == ["bfloat16", "float32"] and str(pair.target.dtype) == "torch.float32"
     assert "untimed" not in pair.dtype_choice
+
+
+def test_without_bf16_arithmetic_a_gguf_target_on_the_gguf_kernel_starts_on_bf16_untimed(
+    saved_pair, monkeypatch, tmp_path
+):
+    """Where the GGUF kernel (bf16 rows by the GGUF's blocks) serves the target, a first start serves on
+    bf16 with nothing timed, even on a CPU without bf16 arithmetic (AVX2)."""
+    target, draft = saved_pair
+    timed = timed_dtypes(monkeypatch, tmp_path, bf16=False)
+    monkeypatch.setattr(dtype_choice, "gguf_kernel_serves", lambda name: name == target)
+    pair = load_pair(target, draft, "cpu", serve_first=True)
+    assert timed == [] and str(pair.target.dtype) == "torch.bfloat16"
+    assert pair.dtype_choice["untimed"] == ["bfloat16", "float32"]
+
+
+def test_the_gguf_kernel_serves_gguf_targets_only(saved_pair):
+    target, _ = saved_pair
+    assert not dtype_choice.gguf_kernel_serves(target)  # a transformers folder: no GGUF blocks
+    assert dtype_choice.gguf_kernel_serves(EMBEDDED) == (amx_gguf.instruction_set() is not None)
 
 
 def test_an_explicit_dtype_is_never_measured(saved_pair, monkeypatch):
