@@ -107,6 +107,15 @@ def test_the_verdict_says_what_share_of_the_drafted_tokens_diversed_kept():
     assert "DIVERSED: kept 75% of the drafted tokens" in compare.compare_verdict(judged_comparison())
 
 
+def test_the_verdict_says_in_words_when_diversed_drafted_nothing():
+    """A run whose draft length drafted nothing (on a first start's eager passes, say) has no acceptance:
+    the verdict says why in words instead of "kept n/a"."""
+    comparison = judged_comparison()
+    comparison.runs["dynamic"] = finished_run("dynamic", [1, 2, 3, 4], 2.0)
+    verdict = compare.compare_verdict(comparison)
+    assert "DIVERSED: drafted nothing, as no draft was expected to pay" in verdict and "n/a" not in verdict
+
+
 def test_the_verdict_says_diversed_quality_is_within_1_percent_of_exact_sd():
     assert "ROUGE-2 within 1% of exact SD" in compare.compare_verdict(judged_comparison())
 

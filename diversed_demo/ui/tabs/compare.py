@@ -78,7 +78,10 @@ def compare_verdict(comparison: Comparison, running: bool = False) -> str:
 def verdict_parts(comparison: Comparison, mode: str) -> list[str]:
     """One verifier's acceptance, its quality against exact SD's and where it departs from target only."""
     run = comparison.runs[mode]
-    parts = [f"kept {fmt(run.acceptance_rate, '.0%')} of the drafted tokens, τ {fmt(run.tau, '.2f')}"]
+    if run.acceptance_rate is None:  # the draft length chose no draft at any step
+        parts = ["drafted nothing, as no draft was expected to pay for its cost on this machine"]
+    else:
+        parts = [f"kept {fmt(run.acceptance_rate, '.0%')} of the drafted tokens, τ {fmt(run.tau, '.2f')}"]
     quality = quality_against_exact(comparison, mode)
     if quality is not None:
         parts.append(quality)
