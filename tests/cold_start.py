@@ -62,14 +62,16 @@ def cli_speed(mode: str, prompt: str, env: dict) -> float:
     return json.loads(done.stdout)["summary"]["tokens_per_second"]
 
 
-def builds_running() -> bool:
-    """Whether a background build of the compiled passes (runtime/build_worker.py) is still going."""
+def builds_running(also: tuple[bytes, ...] = ()) -> bool:
+    """Whether a background build of the compiled passes (runtime/build_worker.py), or a process whose
+    command line holds one of `also`, is still going."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"runtime.build_worker" in cmdline.read_bytes():
-                return True
+            line = cmdline.read_bytes()
         except OSError:  # the process ended while we looked
-            pass
+            continue
+        if any(part in line for part in (b"runtime.build_worker", *also)):
+            return True
     return False
 
 

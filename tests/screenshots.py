@@ -13,26 +13,38 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cold_start import builds_running
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(os.environ.get("DIVERSED_SCREENSHOTS", ROOT / "assets" / "screenshots"))
 PORT = 7899
 TIMEOUT_MS = 180_000
+BUILD_S = 600  # the longest a first start's background build is waited for (Zen 3: about 3 minutes)
+QUIET_S = 15  # seconds with no build running: the kernel's build and the passes' follow each other
 
 
 def serve() -> subprocess.Popen:
-    """`diversed-demo app` on the embedded pair, once it answers."""
+    """`diversed-demo app` on the embedded pair, once it answers and has built what a first start builds
+    in the background (the GGUF kernel, the compiled passes): the README shows the app as it then runs."""
     app = subprocess.Popen([sys.executable, "-m", "diversed_demo.cli", "app", "--port", str(PORT)])
     deadline = time.monotonic() + 300
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{PORT}/", timeout=2)
-            return app
+            break
         except OSError:
             if app.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the app did not start") from None
             time.sleep(1)
+    quiet_since, deadline, said = time.monotonic(), time.monotonic() + BUILD_S, False
+    while time.monotonic() - quiet_since < QUIET_S and time.monotonic() < deadline:
+        if builds_running(also=(b"cc1plus",)):  # the compiled passes' worker, or g++ on the kernel
+            if not said:
+                print("waiting for the app's background build", flush=True)
+            quiet_since, said = time.monotonic(), True
+        time.sleep(2)
+    return app
 
 
 def shoot(page, name: str) -> None:
