@@ -44,8 +44,9 @@ AVX2_FLAGS = {"avx2", "fma", "f16c"}
 AVX2 = (AVX2_FLAGS, Path(__file__).with_name("vector_gguf.cpp"), ["-mavx2", "-mfma", "-mf16c"])
 KERNELS = (("AMX", AMX), ("AVX-512 VNNI", VNNI), ("AVX2", AVX2))  # the better first
 VNNI_LAYOUT = "AVX-512 VNNI"  # the kernel whose records hold a block's codes by groups of 4 inputs
-# The blocks (by bits) each kernel multiplies by its rows as 8-bit codes, on the VNNI kernel's records
-CODED_ROWS = {VNNI_LAYOUT: (4, 8), "AVX2": (4, 8)}
+# The kernels that multiply the blocks by the rows as 8-bit codes, on the VNNI kernel's records (AMX
+# multiplies the dense model's bf16 weights by the bf16 rows)
+CODED_ROWS = (VNNI_LAYOUT, "AVX2")
 # Every kernel here takes any number of rows, prompts too: each is the faster than the dense bf16 weight at
 # every length (AVX-512 VNNI against oneDNN's dense product on Zen 4: 0.4-0.9 of its time from 16 to 512
 # rows; docs/measurements/speed.md), and a verification gives each row a one-token pass's sums.
@@ -184,9 +185,9 @@ def computes_right() -> bool:
     m = (-torch.rand(64, 2, generator=generator) / 10).half().float()
     q4 = torch.randint(0, 16, (64, 64), generator=generator)
     q8 = torch.randint(-127, 128, (64, 64), generator=generator)
-    for bits, records, codes, minima in ((4, pack_q4(q4, d, m), q4, m), (8, pack_q8(q8, d), q8, 0 * m)):
+    for records, codes, minima in ((pack_q4(q4, d, m), q4, m), (pack_q8(q8, d), q8, 0 * m)):
         dense = (codes.view(64, 2, 32) * d[..., None] + minima[..., None]).view(64, 64)
-        expected = rows_as_multiplied(rows, bits) @ as_multiplied(dense).T
+        expected = rows_as_multiplied(rows) @ as_multiplied(dense).T
         for count in (1, 3, 5, len(rows)):
             if not torch.allclose(amx_product(rows[:count], records).float(), expected[:count], 1e-2, 1e-2):
                 return False
@@ -199,24 +200,23 @@ def as_multiplied(weights: torch.Tensor) -> torch.Tensor:
     return weights.bfloat16().float() if name() == "AMX" else weights
 
 
-def codes_rows(bits: int = 4) -> bool:
-    """Whether this CPU's kernel multiplies a product of `bits`-bit blocks by its rows as 8-bit codes (and
-    takes that product's records in the VNNI kernel's layout)."""
-    return bits in CODED_ROWS.get(name(), ())
+def codes_rows() -> bool:
+    """Whether this CPU's kernel multiplies the blocks by the rows as 8-bit codes (and takes its records in
+    the VNNI kernel's layout)."""
+    return name() in CODED_ROWS
 
 
 def records_layout() -> str:
     """The layout of this CPU's records, for the keys of packed operands kept on disk."""
-    coded = "".join(f"-q{bits}codes" for bits in CODED_ROWS.get(name(), ()))
-    return f"{name()}{coded}"
+    return f"{name()}-codes" if codes_rows() else name()
 
 
-def rows_as_multiplied(rows: torch.Tensor, bits: int = 4) -> torch.Tensor:
-    """A product's input rows [M, K] as this CPU's kernel multiplies them by `bits`-bit blocks, in float32:
-    where it codes them (`codes_rows`) each block of 32 as int8 codes times one scale (its largest
-    magnitude / 127), as they are elsewhere."""
+def rows_as_multiplied(rows: torch.Tensor) -> torch.Tensor:
+    """A product's input rows [M, K] as this CPU's kernel multiplies them, in float32: where it codes them
+    (`codes_rows`) each block of 32 as int8 codes times one scale (its largest magnitude / 127), as they
+    are elsewhere."""
     x = rows.float()
-    if not codes_rows(bits):
+    if not codes_rows():
         return x
     blocks = x.unflatten(-1, (-1, 32))
     largest = blocks.abs().amax(-1, keepdim=True)
@@ -246,7 +246,7 @@ def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tens
     check_fp16(d, m)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
-    if codes_rows(4):
+    if codes_rows():
         # 4 x 64 bytes: byte 4j + e of the t-th holds row j's inputs 8t + e (low nibble) and 8t + 4 + e
         # (high); the view's axes: group, row j, block, t, low or high, e
         quads = codes.view(groups, 16, n_blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
@@ -263,17 +263,12 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     check_fp16(d)
     n_rows, width = codes.shape
     groups, n_blocks = n_rows // 16, width // 32
-    if codes_rows(8):
+    if codes_rows():
         # 8 x 64 bytes: byte 4j + e of the u-th holds row j's input 4u + e; unsigned (code + 128) for
         # `vpdpbusd` on AVX-512 VNNI, signed on AVX2 (whose `vpsignb` takes the codes' signs)
         offset = 128 if name() == VNNI_LAYOUT else 0
-        quads = (codes.to(torch.int32) + offset).view(groups, 16, n_blocks, 8, 4).permute(0, 2, 3, 1, 4)
-        return to_records(
-            quads.reshape(groups, n_blocks, 512)
-            .to(torch.int8 if offset == 0 else torch.uint8)
-            .view(torch.uint8),
-            [d],
-        )
+        quads = ((codes.to(torch.int32) + offset) % 256).view(groups, 16, n_blocks, 8, 4)
+        return to_records(quads.permute(0, 2, 3, 1, 4).reshape(groups, n_blocks, 512).to(torch.uint8), [d])
     blocks = (
         codes.to(torch.int8).view(groups, 16, n_blocks, 32).transpose(1, 2).reshape(groups, n_blocks, 512)
     )

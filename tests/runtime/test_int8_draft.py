@@ -57,7 +57,7 @@ def test_on_the_gguf_kernel_the_draft_multiplies_its_blocks_at_the_rows_it_takes
     x = torch.randn(rows, 64, generator=g).bfloat16()
     expected = int8_draft.int8_product(x, records)
     assert torch.equal(layer(x), expected)
-    multiplied = amx_gguf.rows_as_multiplied(x, 8)
+    multiplied = amx_gguf.rows_as_multiplied(x)
     torch.testing.assert_close(expected.float(), multiplied @ weights.T, atol=0.02, rtol=2**-7)
 
 
