@@ -4,6 +4,7 @@ wiring live in ui/tabs/), and its launch with the app's stylesheet, theme and sc
 from __future__ import annotations
 
 import html
+import warnings
 from pathlib import Path
 
 import gradio as gr
@@ -27,6 +28,11 @@ MAX_UPLOAD = "10mb"  # prompt files and traces are far smaller; a larger upload 
 CACHE_CLEANUP = (3600, 3600)  # every hour, delete Gradio's cached files (uploads, outputs) over an hour old
 CSS_PATH = ASSETS / "app.css"
 QUEUE_SIZE = 64  # past this many waiting requests, new ones are told the queue is full
+# Gradio's queue wakes every 1 ms on Linux while it is empty or its slots are busy (a decode holds the one
+# slot), and its progress loop every 10 ms: 8-9% of a core, taken from every decode on a 2-core CPU
+# (docs/measurements/speed.md, "The server's idle polling"). Waking every 20 ms delays a request's start
+# by at most that; the progress bars (Train) move every 0.1 s.
+QUEUE_POLL_S, PROGRESS_POLL_S = 0.02, 0.1
 
 # On a phone the open sidebar covers the whole page: start it closed there (its toggle still opens it).
 # Gradio renders the sidebar after this script starts, so wait for it a little.
@@ -93,7 +99,24 @@ def build_app(
             build_train_tab(app, pair, job, sidebar)
             build_about_tab()
     app.queue(default_concurrency_limit=DECODE_CONCURRENCY, max_size=QUEUE_SIZE)
+    slow_queue_polling(app)
     return app
+
+
+def slow_queue_polling(app: gr.Blocks) -> None:
+    """Make the app's queue poll every QUEUE_POLL_S (progress every PROGRESS_POLL_S), not every 1 ms; a
+    warning where this Gradio's queue has no such settings (its polling then costs the decodes)."""
+    queue = app._queue  # Gradio sets these intervals by platform only (gradio/queueing.py)
+    names = ("sleep_when_free", "progress_update_sleep_when_free")
+    if not all(hasattr(queue, name) for name in names):
+        warnings.warn(
+            f"Gradio {gr.__version__}'s queue has no {' or '.join(names)}: its polling is left as it is",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
+    queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, PROGRESS_POLL_S)
 
 
 def launch(app, **kwargs):

@@ -193,3 +193,23 @@ def test_a_visitor_who_leaves_mid_sweep_stops_it(storm_app, monkeypatch):
     decoded_after_leaving = len(batches)
     time.sleep(2)
     assert len(batches) == decoded_after_leaving < 20  # 4 prompts x 5 weights, one decode per batch
+
+
+IDLE_S = 3.0  # long enough for a poll every 1 ms to show: 8-9% of a core on a 2-core EPYC
+
+
+@pytest.mark.timed
+def test_an_idle_server_leaves_the_cores_to_decoding(tmp_path):
+    """A served app that waits for requests (or whose one decode slot is busy) takes under 3% of a core:
+    Gradio's own queue polls every millisecond, which decodes on a 2-core CPU would pay for."""
+    pair = load_pair(*save_tiny_pair(tmp_path), "cpu", "float32")
+    app = ui.build_app(pair)
+    ui.launch(app, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        time.sleep(1.0)  # the server's start-up work done
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_S)
+        share = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    finally:
+        close(app)
+    assert share < 0.03, f"the idle server took {share:.1%} of a core"
