@@ -170,7 +170,7 @@ def propose(
     the prompt): (tokens [m], q [m, V], the draft's hidden states [m, H] or None), fewer where `length`
     (draft_length.py) stops the draft. A PromptLookup, where given, proposes the copies it finds in place of
     the draft's choices; one that copies whole blocks proposes up to `room` copies alone where the text has
-    them (lookup.py), at n = 0 too."""
+    them and `length` finds they pay (lookup.py), at n = 0 too."""
     if draft is None or not draft.ready(len(sequence)):
         return no_drafts(sequence, vocab_size)
     if lookup is not None:
@@ -179,7 +179,8 @@ def propose(
         # where it drafts now. Where the length rule drafts nothing (n = 0) that pass comes later whatever
         # this step copies, and copies cost no draft step: the room alone bounds them.
         most = room if n <= 0 else min(room, MAX_FEED - 1 - draft.lag(len(sequence)))
-        copied = lookup.copies(most) if lookup.copy_blocks else []
+        pays = None if length is None else length.copy_pays  # a fixed N takes every copy
+        copied = lookup.copies(most, pays) if lookup.copy_blocks else []
         if copied:
             tokens = sequence.new_tensor(copied)
             return tokens, F.one_hot(tokens, vocab_size).float(), None  # q: a point mass on each copy

@@ -23,6 +23,11 @@ else the step verifies the j − 1 before it (none: a target-only step). The cho
 the j-th, never a later one, so whether a position is verified never depends on its own token: sampled
 verification keeps the target's law.
 
+Exact SD's blocks of copies (lookup.py: greedy, no draft step) are priced the same way, a block of j copies
+costing its pass v_j alone: a copy is taken while P_j·α / (v_{j+1} − v_j) ≥ E_j / v_j, α the copy's chance,
+from the copies verified so far after a match of as many tokens. Where the text's copies are seldom the
+target's tokens, a block of seven cost a pass of eight and returned about one.
+
 α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
 prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
 static w, the running mean w_t of the rule or a head). A draft tree's later children (draft_tree.py) are
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 from .cache import MAX_FEED
 from .config import AUTO
+from .lookup import MAX_MATCH, MIN_MATCH
 
 AUTO_MAX = MAX_FEED - 1  # the most a step drafts: one compiled pass scores 7 drafts and the bonus position
 BINS = 10  # bins of the draft's confidence s in [0, 1]
@@ -44,6 +50,9 @@ PRIOR_WEIGHT = 2.0  # verified positions the prior counts for, per bin: a few po
 # A step that drafts nothing verifies nothing: it forgets this share of the evidence, so that the prior
 # pulls a poor stretch's estimate back up and drafting is tried again some steps later.
 FORGET = 0.85
+# A copy's chance before evidence: over 26 Spec-Bench turns a copy after a match of 2 or more tokens was the
+# target's greedy choice 0.54 of the time (docs/measurements/speed.md, "Prompt lookup").
+COPY_PRIOR = 0.5
 # Where the runtime measured no costs (a GPU, transformers' own layers): a draft a tenth of the target,
 # a pass over j + 1 tokens 1 + 0.04·j target tokens (the embedded pair's eager figures on a CPU); the
 # slope also carries measured v_j past the longest length measured.
@@ -83,6 +92,10 @@ class FixedLength:
     def learn(self, verdict) -> None:
         pass
 
+    def copy_pays(self, copied: int, match: int) -> bool:
+        """A fixed N takes every copy the text offers."""
+        return True
+
 
 def pass_costs(measured: dict[int, float]) -> list[float]:
     """v_0..v_AUTO_MAX from the measured v_j: between two measured lengths on the line through them, beyond
@@ -116,6 +129,9 @@ class AdaptiveLength:
         self.kept, self.seen = [[0.0] * BINS for _ in range(2)], [[0.0] * BINS for _ in range(2)]
         self.w_total, self.w_count = w_prior * PRIOR_WEIGHT, PRIOR_WEIGHT
         self.confidences: list[float] = []  # of this step's drafts
+        # per length of the match a copy followed (lookup.py): copies kept and verified; this step's matches
+        self.copies_kept, self.copies_seen = [0.0] * (MAX_MATCH + 1), [0.0] * (MAX_MATCH + 1)
+        self.matches: list[int] = []
         self.path, self.tokens, self.limit = 1.0, 1.0, 0
 
     @property
@@ -149,7 +165,7 @@ class AdaptiveLength:
 
     def start(self, room: int) -> int:
         """The most this step may draft (0: it drafts nothing), given `room` for drafts."""
-        self.confidences, self.path, self.tokens = [], 1.0, 1.0
+        self.confidences, self.matches, self.path, self.tokens = [], [], 1.0, 1.0
         self.limit = min(room, AUTO_MAX)
         if self.limit <= 0:  # the budget is spent: nothing was skipped for want of pay
             return 0
@@ -174,6 +190,22 @@ class AdaptiveLength:
         self.tokens += self.path
         return True
 
+    def copy_chance(self, match: int) -> float:
+        """α of a copy that followed a match of `match` tokens."""
+        m = min(max(match, MIN_MATCH), MAX_MATCH)
+        return (self.copies_kept[m] + PRIOR_WEIGHT * COPY_PRIOR) / (self.copies_seen[m] + PRIOR_WEIGHT)
+
+    def copy_pays(self, copied: int, match: int) -> bool:
+        """Whether a block of `copied` copies takes one more, which followed a match of `match` tokens (the
+        rule above, the block costing its pass alone); the step's path goes on through it where it does."""
+        chance = self.copy_chance(match)
+        if self.path * chance * self.v[copied] < self.tokens * (self.v[copied + 1] - self.v[copied]):
+            return False
+        self.matches.append(match)
+        self.path *= chance
+        self.tokens += self.path
+        return True
+
     def _count(self, rank: int, confidence: float, chance: float) -> None:
         """One position of evidence: a draft of `confidence` at `rank`, kept with probability `chance`."""
         b = confidence_bin(confidence)
@@ -187,6 +219,12 @@ class AdaptiveLength:
     def learn(self, verdict) -> None:
         """Count the step's verified positions: each one's chance of being kept, by its draft's confidence
         (a tree's: every child tried, by the confidence its value was priced from)."""
+        if self.matches:  # a block of copies: each verified one by its match
+            verified = min(verdict.n_accepted + 1, len(self.matches))
+            for match, chance in zip(self.matches, verdict.accept_probs[:verified].tolist()):
+                self.copies_kept[match] += chance
+                self.copies_seen[match] += 1.0
+            return
         if verdict.tree is not None:
             tree, decided = verdict.tree.tree, verdict.tree.decided
             confidences = [tree.confidences[node] for node, _ in decided.tried]

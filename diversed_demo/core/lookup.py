@@ -37,13 +37,18 @@ class PromptLookup:
             self.indexed.append(token)
         self.tail = self.indexed[-MAX_MATCH:]
 
-    def guess(self) -> int | None:
-        """The token after the latest earlier occurrence of the tail's longest indexed n-gram, if any."""
+    def match(self) -> tuple[int | None, int]:
+        """The token after the latest earlier occurrence of the tail's longest indexed n-gram, and n (None and
+        0 where no n-gram of the tail occurred before)."""
         for n in range(MAX_MATCH, MIN_MATCH - 1, -1):
             found = self.followers[n].get(tuple(self.tail[-n:])) if len(self.tail) >= n else None
             if found is not None:
-                return found
-        return None
+                return found, n
+        return None, 0
+
+    def guess(self) -> int | None:
+        """The copy `match` finds, if any."""
+        return self.match()[0]
 
     def choose(self, drafted: torch.Tensor) -> torch.Tensor:
         """The token to propose at the next position: the copy if there is one, else the draft's `drafted`
@@ -53,10 +58,14 @@ class PromptLookup:
         self.tail = (self.tail + [copied if copied is not None else int(drafted)])[-MAX_MATCH:]
         return token
 
-    def copies(self, room: int) -> list[int]:
-        """Up to `room` tokens copied one after another while the text has a follower for the tail."""
+    def copies(self, room: int, pays=None) -> list[int]:
+        """Up to `room` tokens copied one after another while the text has a follower for the tail and
+        `pays(copied so far, n of the match)` (draft_length.py prices a block; None: every copy is taken)."""
         copied = []
-        while len(copied) < room and (token := self.guess()) is not None:
+        while len(copied) < room:
+            token, n = self.match()
+            if token is None or (pays is not None and not pays(len(copied), n)):
+                break
             copied.append(token)
             self.tail = (self.tail + [token])[-MAX_MATCH:]
         return copied

@@ -106,6 +106,33 @@ def test_evidence_moves_the_estimate_and_a_skipped_stretch_forgets_it():
     assert skipped > 1
 
 
+def copy_block(length: AdaptiveLength, match: int = 2, room: int = 7) -> int:
+    """How many copies a step's block takes, each after a match of `match` tokens."""
+    length.start(room=room)
+    n = 0
+    while n < room and length.copy_pays(n, match):
+        n += 1
+    return n
+
+
+def test_a_block_of_copies_is_priced_by_what_its_copies_returned():
+    """Exact SD's copies cost their places in the pass alone: at the prior a block takes copies while they
+    pay (2 at v_j = 1 + 0.2·j); where the text's copies were turned down it takes none, where they were kept
+    it runs to the room; the evidence is kept per length of the match. A fixed N takes every copy."""
+    length = AdaptiveLength({"c": 0.1, "v": {j: 1.0 + 0.2 * j for j in range(1, 8)}}, w_prior=1.0)
+    assert copy_block(length) == 2
+    for _ in range(20):
+        taken = copy_block(length)
+        length.learn(verdict(0, [0.0] * taken))  # the block's first copy turned down
+    assert copy_block(length) == 0
+    assert copy_block(length, match=4) == 2  # a longer match's evidence is its own
+    for _ in range(20):
+        taken = copy_block(length, match=4)
+        length.learn(verdict(taken, [1.0] * taken))  # every copy kept
+    assert copy_block(length, match=4) == 7
+    assert FixedLength(3).copy_pays(6, 2)
+
+
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_greedy_exact_with_auto_equals_target_only(any_pair, prompt):
     reference, _ = generate(any_pair, prompt, mode="ar", max_new_tokens=24, temperature=0)

@@ -55,6 +55,14 @@ def test_copies_go_on_while_the_text_has_a_follower_and_the_room_lasts():
     assert lookup.copies(7) == []  # "2 8" never occurred
 
 
+def test_a_block_of_copies_ends_where_the_length_rule_finds_the_next_does_not_pay():
+    lookup = PromptLookup(copy_blocks=True)
+    lookup.start(torch.tensor([1, 2, 3, 4, 9, 1, 2]))
+    asked = []
+    assert lookup.copies(7, lambda copied, match: asked.append((copied, match)) or copied < 2) == [3, 4]
+    assert asked == [(0, 2), (1, 3), (2, 4)]  # each copy's match: "1 2", "1 2 3", "1 2 3 4"
+
+
 def proposals(pair, prompt, mode, lookup, **kwargs):
     steps = decode_steps(pair, prompt, mode, n_draft=3, max_new_tokens=30, prompt_lookup=lookup, **kwargs)
     texts, drafts = [], []
@@ -157,3 +165,18 @@ def test_a_step_whose_length_rule_drafts_nothing_still_proposes_the_texts_copies
     assert texts == reference.token_ids
     assert all(v.draft_hidden is None for v in verdicts)  # the draft never drafted
     assert any(len(v.draft_tokens) for v in verdicts)  # but the text's copies were verified
+
+
+def test_where_no_copy_can_pay_its_place_exact_decoding_verifies_none(feature_pair, monkeypatch):
+    """A copy costs its place in the pass: where a position costs a whole pass (v_1 = 2) no copy's chance
+    pays it, and exact greedy decoding at N step by step verifies the unseen token alone, step after step."""
+    monkeypatch.setattr(feature_pair, "costs", {"c": 10.0, "r": 10.0, "v": {1: 2.0, 2: 3.0}})
+    reference, _ = generate(feature_pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
+    texts, verdicts = [], []
+    for step in decode_steps(
+        feature_pair, REPEATING, "exact", n_draft="auto", max_new_tokens=30, temperature=0, prompt_lookup=True
+    ):
+        texts += step.new_ids
+        verdicts.append(step.verdict)
+    assert texts == reference.token_ids
+    assert not any(len(v.draft_tokens) for v in verdicts)
