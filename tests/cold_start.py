@@ -44,14 +44,31 @@ def served(url: str) -> bool:
 
 def decode_speed(url: str, mode: str, prompt: str = PROMPT, auto_n: bool = False) -> float:
     """tokens/s of one greedy decode through the served app's /generate endpoint (from its trace): N = 2,
-    or step by step with `auto_n` (the page's default)."""
-    from gradio_client import Client
-
-    client = Client(url, verbose=False)
+    or step by step with `auto_n` (the page's default). The call is Gradio's REST API read with blocking
+    reads: gradio_client polls its job every millisecond, 0.2 s of CPU a decode (a fifth of a core, which
+    the decode on 2 cores would lose; docs/measurements/speed.md, "The server's idle polling")."""
     tokens = EXAMPLE_TOKENS if auto_n else NEW_TOKENS
-    *_, files = client.predict(prompt, mode, 1.0, None, 2, tokens, 0.0, 0, 4.0, auto_n, api_name="/generate")
-    trace = next(f for f in files if str(f).endswith(".json"))
-    return json.loads(Path(trace).read_text())["runs"][0]["summary"]["tokens_per_second"]
+    inputs = [prompt, mode, 1.0, None, 2, tokens, 0.0, 0, 4.0, auto_n, "as the runtime chose"]
+    call = urllib.request.Request(
+        f"{url}gradio_api/call/generate",
+        data=json.dumps({"data": inputs}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(call, timeout=30) as response:
+        event_id = json.load(response)["event_id"]
+    event = None
+    with urllib.request.urlopen(f"{url}gradio_api/call/generate/{event_id}", timeout=600) as stream:
+        for raw in stream:  # server-sent events: "event: <kind>", then "data: <json>"
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line.removeprefix("event:").strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                if event == "error":
+                    sys.exit(f"the app's /generate failed: {line}")
+                files = json.loads(line.removeprefix("data:"))[-1]
+                trace = next(f["path"] for f in files if f["path"].endswith(".json"))
+                return json.loads(Path(trace).read_text())["runs"][0]["summary"]["tokens_per_second"]
+    sys.exit("the app's /generate stream ended without a result")
 
 
 def cli_speed(mode: str, prompt: str, env: dict) -> float:
