@@ -24,6 +24,7 @@ from ..core.prompt import encode_prompt, eos_ids
 from ..core.stats import Counts
 from ..models.heads import head_kind, load_head, resolve_head_path
 from ..runtime.costs import measure_costs, memory_limit
+from ..runtime.dtype_choice import cpu_name
 from .bench_report import batch_report, report
 from .hf_baseline import hf_generate, transformers_kwargs
 from .llama_cpp_baseline import llama_cpp_generate
@@ -124,7 +125,7 @@ def machine_settings(pair) -> dict:
         "target": pair.target_name,
         "draft": pair.draft_name,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "dtype": str(pair.target.dtype).removeprefix("torch."),
         "dtype_choice": pair.dtype_choice,
     }

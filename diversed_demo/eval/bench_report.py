@@ -360,11 +360,13 @@ def category_rows(report: dict, modes: list) -> list[str]:
 
 
 def where(settings: dict) -> str:
-    """How a report names its machine: "2 threads on cpu", or the accelerator (host threads only feed it)."""
-    if settings["device"].startswith("cpu"):
-        return f"{settings['threads']} threads on {settings['device']}"
+    """How a report names its machine: "2 threads on cpu (AMD EPYC)", or the accelerator (host threads only
+    feed it)."""
     name = settings.get("device_name")
-    return f"on {settings['device']}" + (f" ({name})" if name else "")
+    named = f" ({name})" if name else ""
+    if settings["device"].startswith("cpu"):
+        return f"{settings['threads']} threads on {settings['device']}{named}"
+    return f"on {settings['device']}{named}"
 
 
 def settings_lines(report: dict) -> list[str]:

@@ -126,7 +126,9 @@ class BenchSettings(Record):
     threads: int | None = None
     target: str | None = None
     device: str | None = None
+    device_name: str | None = None  # the CPU's or GPU's model name (reports before 2026-12-07: a GPU's only)
     dtype: str | None = None
+    dtype_choice: dict | None = None  # on a CPU: its "cpu", the instructions its kernels ran on
 
 
 class BenchReport(Record):

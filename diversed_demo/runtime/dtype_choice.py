@@ -110,13 +110,18 @@ def choice_note(choice: dict) -> str:
     )
 
 
-def choice_key(target: str, draft: str | None) -> str:
-    """What a cached choice holds for: this CPU, this PyTorch, these threads, this pair."""
-    model = next(
+def cpu_name() -> str:
+    """The CPU's model name as the kernel reports it ("AMD EPYC", "Intel(R) Xeon(R) …")."""
+    return next(
         (line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")),
         "unknown CPU",
     )
-    return json.dumps([model, cpu_capability(), torch.__version__, torch.get_num_threads(), target, draft])
+
+
+def choice_key(target: str, draft: str | None) -> str:
+    """What a cached choice holds for: this CPU, this PyTorch, these threads, this pair."""
+    machine = [cpu_name(), cpu_capability(), torch.__version__, torch.get_num_threads()]
+    return json.dumps([*machine, target, draft])
 
 
 def _cpuinfo() -> str:

@@ -58,11 +58,23 @@ def key_result(target_name: str, path: Path = BENCH_PATH) -> str:
         )
     return (
         f"<b>Measured</b> on {settings.examples or '?'} Spec-Bench prompts with {pair} (greedy, "
-        f"{settings.dtype or '?'}, {settings.threads or '?'} CPU threads): "
+        f"{settings.dtype or '?'}, {machine_words(settings)}): "
         + ", ".join(parts[:-1])
         + f" and {parts[-1]} the speed of {baseline} "
         f"(<code>{shown_path(path)}</code>)."
     )
+
+
+def machine_words(settings) -> str:
+    """The machine a bench report ran on, for a visitor whose own may differ: "2 threads on AMD EPYC", or
+    on a CPU named by its instructions where the report has no name for it."""
+    threads = f"{settings.threads or '?'} threads"
+    if settings.device and not settings.device.startswith("cpu"):
+        return f"on {html.escape(settings.device_name or settings.device)}"
+    if settings.device_name:
+        return f"{threads} on {html.escape(settings.device_name)}"
+    instructions = (settings.dtype_choice or {}).get("cpu")
+    return f"{threads} on a CPU with {html.escape(instructions)}" if instructions else f"{threads} on a CPU"
 
 
 def headline_data(head_paths: dict[str, Path], path: Path = BENCH_PATH) -> list[dict]:

@@ -7,6 +7,7 @@ import pytest
 from diversed_demo.eval.bench import BENCH_DECODING, parse_modes, run_batch_bench, run_bench
 from diversed_demo.eval.bench_report import batch_markdown, markdown_table
 from diversed_demo.eval.tasks import Example
+from diversed_demo.runtime.dtype_choice import cpu_name
 from diversed_demo.runtime.theory import alpha_from_acceptance, analytic_speedup, wall_bound
 
 
@@ -133,7 +134,7 @@ def test_bench_report_on_a_tiny_pair(pair):
     assert limit["tokens_per_second"] == pytest.approx(limit["copy_bytes_per_second"] / limit["weight_bytes"])
     assert limit["target_only_share"] == pytest.approx(theirs / limit["tokens_per_second"])
     assert "Memory-bandwidth limit" in table and "identical to target-only" in table
-    assert f"{report['settings']['threads']} threads on cpu" in table
+    assert f"{report['settings']['threads']} threads on cpu ({cpu_name()})" in table  # the CPU named
     assert "fewer_threads_s" in report["settings"]  # the report can say whether a core was taken
 
 
@@ -143,6 +144,7 @@ def test_a_gpu_report_names_the_accelerator_not_the_host_threads():
     settings = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "threads": 16}
     assert where(settings) == "on cuda:0 (NVIDIA H100 80GB HBM3)"
     assert where({"device": "cpu", "threads": 2}) == "2 threads on cpu"
+    assert where({"device": "cpu", "threads": 2, "device_name": "AMD EPYC"}) == "2 threads on cpu (AMD EPYC)"
 
 
 def test_weight_bytes_count_a_tied_embedding_once():

@@ -76,6 +76,15 @@ def test_the_key_result_quotes_the_bench_report_or_names_its_command(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(report))
     line = results_summary.key_result("t", tmp_path / "bench.json")
     assert "the target alone, itself 84 tokens/s, 3.6× transformers' <code>generate</code> (" in line
+    assert "(greedy, bfloat16, 2 threads on a CPU)" in line  # the report names no CPU
+    # A visitor's machine may differ from the bench's: the header names the CPU the report ran on.
+    report["settings"]["dtype_choice"] = {"cpu": "AVX2, no bf16 instructions"}
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    line = results_summary.key_result("t", tmp_path / "bench.json")
+    assert "2 threads on a CPU with AVX2, no bf16 instructions)" in line
+    report["settings"]["device_name"] = "AMD EPYC"
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    assert "2 threads on AMD EPYC)" in results_summary.key_result("t", tmp_path / "bench.json")
     missing = results_summary.key_result("t", tmp_path / "none.json")
     assert "diversed-demo bench" in missing and "<b>Measured</b>" not in missing
 
