@@ -149,20 +149,27 @@ def test_exact_greedy_proposes_blocks_of_copies_without_the_draft(feature_pair, 
     assert max(feeds[1:]) <= MAX_FEED  # after the prompt's
 
 
+def exact_auto_verdicts(pair, monkeypatch, costs: dict) -> list:
+    """The verdicts of exact greedy decoding at N step by step on REPEATING, the pair priced by `costs`,
+    checked to give the target's own tokens."""
+    monkeypatch.setattr(pair, "costs", costs)
+    reference, _ = generate(pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
+    texts, verdicts = [], []
+    for step in decode_steps(
+        pair, REPEATING, "exact", n_draft="auto", max_new_tokens=30, temperature=0, prompt_lookup=True
+    ):
+        texts += step.new_ids
+        verdicts.append(step.verdict)
+    assert texts == reference.token_ids
+    return verdicts
+
+
 def test_a_step_whose_length_rule_drafts_nothing_still_proposes_the_texts_copies(feature_pair, monkeypatch):
     """Copies cost no draft step: where drafting never pays (the pair's costs say a drafted token costs ten
     passes), exact greedy decoding at N step by step still verifies the text's blocks of copies, and still
     gives the target's own tokens (on Zen 4 the rule's skipped steps had skipped the copies too: exact SD
     1.07× where N = 1, copying, ran 1.14×)."""
-    monkeypatch.setattr(feature_pair, "costs", {"c": 10.0, "r": 10.0, "v": {1: 1.1, 2: 1.2}})
-    reference, _ = generate(feature_pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
-    texts, verdicts = [], []
-    for step in decode_steps(
-        feature_pair, REPEATING, "exact", n_draft="auto", max_new_tokens=30, temperature=0, prompt_lookup=True
-    ):
-        texts += step.new_ids
-        verdicts.append(step.verdict)
-    assert texts == reference.token_ids
+    verdicts = exact_auto_verdicts(feature_pair, monkeypatch, {"c": 10.0, "r": 10.0, "v": {1: 1.1, 2: 1.2}})
     assert all(v.draft_hidden is None for v in verdicts)  # the draft never drafted
     assert any(len(v.draft_tokens) for v in verdicts)  # but the text's copies were verified
 
@@ -170,13 +177,5 @@ def test_a_step_whose_length_rule_drafts_nothing_still_proposes_the_texts_copies
 def test_where_no_copy_can_pay_its_place_exact_decoding_verifies_none(feature_pair, monkeypatch):
     """A copy costs its place in the pass: where a position costs a whole pass (v_1 = 2) no copy's chance
     pays it, and exact greedy decoding at N step by step verifies the unseen token alone, step after step."""
-    monkeypatch.setattr(feature_pair, "costs", {"c": 10.0, "r": 10.0, "v": {1: 2.0, 2: 3.0}})
-    reference, _ = generate(feature_pair, REPEATING, mode="ar", max_new_tokens=30, temperature=0)
-    texts, verdicts = [], []
-    for step in decode_steps(
-        feature_pair, REPEATING, "exact", n_draft="auto", max_new_tokens=30, temperature=0, prompt_lookup=True
-    ):
-        texts += step.new_ids
-        verdicts.append(step.verdict)
-    assert texts == reference.token_ids
+    verdicts = exact_auto_verdicts(feature_pair, monkeypatch, {"c": 10.0, "r": 10.0, "v": {1: 2.0, 2: 3.0}})
     assert not any(len(v.draft_tokens) for v in verdicts)
