@@ -30,12 +30,12 @@ target's tokens, a block of seven cost a pass of eight and returned about one.
 
 α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
 prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
-static w, the running mean w_t of the rule or a head). A draft tree's later children (draft_tree.py) are
-kept only where the target's choice passes over the first: about w·s. Each verified position then corrects
-it: per rank (first child or later) and bin of s, the kept share of the positions verified so far in this
-decode (the acceptance probability where sampling, a hit where greedy), against PRIOR_WEIGHT positions of
-the prior. The choice reads the decode's own tokens only, never the clock, so a seed replays the same
-decode.
+static w, the running mean w_t of the rule or a head, from UNSEEN_W before any is seen). A draft tree's
+later children (draft_tree.py) are kept only where the target's choice passes over the first: about w·s.
+Each verified position then corrects it: per rank (first child or later) and bin of s, the kept share of
+the positions verified so far in this decode (the acceptance probability where sampling, a hit where
+greedy), against PRIOR_WEIGHT positions of the prior. The choice reads the decode's own tokens only, never
+the clock, so a seed replays the same decode.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ PRIOR_WEIGHT = 2.0  # verified positions the prior counts for, per bin: a few po
 # A step that drafts nothing verifies nothing: it forgets this share of the evidence, so that the prior
 # pulls a poor stretch's estimate back up and drafting is tried again some steps later.
 FORGET = 0.85
+# The running mean of a per-token w (the rule's, a head's) before any position is verified: their w_t are
+# mostly 0 or 1, either as likely. Started at exact's w = 1, a rule or head whose pair's steps made exact SD's
+# first draft not pay (ᾱ = 0.5) never drafted, so never saw the w_t that would have made it pay.
+UNSEEN_W = 0.5
 # A copy's chance before evidence: over 26 Spec-Bench turns a copy after a match of 2 or more tokens was the
 # target's greedy choice 0.54 of the time (docs/measurements/speed.md, "Prompt lookup").
 COPY_PRIOR = 0.5
@@ -245,7 +249,7 @@ class AdaptiveLength:
 
 def draft_length(config, costs: dict | None):
     """The config's draft length rule: fixed N, or adaptive for n_draft="auto" (the mode's w as prior)."""
-    w_prior = float(config.ensemble_weight) if config.mode == "static" else 1.0
+    w_prior = {"exact": 1.0, "static": float(config.ensemble_weight)}.get(config.mode, UNSEEN_W)
     if config.n_draft != AUTO:
         return FixedLength(config.n_draft, w_prior)
     return AdaptiveLength(costs, w_prior)

@@ -90,6 +90,26 @@ def test_a_laxer_rule_expects_more_and_drafts_longer():
     assert drafted(0.2) > drafted(1.0)
 
 
+def test_a_per_token_rule_tries_drafting_where_exact_sd_would_not_and_learns_its_w():
+    """A rule's or a head's w_t is unknown before it verifies a position: where the pair's steps make exact
+    SD's first draft not pay (ᾱ = 0.5 < r + c + v_1 − 1 = 0.6), the per-token rule and a head still draft,
+    and from what they verify go on (w_t = 0: kept) or stop (w_t = 1 and turned down, as exact SD). Started
+    at exact's w = 1 (the mutation), they never drafted, so never saw their w_t."""
+    costs = {"c": 0.2, "r": 0.1, "v": {j: 1.0 + 0.3 * j for j in range(1, 8)}}
+    assert draft_length(DecodeConfig(mode="exact", n_draft="auto"), costs).start(room=7) == 0
+    head = DecodeConfig(mode="dynamic", head="some-head", n_draft="auto")
+    for config in (DecodeConfig(mode="cost", lam=2.0, n_draft="auto"), head):
+        relaxed, strict = draft_length(config, costs), draft_length(config, costs)
+        assert relaxed.start(room=7) > 0 and strict.start(room=7) > 0
+        for _ in range(20):
+            for length, w, kept in ((relaxed, 0.0, 1.0), (strict, 1.0, 0.0)):
+                length.start(room=7)
+                if length.keeps(1, 0.5):
+                    length.learn(verdict(int(kept), [kept], w=[w]))
+        assert relaxed.start(room=7) > 0
+        assert strict.start(room=7) == 0
+
+
 def test_evidence_moves_the_estimate_and_a_skipped_stretch_forgets_it():
     length = AdaptiveLength({"c": 0.2, "v": {j: 1.0 for j in range(1, 8)}}, w_prior=1.0)
     prior = length.chance(0.55)
