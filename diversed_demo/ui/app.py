@@ -12,9 +12,10 @@ import gradio as gr
 from ..common.paths import ASSETS
 from ..eval.tasks import Example
 from ..models.heads import list_heads
+from ..runtime.amx_gguf import instruction_set
 from .examples import load_examples
 from .opening import Defaults, arrival_defaults
-from .results_summary import key_result
+from .results_summary import key_result, machine_bench
 from .runs import TrainingJob
 from .sidebar import build_sidebar
 from .tabs.about import build_about_tab
@@ -65,12 +66,19 @@ LEDE = (
 )
 
 
+def bench_here(pair) -> Path:
+    """The bench report run on the kind of machine this pair decodes on: its device, and on a CPU the
+    instruction set the GGUF kernel takes there."""
+    found = instruction_set() if pair.device.type == "cpu" else None
+    return machine_bench(pair.device.type, found[0] if found else None)
+
+
 def header_html(pair) -> str:
     """The title, what the page shows in plain words, the key measured result with its source, and the
     pair and device."""
     return (
         f'<div class="dd-header"><h1>DIVERSED</h1><p class="dd-lede">{LEDE}</p>'
-        f'<p class="dd-headline">{key_result(pair.target_name)}</p>'
+        f'<p class="dd-headline">{key_result(pair.target_name, bench_here(pair))}</p>'
         f'<p class="dd-pair">Target <code>{html.escape(short_name(pair.target_name))}</code>, draft '
         f"<code>{html.escape(short_name(pair.draft_name))}</code>, on {html.escape(str(pair.device))}.</p>"
         "</div>"

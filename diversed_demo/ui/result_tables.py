@@ -36,6 +36,14 @@ BENCH_REPORTS = {
         "--modes ar,exact,static:0.5 --json results/bench_cuda.json",
     ),
 }
+# README's bench as run on each kind of machine (the GGUF kernel's instruction sets, runtime/amx_gguf.py, and
+# a GPU): the header quotes the run on the kind that serves the page, as a visitor's Compare meets it there.
+BENCH_BY_MACHINE = {
+    "AMX": RESULTS_DIR / "bench.json",
+    "AVX-512 VNNI": RESULTS_DIR / "bench_zen4.json",
+    "AVX2": RESULTS_DIR / "bench_avx2.json",
+    "cuda": RESULTS_DIR / "bench_cuda.json",
+}
 FRONTIER_COLUMNS = [
     "task",
     "T",

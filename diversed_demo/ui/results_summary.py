@@ -17,7 +17,7 @@ from ..eval.schemas import BenchReport, read_model
 from .cards import card_task, frontier_at, head_cards
 from .frontiers import cards_for_temperature, frontier_position
 from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
-from .result_tables import BENCH_REPORTS, quality_metric
+from .result_tables import BENCH_BY_MACHINE, BENCH_REPORTS, quality_metric
 
 BENCH_PATH, BENCH_COMMAND = BENCH_REPORTS["Spec-Bench, every category"]
 HEADLINE_COLUMNS = [
@@ -31,6 +31,13 @@ HEADLINE_COLUMNS = [
     "speed-up",
     "n",
 ]
+
+
+def machine_bench(device_type: str, kernel: str | None) -> Path:
+    """README's bench as run on this kind of machine (a GPU, or the CPU kernel's instruction set `kernel`),
+    where the project has run it; else the main report."""
+    path = BENCH_BY_MACHINE.get("cuda" if device_type == "cuda" else kernel or "")
+    return path if path is not None and path.exists() else BENCH_PATH
 
 
 def key_result(target_name: str, path: Path = BENCH_PATH) -> str:

@@ -4,7 +4,9 @@ and the bench reports (or the command that writes each)."""
 from __future__ import annotations
 
 import json
+import types
 
+import torch
 from conftest import shipped_heads
 
 from diversed_demo.common.formatting import fmt
@@ -87,6 +89,28 @@ def test_the_key_result_quotes_the_bench_report_or_names_its_command(tmp_path):
     assert "2 threads on AMD EPYC)" in results_summary.key_result("t", tmp_path / "bench.json")
     missing = results_summary.key_result("t", tmp_path / "none.json")
     assert "diversed-demo bench" in missing and "<b>Measured</b>" not in missing
+
+
+def test_the_header_quotes_the_bench_run_on_the_machine_that_serves_the_page(tmp_path, monkeypatch):
+    """A visitor's Compare runs on the server's machine: the header quotes README's bench as run on that
+    kind (the GPU's, or the CPU kernel's instruction set's), and the main report where none was run there."""
+    from diversed_demo.ui import results_summary
+
+    shipped = result_tables.BENCH_BY_MACHINE
+    assert all(path.exists() for path in shipped.values())  # every kind named has its shipped report
+    assert results_summary.machine_bench("cpu", "AVX2") == shipped["AVX2"] != results_summary.BENCH_PATH
+    assert results_summary.machine_bench("cuda", None) == shipped["cuda"]
+    assert results_summary.machine_bench("cpu", "AMX") == results_summary.BENCH_PATH
+    assert results_summary.machine_bench("cpu", None) == results_summary.BENCH_PATH  # no kernel serves
+    # the page's header, on a server whose CPU the kernel takes with AVX2 instructions
+    from diversed_demo.ui import app
+
+    monkeypatch.setattr(app, "instruction_set", lambda: ("AVX2", None, []))
+    served = types.SimpleNamespace(target_name="t", draft_name="d", device=torch.device("cpu"))
+    assert "bench_avx2.json" in app.header_html(served)
+    monkeypatch.setitem(shipped, "AVX2", tmp_path / "not_run.json")
+    assert results_summary.machine_bench("cpu", "AVX2") == results_summary.BENCH_PATH
+    assert "bench.json" in app.header_html(served)
 
 
 def test_a_bench_report_is_drawn_or_its_command_named(pair, tmp_path, monkeypatch):
