@@ -12,10 +12,9 @@ import gradio as gr
 from ..common.paths import ASSETS
 from ..eval.tasks import Example
 from ..models.heads import list_heads
-from ..runtime.amx_gguf import instruction_set
 from .examples import load_examples
 from .opening import Defaults, arrival_defaults
-from .results_summary import key_result, machine_bench
+from .results_summary import bench_here, key_result
 from .runs import TrainingJob
 from .sidebar import build_sidebar
 from .tabs.about import build_about_tab
@@ -64,13 +63,6 @@ LEDE = (
     "speculative decoding, with a fixed w, with a per-token rule that relaxes where the draft's token costs "
     "the target little, and with a trained DIVERSED head."
 )
-
-
-def bench_here(pair) -> Path:
-    """The bench report run on the kind of machine this pair decodes on: its device, and on a CPU the
-    instruction set the GGUF kernel takes there."""
-    found = instruction_set() if pair.device.type == "cpu" else None
-    return machine_bench(pair.device.type, found[0] if found else None)
 
 
 def header_html(pair) -> str:

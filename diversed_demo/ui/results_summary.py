@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 from ..common.formatting import fmt
 from ..common.paths import shown_path
 from ..eval.schemas import BenchReport, read_model
+from ..runtime.amx_gguf import instruction_set
 from .cards import card_task, frontier_at, head_cards
 from .frontiers import cards_for_temperature, frontier_position
 from .render import HEAD_COLOR, MODE_COLORS, THEORY_COLOR
@@ -38,6 +39,13 @@ def machine_bench(device_type: str, kernel: str | None) -> Path:
     where the project has run it; else the main report."""
     path = BENCH_BY_MACHINE.get("cuda" if device_type == "cuda" else kernel or "")
     return path if path is not None and path.exists() else BENCH_PATH
+
+
+def bench_here(pair) -> Path:
+    """The bench report run on the kind of machine this pair decodes on: its device, and on a CPU the
+    instruction set the GGUF kernel takes there."""
+    found = instruction_set() if pair.device.type == "cpu" else None
+    return machine_bench(pair.device.type, found[0] if found else None)
 
 
 def key_result(target_name: str, path: Path = BENCH_PATH) -> str:

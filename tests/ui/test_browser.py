@@ -206,7 +206,7 @@ def test_arrival_shows_the_key_measured_result_with_its_source(page):
     import torch
 
     from diversed_demo.common.paths import shown_path
-    from diversed_demo.ui.app import bench_here
+    from diversed_demo.ui.results_summary import bench_here
 
     source = str(shown_path(bench_here(types.SimpleNamespace(device=torch.device("cpu")))))
     assert source.startswith("results/bench") and source in page.locator(".dd-headline").inner_text()

@@ -105,7 +105,7 @@ def test_the_header_quotes_the_bench_run_on_the_machine_that_serves_the_page(tmp
     # the page's header, on a server whose CPU the kernel takes with AVX2 instructions
     from diversed_demo.ui import app
 
-    monkeypatch.setattr(app, "instruction_set", lambda: ("AVX2", None, []))
+    monkeypatch.setattr(results_summary, "instruction_set", lambda: ("AVX2", None, []))
     served = types.SimpleNamespace(target_name="t", draft_name="d", device=torch.device("cpu"))
     assert "bench_avx2.json" in app.header_html(served)
     monkeypatch.setitem(shipped, "AVX2", tmp_path / "not_run.json")

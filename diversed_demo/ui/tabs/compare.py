@@ -21,6 +21,7 @@ from ..handlers import DECODE_SLOTS, bind, example_prompt, user_errors
 from ..opening import Defaults
 from ..render import MODE_LABELS, RUN_LABELS, comparison_charts, legend_html, run_panel_html
 from ..result_tables import BENCH_REPORTS
+from ..results_summary import bench_here
 from ..runs import APP_CONFIG, TREES, Comparison, speed_sentence, speedup, stream_comparison, throttled
 from ..sidebar import Sidebar, settings_from
 from ..space import on_gpu
@@ -233,7 +234,7 @@ def build_compare_tab(
             "from the verifier alone. Static uses the sidebar's w; the per-token rule its λ (it relaxes "
             "where the draft's token costs the target little); DIVERSED its head. ▶ marks the "
             "first token where an output departs from target-only decoding ("
-            + greedy_exactness(pair)
+            + greedy_exactness(pair, (bench_here(pair), *BENCH_PATHS))
             + "; above 0 it may, since its random draws differ while its law is the target's)."
         )
         with gr.Row():
