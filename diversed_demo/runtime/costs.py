@@ -183,6 +183,22 @@ def parsed_costs(costs) -> dict | None:
     return {"c": c, "r": r, "v": v}
 
 
+def median_costs(timings: list[dict]) -> dict:
+    """Each figure of several timings' costs (as `plan.kept_costs` gives them: c, r, v[N] and the whole steps'
+    "steps") as their median: a timing on one of the host's slower spells does not price every step alone.
+    v[N] for the N every timing measured; each timing's v rises with N, and so do the medians."""
+
+    def middle(costs: list[dict]) -> dict:
+        lengths = set.intersection(*(set(c["v"]) for c in costs))
+        return {
+            "c": statistics.median(c["c"] for c in costs),
+            "r": statistics.median(c["r"] for c in costs),
+            "v": {n: statistics.median(c["v"][n] for c in costs) for n in sorted(lengths)},
+        }
+
+    return middle(timings) | {"steps": middle([timing["steps"] for timing in timings])}
+
+
 def tree_speed(pair, prompts, rounds: int = 2, max_new_tokens: int = 48) -> float:
     """How fast greedy exact SD decodes `prompts` with draft trees, as a multiple of its speed with chains
     (the same texts either way: exact means exact): per prompt the best of `rounds` alternating decodes

@@ -40,7 +40,15 @@ from .amx_gguf import AmxKernel
 from .attention import use_grouped_attention
 from .compiled_build import attach_or_build
 from .compiled_pass import SWITCH, int4_operand_count, package_path
-from .costs import CostError, host_change, measure_costs, parsed_costs, pass_check, tree_speed
+from .costs import (
+    CostError,
+    host_change,
+    measure_costs,
+    median_costs,
+    parsed_costs,
+    pass_check,
+    tree_speed,
+)
 from .cuda_graphs import attach_graphs
 from .dtype_choice import TIMING_CALLS, calibration_prompt, choice_note, measured_dtype
 from .gguf_int4 import quantised_operands, switch_to_operands, use_gguf_int4
@@ -100,6 +108,11 @@ TREE_PROBES = (
 # kept apart from older files, which would read as valid and mean something else.
 TIMING_FORM = 2
 BUILDER_END_S = 5.0  # the most the model thread waits for the background thread to end before timing
+# Timings kept, the newest last; the pair weighs each figure's median over them, so that one timing in a
+# spell of the host's other work does not set a start's drafting alone (ten timings in one process read
+# the whole steps' r + c + v_1 − 1 at 0.38–0.61 on Zen 3, around exact SD's first draft's 0.5: speed.md),
+# and a host that moved is followed within two starts.
+TIMINGS_KEPT = 3
 
 
 def choose_drafts(pair: ModelPair, log) -> None:
@@ -116,13 +129,16 @@ def choose_drafts(pair: ModelPair, log) -> None:
 
     def measure() -> None:
         kept, (timed, costs, speed) = tree_timing_path(pair), kept_timings(pair)
+        history = kept_history(timed)
         try:
             with priority.decoding(), THREADS.judged() as timing:  # as a decode runs: no background build
                 check = pass_check(pair, encode_prompt(pair.tokenizer, calibration_prompt()))
                 if (costs or speed) and (change := host_change(timed.get("check"), check)):
                     log(f"drafts: the kept timings are timed again ({change})")
                     costs = speed = None
-                pair.costs = costs or compiled_costs(pair)  # before the trees' timing: its drafts weigh them
+                if costs is None:  # before the trees' timing: its drafts weigh them
+                    history = [*history, compiled_costs(pair)][-TIMINGS_KEPT:]
+                pair.costs = costs or median_costs(history)
                 speed = speed or tree_speed(pair, TREE_PROBES)
         except Exception as error:  # run where a decode ends: the decode must not fail for it
             log(f"drafts: chains (timing trees against chains failed: {error})")
@@ -131,7 +147,8 @@ def choose_drafts(pair: ModelPair, log) -> None:
             log("drafts: timed while another process kept a core busy; timed again at the next start")
         elif pair.costs is not costs or timed.get("tree_speed") != speed:  # something was timed again
             check = check if costs is None else timed["check"]  # the host the kept costs were timed on
-            write_text(kept, json.dumps({"tree_speed": speed, "costs": pair.costs, "check": check}) + "\n")
+            kept_now = {"tree_speed": speed, "costs": pair.costs, "history": history, "check": check}
+            write_text(kept, json.dumps(kept_now) + "\n")
         use_drafts(pair, speed)
         log(f"drafts: {pair.runtime.drafts} (trees decode at {speed:.2f}× the chains' speed here)")
 
@@ -154,6 +171,15 @@ def choose_drafts(pair: ModelPair, log) -> None:
         queued.add_done_callback(failed)
     else:
         pair.offer_upgrade(measure)
+
+
+def kept_history(timed: dict) -> list[dict]:
+    """The costs of the timings an earlier start kept (`TIMINGS_KEPT` at most, the newest last), each as the
+    pair keeps costs; a damaged one is left out, and a file from before the history keeps its costs alone."""
+    history = timed.get("history")
+    if not isinstance(history, list):
+        history = [timed.get("costs")]
+    return [costs for costs in map(kept_costs, history) if costs is not None][-TIMINGS_KEPT:]
 
 
 def kept_costs(costs) -> dict | None:

@@ -126,3 +126,17 @@ def test_a_decision_that_costs_more_a_position_is_priced_into_whole_steps(monkey
     place = lambda measured: (measured["steps"]["v"][5] - measured["steps"]["v"][1]) / 4  # noqa: E731
     assert place(slowed) > place(plain) + 0.5 * 3.0 / slowed["steps"]["unit_ms"]  # in target-only steps
     assert slowed["c"] < plain["c"] + 0.5 * 3.0 / plain["target_ms"]  # in one-token passes
+
+
+def test_the_median_of_kept_timings_takes_each_figure_apart_and_the_lengths_all_measured():
+    """Each figure its median over the timings (whole steps' too); v[N] only where every timing measured N,
+    rising with N as each timing's does."""
+    from diversed_demo.runtime.costs import median_costs
+
+    def timing(c, v1, v2, v3=None):
+        v = {1: v1, 2: v2} | ({3: v3} if v3 else {})
+        return {"c": c, "r": c / 2, "v": v, "steps": {"c": c, "r": c, "v": {1: v1 + 0.1, 2: v2 + 0.1}}}
+
+    middle = median_costs([timing(0.1, 1.1, 1.3, 1.5), timing(0.5, 1.4, 1.6), timing(0.2, 1.2, 1.35, 1.7)])
+    assert middle["c"] == 0.2 and middle["r"] == 0.1 and middle["v"] == {1: 1.2, 2: 1.35}
+    assert middle["steps"] == {"c": 0.2, "r": 0.2, "v": {1: pytest.approx(1.3), 2: pytest.approx(1.45)}}

@@ -149,6 +149,42 @@ def test_kept_timings_serve_only_a_host_whose_passes_cost_what_they_did(tmp_path
     assert len(timings) == (4 if again else 2)
 
 
+def scaled(costs: dict, factor: float) -> dict:
+    """Costs as a pair keeps them with every figure above a pass's (and every step's) times `factor`."""
+
+    def part(c: dict) -> dict:
+        v = {n: 1 + (v_n - 1) * factor for n, v_n in c["v"].items()}
+        return {"c": c["c"] * factor, "r": c["r"] * factor, "v": v}
+
+    return part(costs) | {"steps": part(costs["steps"])}
+
+
+def test_one_timing_in_a_slow_spell_does_not_price_every_step_alone(tmp_path, monkeypatch):
+    """Timed again at each start where the host's check moved, the pair weighs each figure's median over the
+    last TIMINGS_KEPT timings: one timing far above its neighbours (a spell of the host's other work, which
+    on Zen 3 stopped a head from drafting at all) is outvoted, a host that stays dearer is followed at the
+    next start, and the oldest timing is dropped. With the newest timing alone (the mutation), the pair
+    weighs the spell's."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
+    target, draft = save_tiny_pair(tmp_path)
+    factors = iter([1.0, 1.2, 3.0, 3.0, 3.0])
+    monkeypatch.setattr(plan, "tree_speed", lambda timed, prompts: 1.0)
+    monkeypatch.setattr(plan, "compiled_costs", lambda pair: scaled(KEPT, next(factors)))
+    pair = load_pair(target, draft, "cpu", "float32", compiled="off")
+    pair.target_pass = SimpleNamespace(module=object.__new__(StaticPass))
+    weighed = []
+    for start in range(5):
+        host = {**HOST, "target_ms": HOST["target_ms"] * (1 + start % 2)}  # every start's check moved
+        monkeypatch.setattr(plan, "pass_check", lambda pair, prompt_ids, host=host: dict(host))
+        plan.choose_drafts(pair, lambda line: None)
+        weighed.append(pair.costs)
+    assert weighed[1] == plan.median_costs([KEPT, scaled(KEPT, 1.2)])
+    assert weighed[2] == scaled(KEPT, 1.2)  # the spell's 3× outvoted by the two before it
+    assert weighed[3] == scaled(KEPT, 3.0)  # a host that stays dearer is followed
+    kept = json.loads(plan.tree_timing_path(pair).read_text())
+    assert len(kept["history"]) == plan.TIMINGS_KEPT and plan.kept_costs(kept["costs"]) == weighed[4]
+
+
 def test_kept_timings_without_a_check_of_their_host_are_timed_again_once(tmp_path, monkeypatch):
     """An earlier version's timings (kept without the check) are timed again, and then kept with it."""
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path / "cache"))
