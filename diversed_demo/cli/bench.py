@@ -29,7 +29,8 @@ def add_bench_question_arguments(parser) -> None:
         "head at its default λ, or dynamic:<head>@<λ>); options after a /: no-lookup drafts without prompt "
         "lookup (greedy decoding's copies from the text), tree drafts trees sized step by step, "
         "tree=W,E,D,N trees of that shape (separate the modes by ; then), chain chains (without tree or "
-        "chain, what the runtime chose for this machine), e.g. exact/no-lookup, exact/tree",
+        "chain, what the runtime chose for this machine), n=N drafts N tokens a step whatever --n-draft says "
+        "(a fixed N beside auto in one run), e.g. exact/no-lookup, exact/tree, exact/n=2",
     )
     parser.add_argument(
         "--per-category", type=int, default=2, help="questions per Spec-Bench category (0 = all)"

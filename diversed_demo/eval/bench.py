@@ -15,7 +15,7 @@ import torch
 
 from ..common.threads import THREADS
 from ..common.timing import device_clock
-from ..core.config import DecodeConfig
+from ..core.config import MAX_N_DRAFT, DecodeConfig
 from ..core.decode import decode_rows
 from ..core.draft import is_feature_draft
 from ..core.generate import generate
@@ -41,7 +41,8 @@ def parse_modes(spec: str, pair=None, base: DecodeConfig = BENCH_DECODING) -> di
     that exist), which needs no model, and leaves each head as its path. Options after a / (several
     allowed): no-lookup drafts without prompt lookup (core/lookup.py), to measure what it adds; tree drafts
     trees sized step by step, tree=W,E,D,N trees of that shape (core/draft_tree.py), chain chains; without
-    either, what the runtime chose for this machine (`pair.runtime.drafts`)."""
+    either, what the runtime chose for this machine (`pair.runtime.drafts`); n=N drafts N tokens a step
+    whatever the run's --n-draft, so a fixed N and the length chosen step by step meet in one run."""
     modes = {}
     for name in mode_names(spec):
         spec_mode, *options = name.split("/")
@@ -92,12 +93,25 @@ def with_options(name: str, config: DecodeConfig, options: list[str]) -> DecodeC
             changes["tree"] = value if equals else "on"
         elif option == "chain":
             changes["tree"] = "off"
+        elif kind == "n" and equals:
+            changes["n_draft"] = own_length(name)
         else:
-            raise ValueError(f"mode {name!r}: an option after / is no-lookup, chain, tree or tree=W,E,D,N")
+            raise ValueError(f"mode {name!r}: an option after / is no-lookup, chain, tree, tree=W,E,D,N or n=N")
     try:
         return config.replace(**changes)
     except ValueError as error:
         raise ValueError(f"mode {name!r}: {error}") from None
+
+
+def own_length(name: str) -> int | None:
+    """The draft length a mode's name fixes with its n=N option (parse_modes), else None."""
+    for option in name.split("/")[1:]:
+        kind, _, value = option.partition("=")
+        if kind == "n":
+            if not value.isdigit() or not 1 <= int(value) <= MAX_N_DRAFT:
+                raise ValueError(f"mode {name!r}: n=N takes a draft length from 1 to {MAX_N_DRAFT}")
+            return int(value)
+    return None
 
 
 def head_mode(name: str, arg: str, pair, base: DecodeConfig) -> DecodeConfig:
@@ -172,16 +186,16 @@ def draft_lengths(pair, examples, modes: dict, n_draft, candidates) -> tuple[dic
     """({mode: N, or "auto" for a length chosen step by step}, with 0 for ar; the measured costs c, r and
     v[N] over the candidates, which the report's analytic bound reads, and with "auto" the pair's costs of
     whole steps, which the draft length weighs, where it has them)."""
+    if n_draft != "auto" and not (isinstance(n_draft, int) and n_draft >= 1):
+        raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
     timing_prompt = encode_prompt(pair.tokenizer, examples[0].prompt)
-    if n_draft == "auto":
-        lengths = {name: 0 if config.mode == "ar" else "auto" for name, config in modes.items()}
-        costs = measure_costs(pair, timing_prompt, list(candidates))
-        weighed = (getattr(pair, "costs", None) or {}).get("steps")
-        return lengths, costs | ({"steps": weighed} if weighed else {})  # what the decodes' lengths weigh
-    if isinstance(n_draft, int) and n_draft >= 1:
-        n_of = {name: 0 if config.mode == "ar" else n_draft for name, config in modes.items()}
-        return n_of, measure_costs(pair, timing_prompt, n_draft)
-    raise ValueError(f"n_draft must be a positive integer or 'auto', not {n_draft!r}")
+    n_of = {name: 0 if config.mode == "ar" else own_length(name) or n_draft for name, config in modes.items()}
+    fixed = {n for n in n_of.values() if n != "auto" and n}
+    if "auto" not in n_of.values():
+        return n_of, measure_costs(pair, timing_prompt, sorted(fixed))
+    costs = measure_costs(pair, timing_prompt, sorted(fixed | set(candidates)))
+    weighed = (getattr(pair, "costs", None) or {}).get("steps")
+    return n_of, costs | ({"steps": weighed} if weighed else {})  # what the decodes' lengths weigh
 
 
 def shared_run(modes: dict[str, DecodeConfig]) -> tuple[int, float, int]:

@@ -187,6 +187,20 @@ def test_auto_n_draft_decodes_step_by_step_and_is_held_to_the_best_fixed_bound(p
         run_bench(pair, examples, modes, n_draft=0)
 
 
+def test_a_mode_fixes_its_own_draft_length_beside_auto_in_one_run(pair):
+    examples = [Example("the cat sat on the", "general", category="writing")]
+    modes = parse_modes("ar,exact,exact/n=2", pair, BENCH_DECODING.replace(max_new_tokens=12))
+    report = run_bench(pair, examples, modes, n_draft="auto", candidates=[1])
+    assert report["settings"]["n_draft"] == {"exact": "auto", "exact/n=2": 2}
+    assert 2 in report["costs"]["v"]  # its bound reads a measured pass over 3 tokens
+    fixed = report["overall"]["exact/n=2"]
+    assert fixed["drafted_per_step"] == pytest.approx(2, abs=0.5)  # fewer only where the budget ends first
+    assert report["greedy_identical_to_target_only"]["exact/n=2"] == 1.0  # greedy exact: the target's text
+    for bad in ("exact/n=0", "exact/n=two", "exact/n=99"):
+        with pytest.raises(ValueError, match="n=N takes a draft length"):
+            parse_modes(f"ar,{bad}", pair)
+
+
 def test_diversed_goal_needs_every_referenced_category_within_five_percent():
     from diversed_demo.eval.bench_report import goals
 
