@@ -96,7 +96,8 @@ def with_options(name: str, config: DecodeConfig, options: list[str]) -> DecodeC
         elif kind == "n" and equals:
             changes["n_draft"] = own_length(name)
         else:
-            raise ValueError(f"mode {name!r}: an option after / is no-lookup, chain, tree, tree=W,E,D,N or n=N")
+            options = "no-lookup, chain, tree, tree=W,E,D,N or n=N"
+            raise ValueError(f"mode {name!r}: an option after / is {options}")
     try:
         return config.replace(**changes)
     except ValueError as error:
