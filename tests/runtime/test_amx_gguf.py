@@ -67,6 +67,21 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
         assert torch.equal(amx_gguf.amx_product(hidden[:rows], records), alone[:rows])
 
 
+@needs_amx
+def test_a_sum_halfway_between_two_bf16_values_rounds_to_the_even_one():
+    """The float32 sum becomes bf16 as PyTorch rounds (to nearest, ties to even), not by truncation: a
+    product of 259/256, halfway between 1 + 2⁻⁷ and 1 + 2⁻⁶, gives 1 + 2⁻⁶; its negative the negative."""
+    codes = torch.zeros(32, 64, dtype=torch.int64)
+    codes[:, 0], codes[:, 1] = 1, 66  # 127·1 + 2·66 = 259
+    d = torch.full((32, 2), 2.0**-8)
+    hidden = torch.zeros(2, 64)
+    hidden[0, :2] = torch.tensor([127.0, 2.0])  # the block's largest magnitude 127: codes 127 and 2, scale 1
+    hidden[1] = -hidden[0]
+    out = amx_gguf.amx_product(hidden.bfloat16(), amx_gguf.pack_q8(codes, d))
+    assert torch.equal(out[0], torch.full((32,), 1 + 2.0**-6, dtype=torch.bfloat16))
+    assert torch.equal(out[1], -out[0])
+
+
 @pytest.fixture
 def fresh_choice(monkeypatch, tmp_path):
     """A new pair's kernel, deciding on a machine whose process has not loaded the library."""
