@@ -28,10 +28,13 @@ costing its pass v_j alone: a copy is taken while P_j·α / (v_{j+1} − v_j) �
 from the copies verified so far after a match of as many tokens. Where the text's copies are seldom the
 target's tokens, a block of seven cost a pass of eight and returned about one.
 
-α_i comes from the draft's confidence s = q(x) in the token it drafted. The mode's own rule gives the
-prior: acceptance is 1 − w·TV(p, q), and at a drafted token about 1 − w·(1 − s) (w = 1 for exact SD, the
-static w, the running mean w_t of the rule or a head, from UNSEEN_W before any is seen). A draft tree's
-later children (draft_tree.py) are kept only where the target's choice passes over the first: about w·s.
+α_i comes from the draft's confidence s (greedy: q(x) of the token it drafted; sampled: q's top
+probability). The mode's own rule gives the prior: acceptance is 1 − w·TV(p, q), and greedy, at a drafted
+token about 1 − w·(1 − s) (w = 1 for exact SD, the static w, the running mean w_t of the rule or a head,
+from UNSEEN_W before any is seen). Sampled, s says less of a draft's acceptance (a flat q often meets a
+flat p): its prior reads s halfway to one half, (s + 1/2)/2, and each bin learns its own from evidence.
+A draft tree's later children (draft_tree.py) are kept only where the target's choice passes over the
+first: about w·s.
 Each verified position then corrects it: per rank (first child or later) and bin of s, the kept share of
 the positions verified so far in this decode (the acceptance probability where sampling, a hit where
 greedy), against PRIOR_WEIGHT positions of the prior. The choice reads the decode's own tokens only, never
@@ -54,6 +57,11 @@ FORGET = 0.85
 # mostly 0 or 1, either as likely. Started at exact's w = 1, a rule or head whose pair's steps made exact SD's
 # first draft not pay (ᾱ = 0.5) never drafted, so never saw the w_t that would have made it pay.
 UNSEEN_W = 0.5
+# A sampled draft's prior reads its confidence s halfway to this: at T = 1 on README's 26 prompts, first
+# drafts of top probability under 0.1 were kept 0.28 of the time, 0.5–0.6 0.52, 0.9 and over 0.93 (speed.md,
+# "The draft length at T = 1"); priced at s the low ones were dropped unverified, and, counted at that
+# chance, their bins never learned otherwise.
+SAMPLED_CONFIDENCE = 0.5
 # A copy's chance before evidence: over 26 Spec-Bench turns a copy after a match of 2 or more tokens was the
 # target's greedy choice 0.54 of the time (docs/measurements/speed.md, "Prompt lookup").
 COPY_PRIOR = 0.5
@@ -123,7 +131,8 @@ def pass_costs(measured: dict[int, float]) -> list[float]:
 class AdaptiveLength:
     """The rule above for one decode: its costs, its evidence per bin of confidence, this step's path."""
 
-    def __init__(self, costs: dict | None, w_prior: float):
+    def __init__(self, costs: dict | None, w_prior: float, sampled: bool = False):
+        self.sampled = sampled  # a sampled decode's first children: the prior of (s + SAMPLED_CONFIDENCE) / 2
         costs = costs or {}
         costs = costs.get("steps", costs)  # as whole steps price them, where measured (runtime/costs.py)
         self.c, self.r = costs.get("c", DEFAULT_C), costs.get("r", 0.0)
@@ -149,12 +158,13 @@ class AdaptiveLength:
     def chance(self, confidence: float, later: bool = False) -> float:
         """α of a draft the draft gave probability `confidence` (a tree's later child where `later`)."""
         b, rank = confidence_bin(confidence), int(later)
-        prior = prior_chance(self._w(), confidence, later)
+        s = (confidence + SAMPLED_CONFIDENCE) / 2 if self.sampled and not later else confidence
+        prior = prior_chance(self._w(), s, later)
         return (self.kept[rank][b] + PRIOR_WEIGHT * prior) / (self.seen[rank][b] + PRIOR_WEIGHT)
 
     def mean_chance(self) -> float:
         """ᾱ: a first draft's chance before its confidence is known (a confidence of one half a priori)."""
-        prior = 1.0 - self._w() * 0.5
+        prior = prior_chance(self._w(), 0.5)
         return (sum(self.kept[0]) + PRIOR_WEIGHT * prior) / (sum(self.seen[0]) + PRIOR_WEIGHT)
 
     def step_cost(self, drafted: int) -> float:
@@ -252,4 +262,4 @@ def draft_length(config, costs: dict | None):
     w_prior = {"exact": 1.0, "static": float(config.ensemble_weight)}.get(config.mode, UNSEEN_W)
     if config.n_draft != AUTO:
         return FixedLength(config.n_draft, w_prior)
-    return AdaptiveLength(costs, w_prior)
+    return AdaptiveLength(costs, w_prior, sampled=config.temperature > 0)
